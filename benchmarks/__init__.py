@@ -1,0 +1,1 @@
+"""rollhub.benchmarks: reproducible measurements behind `rollhub bench NAME`."""

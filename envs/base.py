@@ -1,0 +1,113 @@
+"""The environment contract every rollhub env follows.
+
+An env is gymnasium-shaped but async, so thousands of them can step concurrently in one
+event loop (env-level asynchrony) and an env may await a container or a worker process:
+
+    obs, info = await env.reset(seed=3)
+    obs, reward, terminated, truncated, info = await env.step(action_text)
+    await env.close()
+
+* Observations are lists of chat messages (`{"role": ..., "content": ...}`) that the env
+  appends to the conversation: `reset` returns the opening messages (usually a system
+  message with the rules and a user message with the first state), `step` returns the
+  env's reply (usually one user or tool message). The agent layer owns the history.
+* Actions are the model's raw text. The env extracts its action from `action_tag`
+  (`<action>up</action>`) with `extract_action`, so every env documents and validates its
+  own format. A malformed or invalid action never raises: the state stays unchanged,
+  the reply says why, `info["action_valid"]` is False, `info["format_ok"]` tells whether
+  the tag was found at all, and the env's invalid-action penalty is the reward.
+* `terminated` = the task ended (won or lost); `truncated` = the step limit cut it.
+* `info` keys every env sets: `anchor` (hashable, history-free key of the state the
+  observation shows: GiGPO groups steps by it), `success` (bool; meaningful when done),
+  `action_valid` and `format_ok` after a step. `infra_failure` (str) marks a failure of
+  the machinery (container died, worker crashed) that must never be scored as a model
+  failure. Optional: `metrics` (dict of floats) for logging.
+* `tools`: envs that take tool calls declare them as JSON-schema function specs (OpenAI
+  style); the action is then a `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
+* `expert_action()`: the next action of a scripted expert (solver, walkthrough, gold
+  patch), used by `rollhub envs try --agent expert`, tests and SFT data. Envs without one
+  raise NotImplementedError.
+
+Determinism: an env draws all randomness from a generator seeded in `reset(seed=...)`;
+never the global `random`/`numpy` state (threads and workers would break it).
+"""
+
+from __future__ import annotations
+
+import abc
+import re
+from typing import Any, Hashable, TypedDict
+
+
+class Message(TypedDict):
+    role: str
+    content: str
+
+
+Observation = list[Message]
+StepResult = tuple[Observation, float, bool, bool, dict[str, Any]]
+
+
+class Env(abc.ABC):
+    """Async multi-turn text environment. Subclasses set the class attributes below."""
+
+    #: tag that wraps the action in the model's text, e.g. "action" for <action>up</action>
+    action_tag: str = "action"
+    #: JSON-schema tool specs, or None for envs that take plain text actions
+    tools: list[dict[str, Any]] | None = None
+    #: step limit; reaching it without termination gives truncated=True
+    max_steps: int = 50
+    #: set by `make()`: the spec this env was built from (id, kwargs)
+    spec: Any = None
+
+    @abc.abstractmethod
+    async def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
+        """Start an episode. Same seed -> same task and the same first observation."""
+
+    @abc.abstractmethod
+    async def step(self, action: str) -> StepResult:
+        """Apply the model's text; returns (obs, reward, terminated, truncated, info)."""
+
+    async def close(self) -> None:
+        """Release resources. Must be idempotent and safe after a failed reset."""
+
+    def expert_action(self) -> str:
+        """Text of the scripted expert's next action (with the action tag)."""
+        raise NotImplementedError(f"{type(self).__name__} has no scripted expert")
+
+    def random_action(self, rng: Any) -> str:
+        """A random (syntactically valid) action, for `--agent random` and smoke tests.
+
+        `rng` is a `numpy.random.Generator`. The default has nothing to pick from."""
+        raise NotImplementedError(f"{type(self).__name__} has no random action")
+
+    def render_text(self) -> str:
+        """Human-readable current state (for transcripts and `--agent human`)."""
+        return ""
+
+    async def __aenter__(self) -> "Env":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def extract_action(text: str, tag: str) -> str | None:
+    """Content of the last `<tag>...</tag>` in `text`, stripped; None if absent.
+
+    The last occurrence wins because models often restate the format before answering.
+    """
+    matches = re.findall(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", text, flags=re.DOTALL)
+    if not matches:
+        return None
+    return matches[-1].strip()
+
+
+def wrap_action(action: str, tag: str) -> str:
+    """The inverse of `extract_action`: what a well-formed model answer looks like."""
+    return f"<{tag}>{action}</{tag}>"
+
+
+def invalid_step_info(anchor: Hashable, reason: str, *, format_ok: bool) -> dict[str, Any]:
+    """Standard info for an action the env rejected (state unchanged)."""
+    return {"anchor": anchor, "success": False, "action_valid": False, "format_ok": format_ok, "invalid_reason": reason}

@@ -1,0 +1,1 @@
+"""rollhub.rollout: inference engines, the async env manager, trajectories, the sample buffer."""

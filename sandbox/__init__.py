@@ -1,0 +1,1 @@
+"""rollhub.sandbox: containers and processes that code-running envs execute commands in."""

@@ -1,0 +1,1 @@
+"""rollhub.trainer: advantages, losses, policy, the async training loop, weight sync."""
