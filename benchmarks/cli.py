@@ -1,0 +1,47 @@
+"""`rollhub bench NAME`: each benchmark prints a table and writes JSON (and a PNG where a
+plot helps) under `--out` (default `runs/bench/NAME`).
+
+A benchmark is a function `run(args) -> dict` in its own module, listed in BENCHMARKS as
+"module:function" so nothing heavy imports before it is chosen. Extra options go after the
+name as `--set key=value` pairs, read by the benchmark itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+from rollhub.errors import UserError
+
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    # name: ("module:function", one-line description)
+}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("bench", help="run a reproducible benchmark (rollhub bench --list)")
+    parser.add_argument("name", nargs="?", help="benchmark name")
+    parser.add_argument("--list", action="store_true", help="list benchmarks")
+    parser.add_argument("--out", default=None, help="output folder (default runs/bench/NAME)")
+    parser.add_argument("--quick", action="store_true", help="smallest sizes (smoke test)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="benchmark option")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.list or not args.name:
+        for name, (_, description) in sorted(BENCHMARKS.items()):
+            print(f"{name:20s} {description}")
+        return 0
+    if args.name not in BENCHMARKS:
+        import difflib
+
+        close = difflib.get_close_matches(args.name, list(BENCHMARKS), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else f"; available: {', '.join(sorted(BENCHMARKS))}"
+        raise UserError(f"unknown benchmark '{args.name}'{hint}")
+    target, _ = BENCHMARKS[args.name]
+    module_name, _, func_name = target.partition(":")
+    if args.out is None:
+        args.out = f"runs/bench/{args.name}"
+    getattr(importlib.import_module(module_name), func_name)(args)
+    return 0
