@@ -1,0 +1,355 @@
+"""SIMULATION ONLY: an InferenceEngine that produces no text, only realistic timing.
+
+Scheduling benchmarks need an engine whose *timing* behaves like a real one (prefill cost,
+per-token decode, batches that slow down as they grow, long-tailed output lengths, weight
+syncs) without the cost of a model, so thousands of trajectories and K simulated GPUs fit on
+one CPU. Tokens are random ids with plausible log-probs; never train on them.
+
+Timing model, per replica (one replica = one simulated GPU / server):
+* prefill: `prefill_base_s + prefill_per_token_s * len(input_ids)` before decoding starts;
+* decode: all running requests advance together, one token per iteration; an iteration
+  takes `decode_base_s + decode_per_request_s * (batch - 1)`, so throughput grows with the
+  batch but each request slows down (processor sharing); at most `max_batch` requests
+  decode at once, the rest queue FIFO;
+* output length: drawn per request from `OutputLengths` (fixed, lognormal or Pareto),
+  capped by `max_new_tokens` (finish "length"); callers may force a length through
+  `meta_length` (see `generate`).
+Requests go to the least-loaded replica. The engine is event-driven (one timer per replica,
+re-armed on every arrival/finish/abort), so cost is per event, not per token.
+
+`time_scale` multiplies every duration: 0.01 makes a simulated second last 10 ms of wall
+time. On `rollhub.benchmarks.virtual_clock` leave it at 1 and simulated time costs nothing.
+Parameters are fit from the real transformers engine by `benchmarks/fit_latency_model.py`.
+
+Semantics follow rollout/engines/base.py: `pause()` aborts in-flight requests (they return
+their partial tokens with finish "abort") and holds new ones until `resume()`;
+`update_weights` needs a paused engine and sets `weight_version`; each token carries the
+version that generated it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from rollhub.rollout.engines.base import Generation, InferenceEngine, SamplingParams
+
+SIMULATION = True  # marker checked by tests and benchmark reports
+
+
+@dataclass(frozen=True)
+class OutputLengths:
+    """Distribution of generated tokens per request (before the max_new_tokens cap)."""
+
+    kind: Literal["fixed", "lognormal", "pareto"] = "lognormal"
+    mean_tokens: float = 64.0
+    sigma: float = 0.5  # lognormal: std of log-length; pareto: unused
+    pareto_shape: float = 2.0  # pareto tail index (> 1 for a finite mean)
+    min_tokens: int = 1
+
+    def __post_init__(self) -> None:
+        if self.mean_tokens < 1:
+            raise ValueError("mean_tokens must be >= 1")
+        if self.kind == "pareto" and self.pareto_shape <= 1:
+            raise ValueError("pareto_shape must be > 1 so the mean exists")
+
+    def sample(self, rng: np.random.Generator) -> int:
+        if self.kind == "fixed":
+            value = self.mean_tokens
+        elif self.kind == "lognormal":
+            mu = math.log(self.mean_tokens) - self.sigma**2 / 2  # keeps the mean at mean_tokens
+            value = rng.lognormal(mu, self.sigma)
+        else:
+            scale = self.mean_tokens * (self.pareto_shape - 1) / self.pareto_shape
+            value = scale * (1.0 + rng.pareto(self.pareto_shape))
+        return max(self.min_tokens, int(round(value)))
+
+
+@dataclass(frozen=True)
+class LatencyParams:
+    """Timing of one replica, in seconds. Defaults are a small CPU model; fit real ones."""
+
+    prefill_base_s: float = 0.01
+    prefill_per_token_s: float = 0.0002
+    decode_base_s: float = 0.02
+    decode_per_request_s: float = 0.002
+    max_batch: int = 64
+    weight_update_s: float = 0.0
+    source: str = "defaults"  # where the numbers came from (fit file, hand-set)
+
+    def __post_init__(self) -> None:
+        if min(self.prefill_base_s, self.prefill_per_token_s, self.decode_per_request_s, self.weight_update_s) < 0:
+            raise ValueError("latency parameters must be >= 0")
+        if self.decode_base_s <= 0 or self.max_batch < 1:
+            raise ValueError("decode_base_s must be > 0 and max_batch >= 1")
+
+    def prefill_s(self, prompt_tokens: int) -> float:
+        return self.prefill_base_s + self.prefill_per_token_s * prompt_tokens
+
+    def iteration_s(self, batch: int) -> float:
+        """Wall time of one decode iteration with `batch` running requests."""
+        return self.decode_base_s + self.decode_per_request_s * max(0, batch - 1)
+
+    def to_json(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "LatencyParams":
+        data = json.loads(Path(path).read_text())
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
+class _Request:
+    request_id: str
+    target_tokens: int
+    finish_reason: Literal["stop", "length"]
+    version: int
+    future: asyncio.Future
+    done_tokens: float = 0.0
+    started_at: float = 0.0
+
+
+class _Replica:
+    """One simulated server: a FIFO queue feeding a processor-shared decode batch."""
+
+    def __init__(self, index: int, params: LatencyParams, time_scale: float):
+        self.index = index
+        self.params = params
+        self.time_scale = time_scale
+        self.running: dict[str, _Request] = {}
+        self.waiting: dict[str, _Request] = {}
+        self.prefilling = 0
+        self._iteration_s = params.iteration_s(1) * time_scale
+        self._last_update = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self.busy_s = 0.0  # simulated seconds with at least one running request
+        self.tokens_generated = 0.0
+
+    @property
+    def load(self) -> int:
+        return len(self.running) + len(self.waiting) + self.prefilling
+
+    def _advance(self, now: float) -> None:
+        elapsed = now - self._last_update
+        if self.running and elapsed > 0:
+            tokens = elapsed / self._iteration_s
+            for request in self.running.values():
+                request.done_tokens += tokens
+            self.busy_s += elapsed / self.time_scale
+            self.tokens_generated += tokens * len(self.running)
+        self._last_update = now
+
+    def settle(self) -> None:
+        """Bring progress up to now, finish what is done, admit waiters, re-arm the timer."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        self._advance(now)
+        for request in [r for r in self.running.values() if r.done_tokens >= r.target_tokens - 1e-6]:
+            del self.running[request.request_id]
+            request.done_tokens = request.target_tokens
+            if not request.future.done():
+                request.future.set_result(request.finish_reason)
+        while self.waiting and len(self.running) < self.params.max_batch:
+            rid, request = next(iter(self.waiting.items()))
+            del self.waiting[rid]
+            self.running[rid] = request
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.running:
+            self._iteration_s = self.params.iteration_s(len(self.running)) * self.time_scale
+            left = min(r.target_tokens - r.done_tokens for r in self.running.values())
+            self._timer = loop.call_at(now + max(left, 0.0) * self._iteration_s, self.settle)
+
+    def add(self, request: _Request) -> None:
+        self.waiting[request.request_id] = request
+        self.settle()
+
+    def remove(self, request_id: str) -> _Request | None:
+        """Take a request out (abort); its progress is brought up to date first."""
+        self.settle()
+        request = self.running.pop(request_id, None) or self.waiting.pop(request_id, None)
+        if request is not None:
+            self.settle()
+        return request
+
+
+@dataclass
+class EngineStats:
+    requests: int = 0
+    aborted: int = 0
+    tokens: int = 0
+    prompt_tokens: int = 0
+    queue_s: list[float] = field(default_factory=list)
+
+
+class LatencyModelEngine(InferenceEngine):
+    """SIMULATED engine with `replicas` simulated GPUs (see module docstring)."""
+
+    simulation = True
+
+    def __init__(
+        self,
+        params: LatencyParams | None = None,
+        *,
+        output_lengths: OutputLengths | None = None,
+        replicas: int = 1,
+        time_scale: float = 1.0,
+        vocab_size: int = 1000,
+        seed: int = 0,
+    ):
+        if replicas < 1:
+            raise ValueError("replicas must be >= 1")
+        if time_scale <= 0:
+            raise ValueError("time_scale must be > 0")
+        self.params = params or LatencyParams()
+        self.output_lengths = output_lengths or OutputLengths()
+        self.time_scale = time_scale
+        self.vocab_size = vocab_size
+        self.weight_version = 0
+        self.stats = EngineStats()
+        self._replicas = [_Replica(i, self.params, time_scale) for i in range(replicas)]
+        self._rng = np.random.default_rng(seed)
+        self._ids = itertools.count()
+        self._where: dict[str, _Replica] = {}
+        self._running_gate = asyncio.Event()
+        self._running_gate.set()
+        self._prefill_tasks: dict[str, asyncio.Future] = {}
+        self._closed = False
+
+    # -- the InferenceEngine contract ---------------------------------------------------
+    async def generate(
+        self,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        request_id: str | None = None,
+        *,
+        meta_length: int | None = None,
+    ) -> Generation:
+        """Simulate one request. `meta_length` forces the output length (simulation knob)."""
+        if self._closed:
+            raise RuntimeError("engine is closed")
+        request_id = request_id or f"sim-{next(self._ids)}"
+        loop = asyncio.get_running_loop()
+        submitted = loop.time()
+        while not self._running_gate.is_set():
+            await self._running_gate.wait()
+        rng = np.random.default_rng(sampling.seed) if sampling.seed is not None else self._rng
+        wanted = meta_length if meta_length is not None else self.output_lengths.sample(rng)
+        finish: Literal["stop", "length"] = "stop"
+        if wanted >= sampling.max_new_tokens:
+            wanted, finish = sampling.max_new_tokens, "length"
+        version = self.weight_version
+        replica = min(self._replicas, key=lambda r: (r.load, r.index))
+        self._where[request_id] = replica
+        self.stats.requests += 1
+        self.stats.prompt_tokens += len(input_ids)
+        request = _Request(request_id, wanted, finish, version, loop.create_future(), started_at=submitted)
+        aborted = False
+        try:
+            replica.prefilling += 1
+            prefill = loop.create_future()
+            self._prefill_tasks[request_id] = prefill
+            handle = loop.call_later(self.params.prefill_s(len(input_ids)) * self.time_scale, _resolve, prefill, True)
+            try:
+                aborted = not await prefill
+            finally:
+                handle.cancel()
+                replica.prefilling -= 1
+                self._prefill_tasks.pop(request_id, None)
+            if not aborted:
+                if wanted == 0:
+                    request.future.set_result(finish)
+                else:
+                    replica.add(request)
+                outcome = await request.future
+                aborted = outcome == "abort"
+        finally:
+            self._where.pop(request_id, None)
+            if request_id in replica.running or request_id in replica.waiting:  # caller cancelled: free the slot
+                replica.remove(request_id)
+        produced = int(math.floor(request.done_tokens + 1e-9)) if aborted else request.target_tokens
+        self.stats.tokens += produced
+        self.stats.aborted += int(aborted)
+        token_ids, logprobs = self._fake_tokens(rng, produced, sampling, stop=(not aborted and finish == "stop"))
+        return Generation(
+            token_ids=token_ids,
+            logprobs=logprobs,
+            token_versions=[version] * produced,
+            finish_reason="abort" if aborted else finish,
+            request_id=request_id,
+            prompt_tokens=len(input_ids),
+            meta={"simulated": True, "replica": replica.index, "latency_s": (loop.time() - submitted) / self.time_scale},
+        )
+
+    async def abort(self, request_id: str) -> None:
+        prefill = self._prefill_tasks.get(request_id)
+        if prefill is not None:
+            _resolve(prefill, False)
+            return
+        replica = self._where.get(request_id)
+        if replica is None:
+            return
+        request = replica.remove(request_id)
+        if request is not None and not request.future.done():
+            request.future.set_result("abort")
+
+    async def abort_all(self) -> None:
+        for request_id in list(self._prefill_tasks) + list(self._where):
+            await self.abort(request_id)
+
+    async def pause(self) -> None:
+        self._running_gate.clear()
+        await self.abort_all()
+
+    async def resume(self) -> None:
+        self._running_gate.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._running_gate.is_set()
+
+    async def update_weights(self, source: Any, version: int) -> None:
+        if not self.paused:
+            raise RuntimeError("update_weights needs a paused engine: call pause() first")
+        if self.params.weight_update_s:
+            await asyncio.sleep(self.params.weight_update_s * self.time_scale)
+        self.weight_version = int(version)
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self.abort_all()
+
+    # -- helpers --------------------------------------------------------------------------
+    def in_flight(self) -> int:
+        return sum(r.load for r in self._replicas)
+
+    def utilisation(self, elapsed_s: float) -> float:
+        """Mean share of simulated time the replicas spent decoding."""
+        if elapsed_s <= 0:
+            return 0.0
+        return sum(r.busy_s for r in self._replicas) / (elapsed_s * len(self._replicas))
+
+    def _fake_tokens(self, rng: np.random.Generator, count: int, sampling: SamplingParams, *, stop: bool) -> tuple[list[int], list[float]]:
+        if count == 0:
+            return [], []
+        ids = rng.integers(0, self.vocab_size, size=count).tolist()
+        if stop and sampling.stop_token_ids:
+            ids[-1] = sampling.stop_token_ids[0]
+        logprobs = (-rng.exponential(1.0, size=count)).tolist() if sampling.temperature > 0 else [0.0] * count
+        return ids, logprobs
+
+
+def _resolve(future: asyncio.Future, value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
