@@ -1,0 +1,144 @@
+"""Losses against hand-computed values, and the stale-sample regression (alibaba/ROLL#242)."""
+
+import math
+
+import pytest
+import torch
+
+from rollhub.trainer.losses import BatchNormaliser, LossConfig, aggregate, k3_kl, policy_loss, ppo_clip_loss
+
+torch.set_num_threads(1)
+
+
+def t(*rows):
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+def test_ppo_clip_hand_values():
+    ratio = t([1.5, 0.5, 0.5, 5.0])
+    adv = t([1.0, 1.0, -1.0, -1.0])
+    loss, clipped = ppo_clip_loss(ratio, adv, 0.2, 0.2, dual_clip=None)
+    assert loss.flatten().tolist() == pytest.approx([-1.2, -0.5, 0.8, 5.0])
+    assert clipped.flatten().tolist() == [1.0, 0.0, 1.0, 0.0]
+    loss, clipped = ppo_clip_loss(ratio, adv, 0.2, 0.2, dual_clip=3.0)
+    assert loss.flatten().tolist() == pytest.approx([-1.2, -0.5, 0.8, 3.0])  # dual clip caps the negative side at c*|A|
+    assert clipped[0, 3] == 1.0
+
+
+def test_aggregation_modes():
+    values = t([1.0, 2.0, 3.0], [4.0, 0.0, 0.0])
+    mask = t([1, 1, 1], [1, 0, 0])
+    assert float(aggregate(values, mask, "token-mean")) == pytest.approx(10 / 4)
+    assert float(aggregate(values, mask, "seq-mean-token-mean")) == pytest.approx((2 + 4) / 2)
+    assert float(aggregate(values, mask, "seq-mean-token-sum")) == pytest.approx((6 + 4) / 2)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_micro_batches_sum_to_full_batch(mode):
+    gen = torch.Generator().manual_seed(0)
+    values = torch.randn(4, 5, generator=gen, dtype=torch.float64)
+    mask = (torch.rand(4, 5, generator=gen) > 0.3).double()
+    mask[:, 0] = 1
+    full = aggregate(values, mask, mode)
+    norm = BatchNormaliser.from_mask(mask)
+    parts = aggregate(values[:2], mask[:2], mode, norm) + aggregate(values[2:], mask[2:], mode, norm)
+    assert float(parts) == pytest.approx(float(full))
+
+
+def _stale_batch():
+    # three tokens; the engine sampled them from an older policy mu
+    prox = torch.log(t([0.5, 0.2, 0.6]))
+    behaviour = torch.log(t([0.25, 0.4, 0.1]))  # w = 2.0, 0.5, 6.0
+    adv = t([1.0, 1.0, 1.0])
+    mask = t([1.0, 1.0, 1.0])
+    return prox, behaviour, adv, mask
+
+
+def test_stale_sample_is_corrected_with_bounded_weight():
+    prox, behaviour, adv, mask = _stale_batch()
+    logp = prox.clone().requires_grad_(True)  # first optimiser step: pi_theta == pi_prox
+    loss, metrics = policy_loss(logp, prox, behaviour, adv, mask, LossConfig(aggregation="seq-mean-token-sum"))
+    loss.backward()
+    # d loss / d logp = -min(w, 2) * A * r with r = 1: the stale tokens get w != 1, capped at C = 2
+    assert logp.grad.flatten().tolist() == pytest.approx([-2.0, -0.5, -2.0])
+    assert metrics["offpolicy/w_abs_dev_mean"] == pytest.approx((1.0 + 0.5 + 5.0) / 3)
+    assert metrics["offpolicy/w_capped_fraction"] == pytest.approx(1 / 3)
+    assert metrics["offpolicy/kl_behaviour_prox_k3"] > 0
+
+
+def test_fresh_sample_has_unit_weight():
+    prox = torch.log(t([0.5, 0.2]))
+    logp = prox.clone().requires_grad_(True)
+    loss, metrics = policy_loss(logp, prox, prox.clone(), t([1.0, -1.0]), t([1.0, 1.0]), LossConfig())
+    loss.backward()
+    assert logp.grad.flatten().tolist() == pytest.approx([-0.5, 0.5])
+    assert metrics["offpolicy/w_abs_dev_mean"] == pytest.approx(0.0)
+    assert metrics["offpolicy/kl_behaviour_prox_k3"] == pytest.approx(0.0)
+
+
+def test_masked_importance_sampling_drops_out_of_band_tokens():
+    prox, behaviour, adv, mask = _stale_batch()
+    logp = prox.clone().requires_grad_(True)
+    cfg = LossConfig(correction="mis", mis_low=0.4, mis_high=3.0, aggregation="seq-mean-token-sum")
+    loss, metrics = policy_loss(logp, prox, behaviour, adv, mask, cfg)
+    loss.backward()
+    assert logp.grad.flatten().tolist() == pytest.approx([-1.0, -1.0, 0.0])  # w = 6 is outside [0.4, 3]
+    assert metrics["offpolicy/w_masked_fraction"] == pytest.approx(1 / 3)
+
+
+def test_uncorrected_ppo_ignores_staleness():
+    prox, behaviour, adv, mask = _stale_batch()
+    logp = prox.clone().requires_grad_(True)
+    loss, _ = policy_loss(logp, prox, behaviour, adv, mask, LossConfig(correction="none", aggregation="seq-mean-token-sum"))
+    loss.backward()
+    assert logp.grad.flatten().tolist() == pytest.approx([-1.0, -1.0, -1.0])
+
+
+def test_cispo_keeps_gradient_of_clipped_tokens():
+    prox = torch.zeros(1, 2, dtype=torch.float64)
+    logp = torch.tensor([[math.log(1.5), 0.0]], dtype=torch.float64, requires_grad=True)  # r = 1.5 (clipped), 1.0
+    cfg = LossConfig(objective="cispo", correction="none", clip_low=0.2, clip_high=0.2, aggregation="seq-mean-token-sum")
+    loss, metrics = policy_loss(logp, prox, prox, t([1.0, 1.0]), t([1.0, 1.0]), cfg)
+    loss.backward()
+    assert logp.grad.flatten().tolist() == pytest.approx([-1.2, -1.0])  # PPO would give 0 for the first token
+    assert metrics["offpolicy/ratio_clip_fraction"] == pytest.approx(0.5)
+
+
+def test_topr_truncates_negative_samples_only():
+    prox = torch.zeros(1, 2, dtype=torch.float64)
+    logp = torch.tensor([[math.log(2.0), math.log(2.0)]], dtype=torch.float64, requires_grad=True)
+    cfg = LossConfig(objective="topr", correction="none", aggregation="seq-mean-token-sum")
+    loss, _ = policy_loss(logp, prox, prox, t([1.0, -1.0]), t([1.0, 1.0]), cfg)
+    loss.backward()
+    # positive: -A; negative: -clamp(r, 0, 1) * A = +1
+    assert logp.grad.flatten().tolist() == pytest.approx([-1.0, 1.0])
+
+
+def test_gspo_uses_the_sequence_ratio():
+    prox = torch.zeros(1, 2, dtype=torch.float64)
+    logp = torch.tensor([[0.1, 0.3]], dtype=torch.float64, requires_grad=True)  # geometric mean ratio exp(0.2)
+    cfg = LossConfig(objective="gspo", correction="none", clip_low=0.5, clip_high=0.5, aggregation="seq-mean-token-sum")
+    loss, metrics = policy_loss(logp, prox, prox, t([1.0, 1.0]), t([1.0, 1.0]), cfg)
+    assert float(loss.detach()) == pytest.approx(-2 * math.exp(0.2))
+    loss.backward()
+    assert logp.grad.flatten().tolist() == pytest.approx([-math.exp(0.2), -math.exp(0.2)])
+
+
+def test_kl_and_entropy_terms():
+    logp = torch.log(t([0.5]))
+    ref = torch.log(t([0.25]))
+    assert float(k3_kl(logp, ref)) == pytest.approx(0.5 - math.log(0.5) - 1)
+    cfg = LossConfig(correction="none", kl_coef=0.1, entropy_coef=0.01, aggregation="token-mean")
+    base, _ = policy_loss(logp, logp, logp, t([0.0]), t([1.0]), LossConfig(correction="none"))
+    loss, metrics = policy_loss(logp, logp, logp, t([0.0]), t([1.0]), cfg, reference_logp=ref, entropy=t([2.0]))
+    assert float(loss - base) == pytest.approx(0.1 * (0.5 - math.log(0.5) - 1) - 0.01 * 2.0)
+    assert metrics["entropy"] == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        policy_loss(logp, logp, logp, t([0.0]), t([1.0]), cfg)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError):
+        LossConfig(mis_low=1.5).validate()
+    with pytest.raises(ValueError):
+        LossConfig(dual_clip=0.5).validate()

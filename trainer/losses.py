@@ -1,0 +1,226 @@
+"""Policy-gradient losses with off-policy correction, over per-token tensors.
+
+Three policies are kept apart (algorithms.md §3):
+  * mu      - behaviour: the log-probs the inference engine reported while sampling;
+  * pi_prox - proximal: the trainer's recompute at the start of the step (= the weights
+              last pushed to the engine);
+  * pi_theta- current: the weights being optimised.
+r = pi_theta / pi_prox is the PPO-style trust-region ratio; w = pi_prox / mu is the
+staleness (and engine/trainer mismatch) correction. Keeping w separate is what makes async
+training honest: if the ratio were taken against a recompute at the current weights only,
+r would be 1 for every stale sample and nothing would be corrected (alibaba/ROLL#242).
+
+A loss is chosen on two independent axes:
+  * `objective`: ppo (clip, optional dual clip), cispo, topr, gspo, reinforce;
+  * `correction` of w: "tis" (truncate at C, detached), "mis" (mask tokens whose w leaves
+    the band [lo, hi], IcePop-style) or "none".
+`ppo` + `tis` with C = 2 is decoupled PPO, the default. Every tensor is [batch, time]
+with a 0/1 response mask; padding positions may hold anything finite.
+
+Aggregation takes an explicit normaliser (total tokens or sequences of the WHOLE batch),
+so micro-batches with gradient accumulation sum to exactly the full-batch loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+AggregationMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+Objective = Literal["ppo", "cispo", "topr", "gspo", "reinforce"]
+Correction = Literal["tis", "mis", "none"]
+
+
+@dataclass
+class LossConfig:
+    objective: Objective = "ppo"
+    correction: Correction = "tis"
+    clip_low: float = 0.2
+    clip_high: float = 0.28  # "clip-higher" (DAPO); set equal to clip_low for symmetric PPO
+    dual_clip: float | None = 3.0  # lower bound c*A on the objective of negative-advantage tokens; None = off
+    is_cap: float = 2.0  # C for "tis"
+    mis_low: float = 0.5  # band for "mis"
+    mis_high: float = 2.0
+    aggregation: AggregationMode = "token-mean"
+    kl_coef: float = 0.0  # k3 KL to a reference policy (needs reference log-probs)
+    entropy_coef: float = 0.0  # entropy bonus (needs per-token entropy)
+
+    def validate(self) -> None:
+        if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
+            raise ValueError("clip_low must be in [0, 1) and clip_high >= 0")
+        if self.dual_clip is not None and self.dual_clip <= 1:
+            raise ValueError("dual_clip must be > 1 (usually 3) or null")
+        if self.is_cap <= 0:
+            raise ValueError("is_cap must be > 0 (usually 2)")
+        if not 0 <= self.mis_low < 1 < self.mis_high:
+            raise ValueError("the mis band needs mis_low < 1 < mis_high")
+        if self.kl_coef < 0 or self.entropy_coef < 0:
+            raise ValueError("kl_coef and entropy_coef must be >= 0")
+
+
+@dataclass
+class BatchNormaliser:
+    """Denominators of the aggregation, counted over the whole batch (all micro-batches)."""
+
+    num_tokens: float
+    num_sequences: float
+
+    @classmethod
+    def from_mask(cls, mask: torch.Tensor) -> "BatchNormaliser":
+        return cls(num_tokens=max(float(mask.sum()), 1.0), num_sequences=max(float((mask.sum(-1) > 0).sum()), 1.0))
+
+
+def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: AggregationMode, normaliser: BatchNormaliser | None = None) -> torch.Tensor:
+    """Reduce per-token values to a scalar.
+
+    token-mean: sum m*l / sum m (long responses weigh more);
+    seq-mean-token-mean: mean over sequences of each sequence's token mean;
+    seq-mean-token-sum: mean over sequences of each sequence's token sum.
+    """
+    mask = mask.to(values.dtype)
+    normaliser = normaliser or BatchNormaliser.from_mask(mask)
+    masked = values * mask
+    if mode == "token-mean":
+        return masked.sum() / normaliser.num_tokens
+    if mode == "seq-mean-token-mean":
+        per_seq = masked.sum(-1) / mask.sum(-1).clamp(min=1.0)
+        return per_seq.sum() / normaliser.num_sequences
+    if mode == "seq-mean-token-sum":
+        return masked.sum() / normaliser.num_sequences
+    raise ValueError(f"unknown aggregation mode {mode!r}")
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def ppo_clip_loss(ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float, dual_clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token -min(r*A, clip(r)*A), with the dual-clip floor max(., c*A) for A < 0.
+
+    Returns (loss, clipped) where `clipped` marks tokens whose gradient the clip removed.
+    """
+    unclipped = ratio * advantages
+    clipped_objective = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages
+    objective = torch.minimum(unclipped, clipped_objective)
+    clipped = clipped_objective < unclipped
+    if dual_clip is not None:
+        floor = dual_clip * advantages
+        dual_hit = (advantages < 0) & (floor > objective)
+        objective = torch.where(dual_hit, floor, objective)
+        clipped = clipped | dual_hit
+    clipped = clipped.to(ratio.dtype)
+    return -objective, clipped
+
+
+def behaviour_weight(prox_logp: torch.Tensor, behaviour_logp: torch.Tensor, correction: Correction, cap: float, band: tuple[float, float]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The detached staleness weight applied to each token, and the raw w = pi_prox/mu."""
+    raw = torch.exp((prox_logp - behaviour_logp).detach().clamp(max=20.0))
+    if correction == "tis":
+        return raw.clamp(max=cap), raw
+    if correction == "mis":
+        keep = (raw >= band[0]) & (raw <= band[1])
+        return keep.to(raw.dtype), raw
+    if correction == "none":
+        return torch.ones_like(raw), raw
+    raise ValueError(f"unknown correction {correction!r}")
+
+
+def gspo_token_ratio(logp: torch.Tensor, prox_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GSPO-token ratio: value exp(mean_t log r_t) of the whole sequence, gradient of each token's own log pi."""
+    m = mask.to(logp.dtype)
+    seq_log_ratio = ((logp - prox_logp) * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1.0)
+    return torch.exp(seq_log_ratio.detach() + logp - logp.detach())
+
+
+def k3_kl(logp: torch.Tensor, reference_logp: torch.Tensor) -> torch.Tensor:
+    """k3 estimator of KL(pi || ref) per token: exp(d) - d - 1 with d = log ref - log pi (>= 0, low variance)."""
+    d = (reference_logp - logp).clamp(-20.0, 20.0)
+    return torch.exp(d) - d - 1.0
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    prox_logp: torch.Tensor,
+    behaviour_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    config: LossConfig,
+    *,
+    normaliser: BatchNormaliser | None = None,
+    reference_logp: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The training loss of one (micro-)batch and its off-policy health metrics."""
+    mask_f = mask.to(logp.dtype)
+    normaliser = normaliser or BatchNormaliser.from_mask(mask_f)
+    weight, w_raw = behaviour_weight(prox_logp, behaviour_logp, config.correction, config.is_cap, (config.mis_low, config.mis_high))
+    log_ratio = (logp - prox_logp).clamp(-20.0, 20.0)
+    ratio = torch.exp(log_ratio)
+    clipped = torch.zeros_like(ratio)
+
+    if config.objective == "ppo":
+        per_token, clipped = ppo_clip_loss(ratio, advantages, config.clip_low, config.clip_high, config.dual_clip)
+    elif config.objective == "gspo":
+        seq_ratio = gspo_token_ratio(logp, prox_logp, mask_f)
+        per_token, clipped = ppo_clip_loss(seq_ratio, advantages, config.clip_low, config.clip_high, None)
+    elif config.objective == "cispo":
+        clipped_ratio = ratio.clamp(1.0 - config.clip_low, 1.0 + config.clip_high).detach()
+        clipped = (clipped_ratio != ratio.detach()).to(ratio.dtype)
+        per_token = -clipped_ratio * advantages * logp
+    elif config.objective == "topr":
+        # positive samples: plain policy gradient (SFT-like); negative: truncated IS clamp(r, 0, 1)
+        negative_weight = ratio.detach().clamp(0.0, 1.0)
+        per_token = torch.where(advantages > 0, -advantages * logp, -negative_weight * advantages * logp)
+        clipped = ((advantages <= 0) & (ratio.detach() > 1.0)).to(ratio.dtype)
+    elif config.objective == "reinforce":
+        per_token = -advantages * logp
+    else:
+        raise ValueError(f"unknown objective {config.objective!r}")
+
+    per_token = weight * per_token
+    loss = aggregate(per_token, mask_f, config.aggregation, normaliser)
+    metrics: dict[str, float] = {}
+    if config.kl_coef > 0:
+        if reference_logp is None:
+            raise ValueError("kl_coef > 0 needs reference log-probs")
+        kl = k3_kl(logp, reference_logp)
+        loss = loss + config.kl_coef * aggregate(kl, mask_f, config.aggregation, normaliser)
+        metrics["kl_reference_k3"] = float(_masked_mean(kl.detach(), mask_f))
+    if config.entropy_coef > 0:
+        if entropy is None:
+            raise ValueError("entropy_coef > 0 needs per-token entropy")
+        loss = loss - config.entropy_coef * aggregate(entropy, mask_f, config.aggregation, normaliser)
+    if entropy is not None:
+        metrics["entropy"] = float(_masked_mean(entropy.detach(), mask_f))
+
+    metrics.update(off_policy_metrics(w_raw, ratio.detach(), clipped, weight, mask_f, config))
+    return loss, metrics
+
+
+def off_policy_metrics(w_raw: torch.Tensor, ratio: torch.Tensor, clipped: torch.Tensor, weight: torch.Tensor, mask: torch.Tensor, config: LossConfig) -> dict[str, float]:
+    """|w-1| mean and p95, fraction of w capped or masked, ratio clip fraction, k3 KL between mu and pi_prox.
+
+    A KL jump without a version change points at an engine/trainer mismatch bug.
+    """
+    selected = mask > 0
+    if not bool(selected.any()):
+        return {}
+    w = w_raw[selected]
+    deviation = (w - 1.0).abs()
+    # k3 with samples from mu estimates KL(mu || pi_prox): (pi/mu - 1) - log(pi/mu)
+    kl = (w - 1.0) - torch.log(w.clamp(min=1e-12))
+    metrics = {
+        "offpolicy/w_abs_dev_mean": float(deviation.mean()),
+        "offpolicy/w_abs_dev_p95": float(torch.quantile(deviation.float(), 0.95)) if deviation.numel() > 1 else float(deviation.max()),
+        "offpolicy/kl_behaviour_prox_k3": float(kl.mean()),
+        "offpolicy/ratio_clip_fraction": float(clipped[selected].mean()),
+        "offpolicy/ratio_mean": float(ratio[selected].mean()),
+    }
+    if config.correction == "tis":
+        metrics["offpolicy/w_capped_fraction"] = float((w > config.is_cap).to(w.dtype).mean())
+    elif config.correction == "mis":
+        metrics["offpolicy/w_masked_fraction"] = float((weight[selected] == 0).to(w.dtype).mean())
+    return metrics
