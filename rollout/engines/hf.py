@@ -1,0 +1,474 @@
+"""HFEngine: the in-process transformers engine, the CPU default.
+
+One asyncio task (the scheduler) owns the model. Each iteration it admits waiting
+requests (one left-padded prefill for the newcomers, whose KV rows are then merged into
+the running batch), runs one batched decode step with a KV cache for every active
+request, samples, and retires requests that stopped, hit their length or were aborted.
+That is continuous batching: a request joins and leaves the batch at any step, so one
+slow env never holds back the others.
+
+All model work runs on one dedicated worker thread (the event loop stays free for env
+steps); the torch thread count is set on that thread. Weight updates run on the same
+thread between steps, so every token is stamped with the exact version that produced it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import itertools
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rollhub.rollout.engines.base import Generation, InferenceEngine, SamplingParams
+from rollhub.rollout.engines.sampling import sample_tokens
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Request:
+    rid: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    future: asyncio.Future
+    generator: torch.Generator
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    aborted: bool = False
+    finish_reason: str | None = None
+    submitted_at: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class EngineStats:
+    """Counters for metrics; read them, never reset them mid-run."""
+
+    generated_tokens: int = 0
+    prefill_tokens: int = 0
+    decode_steps: int = 0
+    requests_finished: int = 0
+    requests_aborted: int = 0
+    busy_s: float = 0.0  # wall time spent in model calls
+    batch_size_sum: int = 0
+
+    @property
+    def mean_batch_size(self) -> float:
+        return self.batch_size_sum / self.decode_steps if self.decode_steps else 0.0
+
+
+class _Batch:
+    """The running batch: a left-padded KV cache plus one row of state per request."""
+
+    def __init__(self) -> None:
+        self.requests: list[_Request] = []
+        self.cache: Any = None  # DynamicCache
+        self.mask: torch.Tensor | None = None  # [B, T] 1 = real token in cache
+        self.lengths: torch.Tensor | None = None  # [B] real tokens in cache (= next position id)
+        self.next_tokens: list[int] = []  # sampled, not yet in the cache
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+
+def _pad_left(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
+    missing = length - tensor.shape[dim]
+    if missing <= 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+class HFEngine(InferenceEngine):
+    """Continuous-batching transformers engine (see module docstring).
+
+    `model` is an HF checkpoint dir or a loaded causal LM; `stop_token_ids` default to the
+    tokenizer/model eos ids. `max_batch_size` caps concurrent requests in the batch.
+    """
+
+    def __init__(
+        self,
+        model: str | Path | Any,
+        tokenizer: Any = None,
+        *,
+        threads: int = 1,
+        max_batch_size: int = 32,
+        batch_window_s: float = 0.002,
+        stop_token_ids: tuple[int, ...] | None = None,
+        seed: int = 0,
+        dtype: Any = None,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError("max_batch_size must be >= 1")
+        if isinstance(model, (str, Path)):
+            from rollhub.rollout.models import load_model_and_tokenizer
+
+            self.model_path: str | None = str(model)
+            model, loaded_tokenizer = load_model_and_tokenizer(model, dtype=dtype)
+            tokenizer = tokenizer or loaded_tokenizer
+        else:
+            self.model_path = getattr(getattr(model, "config", None), "_name_or_path", None)
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.threads = threads
+        self.max_batch_size = max_batch_size
+        self.batch_window_s = batch_window_s
+        self.max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        self.stop_token_ids = tuple(stop_token_ids) if stop_token_ids is not None else self._default_stop_ids(model, tokenizer)
+        self.pad_token_id = self._pad_id(model, tokenizer)
+        # transformers >= 5.2x renamed `past_key_values` to `cache`; accept both
+        self._cache_argument = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.weight_version = 0
+        self.stats = EngineStats()
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine", initializer=torch.set_num_threads, initargs=(threads,))
+        self._seed_counter = itertools.count(seed * 1_000_003)
+        self._waiting: list[_Request] = []
+        self._by_id: dict[str, _Request] = {}
+        self._batch = _Batch()
+        self._wakeup: asyncio.Event | None = None
+        self._resumed: asyncio.Event | None = None
+        self._drained: asyncio.Event | None = None
+        self._paused = False
+        self._closed = False
+        self._task: asyncio.Task | None = None
+
+    # --- public API ------------------------------------------------------------------
+
+    @property
+    def num_in_flight(self) -> int:
+        """Requests waiting or decoding (0 after pause/abort_all/close has settled)."""
+        return len(self._by_id)
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    async def generate(self, input_ids: list[int], sampling: SamplingParams, request_id: str | None = None) -> Generation:
+        self._ensure_started()
+        if self._closed:
+            raise RuntimeError("engine is closed")
+        while self._paused:
+            await self._resumed.wait()
+        rid = request_id or uuid.uuid4().hex
+        if rid in self._by_id:
+            raise ValueError(f"request id {rid} is already in flight")
+        if not input_ids:
+            raise ValueError("input_ids must not be empty")
+        loop = asyncio.get_running_loop()
+        if sampling.max_new_tokens == 0 or len(input_ids) >= self.max_positions:
+            return Generation([], [], [], "length", request_id=rid, prompt_tokens=len(input_ids))
+        generator = torch.Generator().manual_seed(sampling.seed if sampling.seed is not None else next(self._seed_counter))
+        request = _Request(rid, list(input_ids), sampling, loop.create_future(), generator)
+        self._by_id[rid] = request
+        self._waiting.append(request)
+        self._wakeup.set()
+        try:
+            return await asyncio.shield(request.future)
+        except asyncio.CancelledError:
+            # the caller went away (e.g. a cancelled redundant trajectory): free the slot
+            self._abort_request(request)
+            raise
+
+    async def abort(self, request_id: str) -> None:
+        request = self._by_id.get(request_id)
+        if request is not None:
+            self._abort_request(request)
+
+    async def abort_all(self) -> None:
+        for request in list(self._by_id.values()):
+            self._abort_request(request)
+        await self._wait_drained()
+
+    async def pause(self) -> None:
+        """Abort everything in flight (partial outputs return with "abort"); block new calls."""
+        self._ensure_started()
+        self._paused = True
+        self._resumed.clear()
+        await self.abort_all()
+
+    async def resume(self) -> None:
+        self._ensure_started()
+        self._paused = False
+        self._resumed.set()
+
+    async def update_weights(self, source: Any, version: int) -> None:
+        """Load a state dict (fast path, same process) or an HF checkpoint dir; set version.
+
+        Runs on the model thread between decode steps. With the engine paused (the normal
+        pause -> update -> resume sequence) nothing is in flight; otherwise in-flight
+        requests continue under the new weights, their later tokens stamped `version`.
+        """
+        self._ensure_started()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self._load_weights, source, version)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for request in list(self._by_id.values()):
+            self._abort_request(request)
+        if self._task is not None:
+            if self._wakeup is not None:
+                self._wakeup.set()
+            try:
+                await asyncio.wait_for(self._task, timeout=30)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                self._task.cancel()
+        self._executor.shutdown(wait=False)
+        if self._resumed is not None:
+            self._resumed.set()
+
+    # --- internals -------------------------------------------------------------------
+
+    @staticmethod
+    def _default_stop_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
+        ids: set[int] = set()
+        for source in (getattr(model, "generation_config", None), getattr(model, "config", None), tokenizer):
+            eos = getattr(source, "eos_token_id", None)
+            if isinstance(eos, int):
+                ids.add(eos)
+            elif isinstance(eos, (list, tuple)):
+                ids.update(int(e) for e in eos)
+        return tuple(sorted(ids))
+
+    @staticmethod
+    def _pad_id(model: Any, tokenizer: Any) -> int:
+        for source in (tokenizer, getattr(model, "config", None)):
+            pad = getattr(source, "pad_token_id", None)
+            if isinstance(pad, int):
+                return pad
+        return 0
+
+    def _ensure_started(self) -> None:
+        if self._task is not None and not self._task.done():
+            return
+        if self._closed:
+            return
+        self._wakeup = asyncio.Event()
+        self._resumed = asyncio.Event()
+        self._drained = asyncio.Event()
+        self._resumed.set()
+        self._drained.set()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="hf-engine-scheduler")
+
+    def _abort_request(self, request: _Request) -> None:
+        if request.future.done():
+            return
+        request.aborted = True
+        if request in self._waiting:  # never prefilled: empty output, like SGLang's queued abort
+            self._waiting.remove(request)
+            self._finish(request, "abort")
+        else:
+            self._drained.clear()
+            self._wakeup.set()
+
+    def _finish(self, request: _Request, reason: str) -> None:
+        self._by_id.pop(request.rid, None)
+        if reason == "abort":
+            self.stats.requests_aborted += 1
+        else:
+            self.stats.requests_finished += 1
+        if not request.future.done():
+            request.future.set_result(
+                Generation(
+                    token_ids=list(request.output_ids),
+                    logprobs=list(request.logprobs),
+                    token_versions=list(request.versions),
+                    finish_reason=reason,  # type: ignore[arg-type]
+                    request_id=request.rid,
+                    prompt_tokens=len(request.prompt_ids),
+                    meta={"e2e_latency_s": time.perf_counter() - request.submitted_at},
+                )
+            )
+        if not self._by_id:
+            self._drained.set()
+
+    async def _wait_drained(self) -> None:
+        while self._by_id and self._task is not None and not self._task.done():
+            self._wakeup.set()
+            await self._drained.wait()
+            await asyncio.sleep(0)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._closed or self._by_id:
+            self._retire_aborted()
+            if not self._batch and not self._waiting:
+                if self._closed:
+                    break
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                if self.batch_window_s > 0 and not self._closed:
+                    await asyncio.sleep(self.batch_window_s)  # gather a cohort before prefill
+                continue
+            newcomers = self._admit()
+            try:
+                started = time.perf_counter()
+                await loop.run_in_executor(self._executor, self._step, newcomers)
+                self.stats.busy_s += time.perf_counter() - started
+            except Exception as exc:  # a model failure must not leave callers hanging
+                logger.exception("engine step failed; failing %d requests", len(self._batch) + len(newcomers))
+                for request in self._batch.requests + newcomers:
+                    self._by_id.pop(request.rid, None)
+                    if not request.future.done():
+                        request.future.set_exception(exc)
+                self._batch = _Batch()
+                if not self._by_id:
+                    self._drained.set()
+                continue
+            self._retire_finished()
+            await asyncio.sleep(0)  # let env coroutines run between steps
+
+    def _admit(self) -> list[_Request]:
+        room = self.max_batch_size - len(self._batch)
+        newcomers = [r for r in self._waiting[:room] if not r.aborted]
+        del self._waiting[:room]
+        return newcomers
+
+    def _retire_aborted(self) -> None:
+        keep = [i for i, r in enumerate(self._batch.requests) if not r.aborted]
+        if len(keep) != len(self._batch):
+            aborted = [r for r in self._batch.requests if r.aborted]
+            self._select_rows(keep)
+            for request in aborted:
+                self._finish(request, "abort")
+
+    def _retire_finished(self) -> None:
+        done = [r for r in self._batch.requests if r.finish_reason is not None or r.aborted]
+        if not done:
+            return
+        self._select_rows([i for i, r in enumerate(self._batch.requests) if r.finish_reason is None and not r.aborted])
+        for request in done:
+            self._finish(request, "abort" if request.aborted and request.finish_reason is None else request.finish_reason)
+
+    def _select_rows(self, keep: list[int]) -> None:
+        batch = self._batch
+        if not keep:
+            self._batch = _Batch()
+            return
+        index = torch.tensor(keep, dtype=torch.long)
+        mask = batch.mask.index_select(0, index)
+        first_real = int((mask.sum(0) > 0).nonzero()[0]) if mask.numel() else 0  # drop all-padding columns
+        batch.mask = mask[:, first_real:]
+        batch.lengths = batch.lengths.index_select(0, index)
+        for layer in batch.cache.layers:
+            layer.keys = layer.keys.index_select(0, index)[:, :, first_real:]
+            layer.values = layer.values.index_select(0, index)[:, :, first_real:]
+        batch.requests = [batch.requests[i] for i in keep]
+        batch.next_tokens = [batch.next_tokens[i] for i in keep]
+
+    # --- model thread ----------------------------------------------------------------
+
+    @torch.inference_mode()
+    def _step(self, newcomers: list[_Request]) -> None:
+        """Prefill newcomers (merging them into the batch), then one decode step for the rest."""
+        version = self.weight_version
+        decoding = list(self._batch.requests)
+        if decoding:
+            self._decode(version)
+        if newcomers:
+            self._prefill(newcomers, version)
+
+    def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
+        cache_kwarg = {self._cache_argument: cache}
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1, **cache_kwarg)
+        return out.logits[:, -1, :]
+
+    def _prefill(self, requests: list[_Request], version: int) -> None:
+        from transformers import DynamicCache
+
+        longest = max(len(r.prompt_ids) for r in requests)
+        ids = torch.full((len(requests), longest), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(requests), longest), dtype=torch.long)
+        for row, request in enumerate(requests):
+            n = len(request.prompt_ids)
+            ids[row, longest - n :] = torch.tensor(request.prompt_ids, dtype=torch.long)
+            mask[row, longest - n :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        logits = self._forward(ids, mask, positions, cache)
+        self.stats.prefill_tokens += int(mask.sum())
+        lengths = mask.sum(-1)
+        tokens = self._sample(requests, logits, version)
+        self._merge(requests, cache, mask, lengths, tokens)
+
+    def _decode(self, version: int) -> None:
+        batch = self._batch
+        ids = torch.tensor(batch.next_tokens, dtype=torch.long).unsqueeze(-1)
+        batch.mask = torch.cat([batch.mask, torch.ones((len(batch), 1), dtype=batch.mask.dtype)], dim=-1)
+        positions = batch.lengths.unsqueeze(-1)
+        logits = self._forward(ids, batch.mask, positions, batch.cache)
+        batch.lengths = batch.lengths + 1
+        self.stats.decode_steps += 1
+        self.stats.batch_size_sum += len(batch)
+        batch.next_tokens = self._sample(batch.requests, logits, version)
+
+    def _sample(self, requests: list[_Request], logits: torch.Tensor, version: int) -> list[int]:
+        tokens, logprobs = sample_tokens(logits, [r.sampling for r in requests], [r.generator for r in requests])
+        for request, token, logprob in zip(requests, tokens, logprobs):
+            if request.aborted or request.finish_reason is not None:
+                continue
+            request.output_ids.append(token)
+            request.logprobs.append(logprob)
+            request.versions.append(version)
+            self.stats.generated_tokens += 1
+            stops = request.sampling.stop_token_ids or self.stop_token_ids
+            if token in stops:
+                request.finish_reason = "stop"
+            elif len(request.output_ids) >= request.sampling.max_new_tokens:
+                request.finish_reason = "length"
+            elif len(request.prompt_ids) + len(request.output_ids) >= self.max_positions:
+                request.finish_reason = "length"
+        return tokens
+
+    def _merge(self, requests: list[_Request], cache: Any, mask: torch.Tensor, lengths: torch.Tensor, tokens: list[int]) -> None:
+        batch = self._batch
+        if not batch:
+            batch.cache, batch.mask, batch.lengths = cache, mask, lengths
+            batch.requests, batch.next_tokens = list(requests), list(tokens)
+            return
+        width = max(batch.mask.shape[1], mask.shape[1])
+        batch.mask = torch.cat([_pad_left(batch.mask, width, 1), _pad_left(mask, width, 1)], dim=0)
+        batch.lengths = torch.cat([batch.lengths, lengths])
+        for old, new in zip(batch.cache.layers, cache.layers):
+            old.keys = torch.cat([_pad_left(old.keys, width, 2), _pad_left(new.keys, width, 2)], dim=0)
+            old.values = torch.cat([_pad_left(old.values, width, 2), _pad_left(new.values, width, 2)], dim=0)
+        batch.requests.extend(requests)
+        batch.next_tokens.extend(tokens)
+
+    def _load_weights(self, source: Any, version: int) -> None:
+        if isinstance(source, (str, Path)):
+            source = _read_checkpoint_state_dict(Path(source))
+        if not isinstance(source, dict):
+            raise TypeError(f"update_weights takes a state dict or an HF checkpoint dir, not {type(source).__name__}")
+        with torch.no_grad():
+            own = self.model.state_dict()
+            unknown = [k for k in source if k not in own]
+            if unknown:
+                raise ValueError(f"update_weights: {len(unknown)} unknown parameter names, e.g. {unknown[:3]}")
+            for name, tensor in source.items():
+                own[name].copy_(tensor.detach().to(own[name].dtype))
+        self.weight_version = int(version)
+        logger.info("engine weights updated to version %d (%d tensors)", version, len(source))
+
+
+def _read_checkpoint_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {path}")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    return state
