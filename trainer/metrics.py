@@ -1,0 +1,111 @@
+"""Run metrics: one JSON line per step (the record), TensorBoard scalars (the dashboard),
+and a PNG learning curve (the summary).
+
+`truncate_after(step)` rewrites the JSONL so it ends at the checkpoint a run resumes from:
+steps redone after a crash are then logged once, never twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+logger = logging.getLogger(__name__)
+
+
+class MetricsLog:
+    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, filename: str = "metrics.jsonl"):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / filename
+        self._writer = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._writer = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+            except Exception as exc:  # tensorboard is optional at run time
+                logger.warning("TensorBoard disabled: %s", exc)
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        record = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        if self._writer is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                    self._writer.add_scalar(key, value, step)
+            self._writer.flush()
+
+    def truncate_after(self, step: int) -> None:
+        """Drop records of steps > `step` (they will be redone after a resume)."""
+        if not self.path.exists():
+            return
+        kept = [r for r in read_jsonl(self.path) if int(r.get("step", 0)) <= step]
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        with open(tmp, "w") as handle:
+            for record in kept:
+                handle.write(json.dumps(record) + "\n")
+        os.replace(tmp, self.path)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    return value
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Records of a JSONL file; a torn last line (from a kill mid-write) is skipped."""
+    records = []
+    with open(path) as handle:
+        for line in handle:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                logger.warning("skipping a torn line in %s", path)
+    return records
+
+
+def plot_learning_curve(records: Iterable[dict[str, Any]], out_png: str | Path, *, keys: tuple[str, ...] = ("train/success_rate", "eval/success_rate"), title: str = "") -> Path | None:
+    """PNG of the given keys against step (missing keys are skipped)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = list(records)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    plotted = False
+    for key in keys:
+        points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
+        if points:
+            xs, ys = zip(*points)
+            ax.plot(xs, ys, marker="o" if len(points) < 30 else None, label=key)
+            plotted = True
+    if not plotted:
+        plt.close(fig)
+        return None
+    ax.set_xlabel("trainer step")
+    ax.set_ylabel("value")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)
+    return Path(out_png)
