@@ -5,6 +5,15 @@ from rollhub.envs.registry import register
 
 def register_builtin_envs() -> None:
     # Each area adds its ids here; keep entry points as strings so nothing heavy imports.
+    # Sokoban (issue 2): default = the verl-agent / GiGPO setting; sized variants after RAGEN and GEM.
+    sokoban = "rollhub.envs.sokoban.env:SokobanEnv"
+    register("rollhub/Sokoban-v0", sokoban, description="Sokoban 6x6, 1 box, 15 moves, shaped reward", dim=6, num_boxes=1, max_steps=15, search_depth=30)
+    register("rollhub/Sokoban-Sparse-v0", sokoban, description="Sokoban 6x6, 1 box, 15 moves, 0/1 reward", dim=6, num_boxes=1, max_steps=15, search_depth=30, reward="sparse")
+    register("rollhub/Sokoban-6x6-2b-v0", sokoban, description="Sokoban 6x6, 2 boxes, 20 moves (GEM easy)", dim=6, num_boxes=2, max_steps=20, search_depth=300)
+    register("rollhub/Sokoban-8x8-2b-v0", sokoban, description="Sokoban 8x8, 2 boxes, 30 moves (RAGEN larger)", dim=8, num_boxes=2, max_steps=30, search_depth=100)
+    register("rollhub/Sokoban-8x8-4b-v0", sokoban, description="Sokoban 8x8, 4 boxes, 50 moves (GEM hard)", dim=8, num_boxes=4, max_steps=50, search_depth=300)
+    # Math (issue 2): single-turn RLVR; pass dataset_path= for GSM8K/MATH-style jsonl.
+    register("rollhub/Math-v0", "rollhub.envs.math.env:MathEnv", description="single-turn math with verifiable answers (procedural or jsonl)")
     # Benchmark-only simulations (issue 8): latency envs with no task, for scheduling benchmarks.
     register("bench/LatencySokoban-v0", "rollhub.benchmarks.latency_env:sokoban_like", description="[benchmark simulation] Sokoban-like step latencies, no task", time_scale=0.001)
     register("bench/LatencySWE-v0", "rollhub.benchmarks.latency_env:swe_like", description="[benchmark simulation] SWE-like step and reset latencies, no task", time_scale=0.001)

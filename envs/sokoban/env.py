@@ -1,0 +1,215 @@
+"""`rollhub/Sokoban-v0`: push every box onto a target, one move per turn.
+
+Observations are kept short for small models: one system message with the rules, the
+legend and the answer format, then every turn the same few-line grid (prefixed with one
+line saying why, when the last move was rejected).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from rollhub.envs.base import Env, Observation, StepResult, extract_action, invalid_step_info, wrap_action
+from rollhub.envs.sokoban.generator import generate_room
+from rollhub.envs.sokoban.grid import LEGEND, MOVES, Board
+from rollhub.envs.sokoban.solver import solve
+
+logger = logging.getLogger(__name__)
+
+SYSTEM_PROMPT = (
+    "Sokoban. Push every box onto a target. You can push one box at a time; you cannot pull boxes "
+    "or push them into walls or other boxes.\n"
+    f"Legend: {LEGEND}.\n"
+    "Answer with one move: <action>up</action>, <action>down</action>, <action>left</action> or <action>right</action>."
+)
+
+
+@dataclass(frozen=True)
+class SokobanRewards:
+    """Reward scheme. "shaped" is gym-sokoban's (as in RAGEN / verl-agent / GiGPO);
+    "sparse" pays `solved` only. Format penalties belong to the trainer, not here."""
+
+    step: float = -0.1
+    box_on_target: float = 1.0
+    box_off_target: float = -1.0
+    solved: float = 10.0
+    invalid: float = -0.1
+
+    @classmethod
+    def preset(cls, name: str) -> "SokobanRewards":
+        if name == "shaped":
+            return cls()
+        if name == "sparse":
+            return cls(step=0.0, box_on_target=0.0, box_off_target=0.0, solved=1.0, invalid=0.0)
+        raise ValueError(f"reward must be 'shaped' or 'sparse', got {name!r}")
+
+
+class SokobanEnv(Env):
+    """Procedural Sokoban (reverse-play rooms), text grid observations.
+
+    Args:
+        dim: room size (rows, cols) or one int for a square room, border walls included.
+        num_boxes: boxes (and targets) per room.
+        max_steps: moves per episode (invalid moves count too).
+        search_depth: depth of the reverse play that builds the room.
+        reward: "shaped" or "sparse"; individual values override the preset
+            (step_reward, box_on_target_reward, box_off_target_reward, solved_reward,
+            invalid_reward).
+        solvable_within_max_steps: only produce rooms solvable in max_steps moves.
+        max_reverse_states: cap on positions explored while building a room.
+    """
+
+    action_tag = "action"
+
+    def __init__(
+        self,
+        dim: int | tuple[int, int] | list[int] = (6, 6),
+        num_boxes: int = 1,
+        max_steps: int = 15,
+        search_depth: int = 30,
+        reward: Literal["shaped", "sparse"] = "shaped",
+        step_reward: float | None = None,
+        box_on_target_reward: float | None = None,
+        box_off_target_reward: float | None = None,
+        solved_reward: float | None = None,
+        invalid_reward: float | None = None,
+        solvable_within_max_steps: bool = True,
+        max_reverse_states: int = 300_000,
+    ):
+        self.dim = (dim, dim) if isinstance(dim, int) else (int(dim[0]), int(dim[1]))
+        if min(self.dim) < 4:
+            raise ValueError(f"dim must be at least 4x4 (walls included), got {self.dim}")
+        if num_boxes < 1 or max_steps < 1 or search_depth < 1:
+            raise ValueError("num_boxes, max_steps and search_depth must all be >= 1")
+        self.num_boxes = num_boxes
+        self.max_steps = max_steps
+        self.search_depth = search_depth
+        self.solvable_within_max_steps = solvable_within_max_steps
+        self.max_reverse_states = max_reverse_states
+        preset = SokobanRewards.preset(reward)
+        overrides = {
+            "step": step_reward,
+            "box_on_target": box_on_target_reward,
+            "box_off_target": box_off_target_reward,
+            "solved": solved_reward,
+            "invalid": invalid_reward,
+        }
+        self.rewards = SokobanRewards(**{k: (getattr(preset, k) if v is None else float(v)) for k, v in overrides.items()})
+        self._rng = np.random.default_rng()
+        self._board: Board | None = None
+        self._steps = 0
+        self._done = False
+        self._plan: list[str] = []
+        self._plan_anchor: bytes | None = None
+        self._construction_plan: list[str] = []
+
+    # -- episode -------------------------------------------------------------------------
+    async def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        room = generate_room(
+            self._rng,
+            dim=self.dim,
+            num_boxes=self.num_boxes,
+            search_depth=self.search_depth,
+            max_states=self.max_reverse_states,
+            max_solution_steps=self.max_steps if self.solvable_within_max_steps else None,
+        )
+        self._board = room.board
+        self._steps = 0
+        self._done = False
+        self._plan, self._plan_anchor = [], None
+        self._construction_plan = list(room.solution)
+        obs: Observation = [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": self._board.render()},
+        ]
+        info = {"anchor": self._board.anchor(), "success": False, "boxes_on_target": self._board.boxes_on_target}
+        return obs, info
+
+    async def step(self, action: str) -> StepResult:
+        board = self._require_board()
+        if self._done:
+            raise RuntimeError("episode is over; call reset() first")
+        self._steps += 1
+        move = extract_action(action, self.action_tag)
+        if move is None:
+            return self._reject(board, "no move found; answer like <action>up</action>", format_ok=False)
+        move = move.lower()
+        if move not in MOVES:
+            return self._reject(board, f"'{move[:20]}' is not a move; use up, down, left or right", format_ok=True)
+        new_board, why = board.try_move(move)
+        if new_board is None:
+            return self._reject(board, why, format_ok=True)
+
+        on_before, on_after = board.boxes_on_target, new_board.boxes_on_target
+        reward = self.rewards.step
+        reward += self.rewards.box_on_target * max(on_after - on_before, 0)
+        reward += self.rewards.box_off_target * max(on_before - on_after, 0)
+        terminated = new_board.solved
+        if terminated:
+            reward += self.rewards.solved
+        self._advance_plan(board, move, new_board)
+        self._board = new_board
+        truncated = not terminated and self._steps >= self.max_steps
+        self._done = terminated or truncated
+        info = {
+            "anchor": new_board.anchor(),
+            "success": terminated,
+            "action_valid": True,
+            "format_ok": True,
+            "boxes_on_target": on_after,
+        }
+        return [{"role": "user", "content": new_board.render()}], float(reward), terminated, truncated, info
+
+    def _reject(self, board: Board, reason: str, *, format_ok: bool) -> StepResult:
+        """Invalid move: state unchanged, penalty, and a one-line reason above the grid."""
+        truncated = self._steps >= self.max_steps
+        self._done = truncated
+        info = invalid_step_info(board.anchor(), reason, format_ok=format_ok)
+        info["boxes_on_target"] = board.boxes_on_target
+        obs: Observation = [{"role": "user", "content": f"Invalid: {reason}.\n{board.render()}"}]
+        return obs, float(self.rewards.invalid), False, truncated, info
+
+    async def close(self) -> None:
+        self._board = None
+        self._done = True
+
+    # -- agents --------------------------------------------------------------------------
+    def expert_action(self) -> str:
+        """Next move of an optimal plan (re-planned if the episode left the plan)."""
+        board = self._require_board()
+        if self._plan_anchor != board.anchor() or not self._plan:
+            plan = solve(board)
+            if plan is None and self._steps == 0:  # solver over its state cap: the room's own solution
+                plan = self._construction_plan
+            if not plan:  # a dead position (box stuck) has no plan; any move will do
+                logger.info("expert found no plan from this position; moving at random")
+                plan = [MOVES[0]]
+            self._plan, self._plan_anchor = plan, board.anchor()
+        return wrap_action(self._plan[0], self.action_tag)
+
+    def _advance_plan(self, before: Board, move: str, after: Board) -> None:
+        if self._plan and self._plan_anchor == before.anchor() and self._plan[0] == move:
+            self._plan = self._plan[1:]
+            self._plan_anchor = after.anchor()
+
+    def random_action(self, rng: np.random.Generator) -> str:
+        return wrap_action(MOVES[int(rng.integers(len(MOVES)))], self.action_tag)
+
+    def render_text(self) -> str:
+        return self._board.render() if self._board is not None else ""
+
+    @property
+    def board(self) -> Board:
+        """The current position (for solvers, SFT data and tests)."""
+        return self._require_board()
+
+    def _require_board(self) -> Board:
+        if self._board is None:
+            raise RuntimeError("call reset() before using the env")
+        return self._board

@@ -1,0 +1,108 @@
+"""The Sokoban board: a fixed layout (walls, floor, targets) plus movable boxes and player.
+
+Cells are flat indices `row * width + col` so moves are integer offsets; the border is
+always wall, so a move never leaves the board. The same structure serves the generator,
+the solver and the env, which keeps the three in exact agreement about the rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Cell codes of gym-sokoban's room_state, so anchors read the same as in peer projects.
+WALL, FLOOR, TARGET, BOX_ON_TARGET, BOX, PLAYER, PLAYER_ON_TARGET = range(7)
+
+MOVES = ("up", "down", "left", "right")
+
+#: ASCII symbols (a tiny model's tokenizer may not know RAGEN's "√").
+SYMBOLS = {WALL: "#", FLOOR: "_", TARGET: "O", BOX_ON_TARGET: "*", BOX: "X", PLAYER: "P", PLAYER_ON_TARGET: "S"}
+LEGEND = "# wall, _ floor, O target, X box, * box on target, P player, S player on target"
+
+
+def move_offsets(width: int) -> dict[str, int]:
+    """Flat-index offset of each move on a board `width` cells wide."""
+    return {"up": -width, "down": width, "left": -1, "right": 1}
+
+
+@dataclass(frozen=True)
+class Board:
+    """One Sokoban position. `floor[i]` is 1 for any walkable cell (targets included)."""
+
+    height: int
+    width: int
+    floor: bytes
+    targets: frozenset[int]
+    boxes: frozenset[int]
+    player: int
+
+    @property
+    def solved(self) -> bool:
+        return self.boxes == self.targets
+
+    @property
+    def boxes_on_target(self) -> int:
+        return len(self.boxes & self.targets)
+
+    def codes(self) -> bytes:
+        """The gym-sokoban room_state as bytes (row-major, one code per cell)."""
+        cells = bytearray(FLOOR if f else WALL for f in self.floor)
+        for t in self.targets:
+            cells[t] = TARGET
+        for b in self.boxes:
+            cells[b] = BOX_ON_TARGET if b in self.targets else BOX
+        cells[self.player] = PLAYER_ON_TARGET if self.player in self.targets else PLAYER
+        return bytes(cells)
+
+    def anchor(self) -> bytes:
+        """History-free state key: the board shape followed by the cell codes."""
+        return bytes((self.height, self.width)) + self.codes()
+
+    def render(self) -> str:
+        codes = self.codes()
+        return "\n".join(
+            "".join(SYMBOLS[c] for c in codes[r * self.width : (r + 1) * self.width]) for r in range(self.height)
+        )
+
+    def try_move(self, move: str) -> tuple["Board | None", str]:
+        """Apply a move; returns (new board, "") or (None, why it is impossible)."""
+        offset = move_offsets(self.width)[move]
+        ahead = self.player + offset
+        if not self.floor[ahead]:
+            return None, f"a wall blocks {move}"
+        if ahead not in self.boxes:
+            return Board(self.height, self.width, self.floor, self.targets, self.boxes, ahead), ""
+        beyond = ahead + offset
+        if not self.floor[beyond]:
+            return None, f"the box cannot be pushed {move} into a wall"
+        if beyond in self.boxes:
+            return None, f"the box cannot be pushed {move} into another box"
+        boxes = (self.boxes - {ahead}) | {beyond}
+        return Board(self.height, self.width, self.floor, self.targets, frozenset(boxes), ahead), ""
+
+    @classmethod
+    def from_text(cls, text: str) -> "Board":
+        """Parse a rendered board (the SYMBOLS above); handy for tests and hand-made levels."""
+        rows = [r for r in text.strip("\n").splitlines()]
+        width = max(len(r) for r in rows)
+        lookup = {s: c for c, s in SYMBOLS.items()}
+        floor, targets, boxes, player = bytearray(), set(), set(), None
+        for r, row in enumerate(rows):
+            for c, ch in enumerate(row.ljust(width, "#")):
+                code = lookup.get(ch)
+                if code is None:
+                    raise ValueError(f"unknown Sokoban symbol {ch!r}; legend: {LEGEND}")
+                i = r * width + c
+                floor.append(0 if code == WALL else 1)
+                if code in (TARGET, BOX_ON_TARGET, PLAYER_ON_TARGET):
+                    targets.add(i)
+                if code in (BOX, BOX_ON_TARGET):
+                    boxes.add(i)
+                if code in (PLAYER, PLAYER_ON_TARGET):
+                    player = i
+        if player is None:
+            raise ValueError("board has no player (P or S)")
+        height = len(rows)
+        border = [i for i in range(height * width) if i < width or i >= (height - 1) * width or i % width in (0, width - 1)]
+        if any(floor[i] for i in border):
+            raise ValueError("the board's border must be wall (#)")
+        return cls(height, width, bytes(floor), frozenset(targets), frozenset(boxes), player)
