@@ -1,0 +1,284 @@
+"""The agent layer: turns an env episode into a Trajectory with an inference engine.
+
+`EpisodeRunner` is the per-trajectory state machine (prompt -> generate -> parse/step),
+split into `next_request()` / `generate()` / `step_env()` so the env manager can drive
+many of them independently (env-level async) or in lockstep (the sync baseline).
+`run_episode()` is the plain loop over one runner.
+
+What it guarantees:
+* prompt ids grow incrementally (`ChatSegments`): with full history, turn k+1's prompt
+  starts with turn k's prompt + response ids, exactly as the engine saw them;
+* every response token keeps the engine's behaviour log-prob and policy version, also
+  across weight updates: an aborted generation is resubmitted either with its partial
+  output (versions per segment) or regenerated from the turn start (`resume_mode`);
+* malformed output is not an error: the env says `format_ok`, the runner counts it and
+  can add `format_penalty` to the turn reward;
+* the context guard ends the episode as TRUNCATED (reason in `info["truncated_reason"]`)
+  when the next prompt leaves fewer than `min_new_tokens` of room;
+* env infra failures end it as INFRA_FAILED (never scored as a model failure).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from rollhub.rollout.engines.base import Generation, InferenceEngine, SamplingParams
+from rollhub.rollout.prompting import ChatSegments
+from rollhub.rollout.types import Trajectory, TrajectoryStatus, Turn
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class AgentConfig:
+    """How the agent talks to the env and the engine."""
+
+    system_prompt: str | None = None  # replaces (or adds) the system message of reset()
+    history_window: int | None = None  # None = full history; k = last k turns after the opening
+    max_new_tokens: int = 64  # per turn
+    min_new_tokens: int = 8  # context guard: end the episode if less room than this is left
+    max_context_tokens: int = 2048  # prompt + response must fit
+    max_turns: int | None = None  # extra cap on top of the env's own step limit
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    format_penalty: float = 0.0  # added to the turn reward when the env reports format_ok=False
+    resume_mode: str = "partial"  # "partial" = continue aborted output; "regenerate" = redo the turn
+    max_resubmits: int = 16  # per turn, after aborts (weight updates)
+
+    def validate(self) -> None:
+        if self.history_window is not None and self.history_window < 0:
+            raise ValueError("history_window must be >= 0 or null (full history)")
+        if self.max_new_tokens < 1 or self.min_new_tokens < 1:
+            raise ValueError("max_new_tokens and min_new_tokens must be >= 1")
+        if self.max_context_tokens <= self.min_new_tokens:
+            raise ValueError("max_context_tokens must exceed min_new_tokens")
+        if self.resume_mode not in ("partial", "regenerate"):
+            raise ValueError("resume_mode must be 'partial' or 'regenerate'")
+        if self.max_resubmits < 0:
+            raise ValueError("max_resubmits must be >= 0")
+        SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+
+@dataclass
+class _TurnSegments:
+    """Ids of one finished turn as they appear in later prompts."""
+
+    response_and_close: list[int]
+    reply: list[int]
+
+
+class EpisodeRunner:
+    """One trajectory's state; see module docstring for the driving protocol."""
+
+    def __init__(self, env: Any, tokenizer: Any, config: AgentConfig, *, env_id: str, seed: int | None, trajectory_id: str = "", group_id: str = "", segments: ChatSegments | None = None) -> None:
+        self.env = env
+        self.tokenizer = tokenizer
+        self.config = config
+        self.segments = segments or ChatSegments(tokenizer)
+        self.trajectory = Trajectory(env_id=env_id, seed=seed, trajectory_id=trajectory_id or uuid.uuid4().hex[:12], group_id=group_id)
+        self.done = False
+        self._messages: list[dict[str, str]] = []  # full conversation as text (for delta rendering and logs)
+        self._head: list[int] = []
+        self._turn_segments: list[_TurnSegments] = []
+        self._anchor: Any = None
+        self._started = time.perf_counter()
+        self.trajectory.info.update(format_errors=0, invalid_actions=0, aborts=0, resubmits=0, discarded_tokens=0)
+        self.trajectory.timings_s.update(reset=0.0, generate=0.0, env=0.0)
+        self._request_counter = 0
+        self.current_request_id: str | None = None
+
+    # --- protocol --------------------------------------------------------------------
+
+    async def reset(self) -> None:
+        started = time.perf_counter()
+        try:
+            observation, info = await self.env.reset(seed=self.trajectory.seed)
+        except Exception as exc:  # env machinery failed before the model did anything
+            self._end(TrajectoryStatus.INFRA_FAILED, error=f"reset: {exc!r}")
+            return
+        finally:
+            self.trajectory.timings_s["reset"] += time.perf_counter() - started
+        if info.get("infra_failure"):
+            self._end(TrajectoryStatus.INFRA_FAILED, error=str(info["infra_failure"]))
+            return
+        self._messages = self._apply_system_prompt(list(observation))
+        self._head = self.segments.encode_head(self._messages)
+        self._anchor = info.get("anchor")
+
+    def prompt_ids(self) -> list[int]:
+        """The next prompt: head + the windowed turns + generation prompt."""
+        window = self._turn_segments
+        if self.config.history_window is not None:
+            window = window[len(window) - self.config.history_window :] if self.config.history_window else []
+        ids = list(self._head)
+        for turn in window:
+            ids += self.segments.generation_prompt_ids + turn.response_and_close + turn.reply
+        return ids + self.segments.generation_prompt_ids
+
+    def next_request(self) -> tuple[list[int], SamplingParams] | None:
+        """The next (prompt ids, sampling) or None when the episode is over (guard applied)."""
+        if self.done:
+            return None
+        max_turns = self.config.max_turns
+        if max_turns is not None and len(self.trajectory.turns) >= max_turns:
+            self.trajectory.info["truncated_reason"] = "max_turns"
+            self._end(TrajectoryStatus.TRUNCATED)
+            return None
+        prompt = self.prompt_ids()
+        room = self.config.max_context_tokens - len(prompt)
+        if room < self.config.min_new_tokens:
+            self.trajectory.info["truncated_reason"] = "context"
+            self.trajectory.info["context_tokens"] = len(prompt)
+            self._end(TrajectoryStatus.TRUNCATED)
+            return None
+        sampling = SamplingParams(
+            max_new_tokens=min(self.config.max_new_tokens, room),
+            temperature=self.config.temperature,
+            top_p=self.config.top_p,
+            top_k=self.config.top_k,
+        )
+        return prompt, sampling
+
+    async def generate(self, engine: InferenceEngine, prompt: list[int], sampling: SamplingParams) -> Generation:
+        """Generate one turn, resubmitting after aborts; the result has per-token versions."""
+        started = time.perf_counter()
+        token_ids: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        resubmits = 0
+        try:
+            while True:
+                self._request_counter += 1
+                self.current_request_id = f"{self.trajectory.trajectory_id}-{self._request_counter}"
+                remaining = sampling.max_new_tokens - len(token_ids)
+                segment_sampling = SamplingParams(
+                    max_new_tokens=remaining, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, stop_token_ids=sampling.stop_token_ids
+                )
+                generation = await engine.generate(prompt + token_ids, segment_sampling, request_id=self.current_request_id)
+                if generation.finish_reason != "abort":
+                    token_ids += generation.token_ids
+                    logprobs += generation.logprobs
+                    versions += generation.token_versions
+                    return Generation(token_ids, logprobs, versions, generation.finish_reason, request_id=generation.request_id, prompt_tokens=len(prompt))
+                self.trajectory.info["aborts"] += 1
+                if self.config.resume_mode == "partial":
+                    token_ids += generation.token_ids
+                    logprobs += generation.logprobs
+                    versions += generation.token_versions
+                else:
+                    self.trajectory.info["discarded_tokens"] += len(generation.token_ids) + len(token_ids)
+                    token_ids, logprobs, versions = [], [], []
+                if resubmits >= self.config.max_resubmits or len(token_ids) >= sampling.max_new_tokens:
+                    return Generation(token_ids, logprobs, versions, "abort" if len(token_ids) < sampling.max_new_tokens else "length", prompt_tokens=len(prompt))
+                resubmits += 1
+                self.trajectory.info["resubmits"] += 1
+        finally:
+            self.current_request_id = None
+            self.trajectory.timings_s["generate"] += time.perf_counter() - started
+
+    async def step_env(self, prompt: list[int], generation: Generation) -> None:
+        """Parse/step the env with the generated text and record the turn."""
+        text = self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+        turn = Turn(
+            prompt_ids=prompt,
+            response_ids=list(generation.token_ids),
+            behaviour_logprobs=list(generation.logprobs),
+            token_versions=list(generation.token_versions),
+            response_text=text,
+            anchor=self._anchor,
+            finish_reason=generation.finish_reason,
+        )
+        turn.timings_s["generate"] = float(generation.meta.get("e2e_latency_s", 0.0))
+        self.trajectory.turns.append(turn)
+        if generation.finish_reason == "abort":  # resubmit cap reached: not the model's fault
+            self._end(TrajectoryStatus.INFRA_FAILED, error="generation aborted more than max_resubmits times")
+            return
+        started = time.perf_counter()
+        try:
+            observation, reward, terminated, truncated, info = await self.env.step(text)
+        except Exception as exc:
+            self._end(TrajectoryStatus.INFRA_FAILED, error=f"step: {exc!r}")
+            return
+        finally:
+            elapsed = time.perf_counter() - started
+            turn.timings_s["env_step"] = elapsed
+            self.trajectory.timings_s["env"] += elapsed
+        if info.get("infra_failure"):
+            self._end(TrajectoryStatus.INFRA_FAILED, error=str(info["infra_failure"]))
+            return
+        turn.format_ok = bool(info.get("format_ok", True))
+        turn.action_valid = bool(info.get("action_valid", True))
+        turn.reward = float(reward) + (self.config.format_penalty if not turn.format_ok else 0.0)
+        turn.observation = list(observation)
+        if not turn.format_ok:
+            self.trajectory.info["format_errors"] += 1
+        if not turn.action_valid:
+            self.trajectory.info["invalid_actions"] += 1
+        self._anchor = info.get("anchor")
+        assistant = {"role": "assistant", "content": text}
+        reply_ids = self.segments.encode_reply(self._messages + [assistant], list(observation))
+        self._turn_segments.append(_TurnSegments(turn.response_ids + self.segments.close_assistant(turn.response_ids), reply_ids))
+        self._messages += [assistant, *observation]
+        if terminated or truncated:
+            self.trajectory.success = bool(info.get("success", False))
+            if truncated and not terminated:
+                self.trajectory.info["truncated_reason"] = "env_step_limit"
+            self._end(TrajectoryStatus.COMPLETED if terminated else TrajectoryStatus.TRUNCATED)
+
+    def cancel(self) -> None:
+        """Mark the trajectory cancelled (redundant straggler or shutdown)."""
+        if not self.done:
+            self._end(TrajectoryStatus.CANCELLED)
+
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        return list(self._messages)
+
+    # --- helpers ---------------------------------------------------------------------
+
+    def _apply_system_prompt(self, messages: list[dict[str, str]]) -> list[dict[str, str]]:
+        if self.config.system_prompt is None:
+            return messages
+        system = {"role": "system", "content": self.config.system_prompt}
+        if messages and messages[0]["role"] == "system":
+            return [system, *messages[1:]]
+        return [system, *messages]
+
+    def _end(self, status: TrajectoryStatus, error: str | None = None) -> None:
+        self.done = True
+        self.trajectory.status = status
+        if error is not None:
+            self.trajectory.infra_error = error
+            logger.warning("trajectory %s: %s", self.trajectory.trajectory_id, error)
+        self.trajectory.timings_s["total"] = time.perf_counter() - self._started
+
+
+async def run_episode(
+    env: Any,
+    engine: InferenceEngine,
+    tokenizer: Any,
+    config: AgentConfig,
+    seed: int | None,
+    *,
+    env_id: str | None = None,
+    trajectory_id: str = "",
+    group_id: str = "",
+    segments: ChatSegments | None = None,
+) -> Trajectory:
+    """Play one episode of `env` with `engine`; the env is not closed here (the caller owns it)."""
+    env_id = env_id or getattr(getattr(env, "spec", None), "id", None) or type(env).__name__
+    runner = EpisodeRunner(env, tokenizer, config, env_id=env_id, seed=seed, trajectory_id=trajectory_id, group_id=group_id, segments=segments)
+    await runner.reset()
+    while (request := runner.next_request()) is not None:
+        prompt, sampling = request
+        generation = await runner.generate(engine, prompt, sampling)
+        await runner.step_env(prompt, generation)
+    return runner.trajectory
