@@ -1,0 +1,83 @@
+"""Finding and force-removing rollhub containers: a run's own at exit, orphans for `gc`.
+
+Removal is always `rm -f` (SIGKILL + delete): a graceful stop waits up to 10-15 s per
+container for a PID 1 that may ignore SIGTERM, and we never need the container's state.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from rollhub.sandbox import ownership
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ContainerRecord:
+    id: str
+    name: str
+    image: str
+    state: str
+    run_id: str
+    owner_alive: bool
+    labels: dict[str, str]
+
+
+def list_rollhub_containers(api: Any, run_id: str | None = None) -> list[ContainerRecord]:
+    """Every container (running or not) carrying the rollhub run label, optionally of one run."""
+    label = f"{ownership.LABEL_RUN}={run_id}" if run_id else ownership.LABEL_RUN
+    records = []
+    for raw in api.containers(all=True, filters={"label": label}):
+        labels = raw.get("Labels") or {}
+        records.append(
+            ContainerRecord(
+                id=raw["Id"],
+                name=(raw.get("Names") or ["?"])[0].lstrip("/"),
+                image=raw.get("Image", "?"),
+                state=raw.get("State", "?"),
+                run_id=labels.get(ownership.LABEL_RUN, ""),
+                owner_alive=ownership.owner_is_alive(labels),
+                labels=labels,
+            )
+        )
+    return records
+
+
+def remove_containers(api: Any, container_ids: list[str], parallelism: int = 8) -> int:
+    """Force-remove containers, a few at a time (dockerd serialises much of this anyway).
+    Returns how many were removed; already-gone containers count as removed."""
+    import docker
+
+    def remove_one(container_id: str) -> bool:
+        try:
+            api.remove_container(container_id, force=True, v=True)
+            return True
+        except docker.errors.NotFound:
+            return True
+        except docker.errors.APIError as exc:
+            if "already in progress" in str(exc):
+                return True
+            logger.warning("could not remove container %s: %s", container_id[:12], exc)
+            return False
+
+    if not container_ids:
+        return 0
+    with ThreadPoolExecutor(max_workers=max(1, min(parallelism, len(container_ids)))) as pool:
+        return sum(pool.map(remove_one, container_ids))
+
+
+def remove_run(api: Any, run_id: str) -> int:
+    """Remove every container of one run (the run's exit cleanup)."""
+    return remove_containers(api, [record.id for record in list_rollhub_containers(api, run_id)])
+
+
+def collect_garbage(api: Any, remove_all: bool = False) -> list[ContainerRecord]:
+    """Remove containers whose owner process on this host is gone (or every rollhub
+    container with `remove_all`). Returns the records removed."""
+    doomed = [record for record in list_rollhub_containers(api) if remove_all or not record.owner_alive]
+    remove_containers(api, [record.id for record in doomed])
+    return doomed
