@@ -15,6 +15,8 @@ from rollhub.errors import UserError
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
     # name: ("module:function", one-line description)
+    "envs": ("rollhub.benchmarks.env_throughput:run", "reset latency, steps/s, memory per env for every registered env; Sokoban rooms/s"),
+    "fit-latency": ("rollhub.benchmarks.fit_latency_model:run", "fit the SIMULATED latency-model engine to the real HFEngine and validate it"),
 }
 
 

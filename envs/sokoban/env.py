@@ -61,6 +61,7 @@ class SokobanEnv(Env):
             invalid_reward).
         solvable_within_max_steps: only produce rooms solvable in max_steps moves.
         max_reverse_states: cap on positions explored while building a room.
+    Options of reset: {"board": text} plays a hand-made level drawn with the legend's symbols.
     """
 
     action_tag = "action"
@@ -111,19 +112,22 @@ class SokobanEnv(Env):
     async def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
         if seed is not None:
             self._rng = np.random.default_rng(seed)
-        room = generate_room(
-            self._rng,
-            dim=self.dim,
-            num_boxes=self.num_boxes,
-            search_depth=self.search_depth,
-            max_states=self.max_reverse_states,
-            max_solution_steps=self.max_steps if self.solvable_within_max_steps else None,
-        )
-        self._board = room.board
+        board_text = (options or {}).get("board")
+        if board_text is not None:  # a hand-made level instead of a generated one
+            self._board, self._construction_plan = Board.from_text(board_text), []
+        else:
+            room = generate_room(
+                self._rng,
+                dim=self.dim,
+                num_boxes=self.num_boxes,
+                search_depth=self.search_depth,
+                max_states=self.max_reverse_states,
+                max_solution_steps=self.max_steps if self.solvable_within_max_steps else None,
+            )
+            self._board, self._construction_plan = room.board, list(room.solution)
         self._steps = 0
         self._done = False
         self._plan, self._plan_anchor = [], None
-        self._construction_plan = list(room.solution)
         obs: Observation = [
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": self._board.render()},

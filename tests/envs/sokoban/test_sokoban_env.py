@@ -1,0 +1,136 @@
+import numpy as np
+import pytest
+
+import rollhub.envs as envs
+from rollhub.envs.sokoban.env import SYSTEM_PROMPT, SokobanEnv
+from rollhub.envs.sokoban.grid import Board
+
+LEVEL = """
+######
+#____#
+#_XO_#
+#_P__#
+######
+"""
+
+
+async def play_expert(env, seed):
+    obs, info = await env.reset(seed=seed)
+    total, steps = 0.0, 0
+    while True:
+        obs, reward, terminated, truncated, info = await env.step(env.expert_action())
+        total, steps = total + reward, steps + 1
+        if terminated or truncated:
+            return info["success"], steps, total
+
+
+@pytest.mark.parametrize("env_id,episodes", [("rollhub/Sokoban-v0", 150), ("rollhub/Sokoban-Sparse-v0", 20), ("rollhub/Sokoban-6x6-2b-v0", 20), ("rollhub/Sokoban-8x8-2b-v0", 10)])
+async def test_expert_solves_every_generated_room(env_id, episodes):
+    env = envs.make(env_id)
+    for seed in range(episodes):
+        success, steps, _ = await play_expert(env, seed)
+        assert success, f"{env_id} seed {seed} not solved"
+        assert steps <= env.max_steps
+
+
+async def test_observation_is_the_compact_grid_every_turn():
+    env = envs.make("rollhub/Sokoban-v0")
+    obs, info = await env.reset(seed=5)
+    assert [m["role"] for m in obs] == ["system", "user"]
+    assert obs[0]["content"] == SYSTEM_PROMPT and "<action>up</action>" in SYSTEM_PROMPT
+    grid = obs[1]["content"].splitlines()
+    assert len(grid) == 6 and all(len(row) == 6 for row in grid)
+    assert info["anchor"] == env.board.anchor()
+    obs, *_ = await env.step(env.expert_action())
+    assert len(obs) == 1 and len(obs[0]["content"].splitlines()) == 6
+
+
+async def test_shaped_rewards_on_a_hand_made_level():
+    env = SokobanEnv()
+    await env.reset(options={"board": LEVEL})
+    _, r, term, trunc, info = await env.step("<action>left</action>")  # player to (3,1)
+    assert r == pytest.approx(-0.1) and info["action_valid"] and not term
+    _, r, *_ = await env.step("<action>up</action>")  # player to (2,1), left of the box
+    _, r, term, _, info = await env.step("<action>right</action>")  # box onto target: -0.1 + 1 + 10
+    assert term and info["success"] and r == pytest.approx(10.9)
+
+
+async def test_box_off_target_costs_one():
+    env = SokobanEnv(max_steps=10)
+    await env.reset(options={"board": "######\n#P*__#\n######"})
+    _, r, term, _, info = await env.step("<action>right</action>")  # the box leaves its target
+    assert r == pytest.approx(-1.1) and not term and info["boxes_on_target"] == 0 and not info["success"]
+
+
+@pytest.mark.parametrize(
+    "action,reason,format_ok",
+    [
+        ("I will go up", "no move found", False),
+        ("<action>jump</action>", "'jump' is not a move", True),
+        ("<action>down</action>", "wall", True),
+    ],
+)
+async def test_invalid_action_leaves_state_and_says_why(action, reason, format_ok):
+    env = SokobanEnv(max_steps=5)
+    _, info = await env.reset(options={"board": LEVEL})
+    before = info["anchor"]
+    obs, r, term, trunc, info = await env.step(action)
+    assert r == pytest.approx(-0.1) and not term and not trunc
+    assert info["action_valid"] is False and info["format_ok"] is format_ok
+    assert info["anchor"] == before and reason in info["invalid_reason"]
+    assert obs[0]["content"].startswith("Invalid: ") and reason in obs[0]["content"]
+
+
+async def test_box_into_wall_is_invalid():
+    env = SokobanEnv()
+    await env.reset(options={"board": "#####\n#PX_#\n#__O#\n#####"})
+    await env.step("<action>right</action>")  # box to the right wall side
+    _, _, _, _, info = await env.step("<action>right</action>")
+    assert not info["action_valid"] and "into a wall" in info["invalid_reason"]
+
+
+async def test_truncation_at_max_steps_and_step_after_end():
+    env = SokobanEnv(max_steps=3)
+    await env.reset(options={"board": LEVEL})
+    results = [await env.step("<action>down</action>") for _ in range(3)]
+    assert [r[3] for r in results] == [False, False, True]
+    assert not any(r[2] for r in results)
+    with pytest.raises(RuntimeError, match="reset"):
+        await env.step("<action>up</action>")
+
+
+async def test_sparse_reward_and_overrides():
+    sparse = SokobanEnv(reward="sparse")
+    await sparse.reset(options={"board": LEVEL})
+    rewards = [(await sparse.step(a))[1] for a in ("<action>left</action>", "<action>up</action>", "<action>right</action>")]
+    assert rewards == [0.0, 0.0, 1.0]
+    custom = SokobanEnv(step_reward=-0.5, invalid_reward=-2.0)
+    await custom.reset(options={"board": LEVEL})
+    assert (await custom.step("<action>left</action>"))[1] == -0.5
+    assert (await custom.step("nonsense"))[1] == -2.0
+    with pytest.raises(ValueError, match="sparse"):
+        SokobanEnv(reward="dense")
+
+
+async def test_seeded_resets_are_deterministic_and_unseeded_continue():
+    a, b = SokobanEnv(), SokobanEnv()
+    obs_a, info_a = await a.reset(seed=11)
+    obs_b, info_b = await b.reset(seed=11)
+    assert obs_a == obs_b and info_a["anchor"] == info_b["anchor"]
+    rng_a, rng_b = np.random.default_rng(0), np.random.default_rng(0)
+    for _ in range(10):
+        ra = await a.step(a.random_action(rng_a))
+        rb = await b.step(b.random_action(rng_b))
+        assert ra == rb
+        if ra[2] or ra[3]:
+            break
+    boards = {(await a.reset())[1]["anchor"] for _ in range(10)}
+    assert len(boards) > 1
+
+
+async def test_anchor_is_the_grid_codes():
+    env = SokobanEnv()
+    _, info = await env.reset(options={"board": LEVEL})
+    codes = np.frombuffer(info["anchor"][2:], dtype=np.uint8).reshape(5, 6)
+    assert codes[2, 2] == 4 and codes[2, 3] == 2 and codes[3, 2] == 5 and codes[0, 0] == 0
+    assert Board.from_text(env.render_text()) == env.board
