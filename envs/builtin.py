@@ -17,4 +17,6 @@ def register_builtin_envs() -> None:
     # Benchmark-only simulations (issue 8): latency envs with no task, for scheduling benchmarks.
     register("bench/LatencySokoban-v0", "rollhub.benchmarks.latency_env:sokoban_like", description="[benchmark simulation] Sokoban-like step latencies, no task", time_scale=0.001)
     register("bench/LatencySWE-v0", "rollhub.benchmarks.latency_env:swe_like", description="[benchmark simulation] SWE-like step and reset latencies, no task", time_scale=0.001)
+    # ALFWorld (issue 5): real engine in worker processes; needs the 'alfworld' extra.
+    register("rollhub/ALFWorld-v0", "rollhub.envs.alfworld.env:ALFWorldEnv", description="ALFWorld household tasks, real TextWorld engine, 134 valid_unseen games, 50 steps", requires=("extra:alfworld",), extra="alfworld")
     pass
