@@ -19,4 +19,6 @@ def register_builtin_envs() -> None:
     register("bench/LatencySWE-v0", "rollhub.benchmarks.latency_env:swe_like", description="[benchmark simulation] SWE-like step and reset latencies, no task", time_scale=0.001)
     # ALFWorld (issue 5): real engine in worker processes; needs the 'alfworld' extra.
     register("rollhub/ALFWorld-v0", "rollhub.envs.alfworld.env:ALFWorldEnv", description="ALFWorld household tasks, real TextWorld engine, 134 valid_unseen games, 50 steps", requires=("extra:alfworld",), extra="alfworld")
+    # SWE (issue 4): swebench 5.x tasks in docker containers, graded by swebench; needs the 'swe' extra.
+    register("rollhub/SWE-v0", "rollhub.envs.swe.env:SWEEnv", description="fix real Python repos in containers (shipped factory tasks), swebench grading", requires=("docker",), extra="swe")
     pass
