@@ -1,0 +1,211 @@
+"""The SWE agent's tools: JSON-schema declarations and their implementation on a sandbox.
+
+`bash` runs one command in a fresh `bash -c` inside /testbed (state lives in the files,
+not in a shell), with a per-command timeout and head+tail truncated output.
+`str_replace_editor` views, creates and edits files (view / create / str_replace / insert),
+the editor SWE-agent and OpenHands made standard. `submit` ends the episode; the env then
+grades the diff in a fresh container.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from rollhub.sandbox.base import Sandbox, truncate_middle
+from rollhub.envs.swe.tasks import WORKDIR
+
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a bash command in the repository root (/testbed). Each call is a fresh shell; "
+            "long output keeps its head and tail. Use it to explore, run tests and scripts.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string", "description": "the command line"},
+                    "timeout_s": {"type": "integer", "description": "seconds before the command is killed (default 60)", "minimum": 1},
+                },
+                "required": ["command"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "str_replace_editor",
+            "description": "View, create and edit files. view: a file with line numbers (optionally view_range "
+            "[first, last]) or a directory listing; create: write file_text to a new path; str_replace: replace "
+            "old_str, which must occur exactly once, by new_str; insert: insert new_str after line insert_line (0 = top).",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string", "enum": ["view", "create", "str_replace", "insert"]},
+                    "path": {"type": "string", "description": "absolute, or relative to /testbed"},
+                    "file_text": {"type": "string"},
+                    "old_str": {"type": "string"},
+                    "new_str": {"type": "string"},
+                    "insert_line": {"type": "integer", "minimum": 0},
+                    "view_range": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2},
+                },
+                "required": ["command", "path"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "submit",
+            "description": "Submit your changes to the repository as the final answer; the episode ends and hidden tests grade it.",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    },
+]
+TOOL_NAMES = tuple(t["function"]["name"] for t in TOOLS)
+
+
+class ToolError(ValueError):
+    """The call was well-formed JSON but not a valid use of a tool (the reply says why)."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+    def to_text(self) -> str:
+        return "<tool_call>" + json.dumps({"name": self.name, "arguments": self.arguments}) + "</tool_call>"
+
+
+def parse_tool_call(payload: str) -> ToolCall:
+    """`{"name": ..., "arguments": {...}}` -> ToolCall; ToolError says what is wrong."""
+    try:
+        data = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        raise ToolError(f"the tool call is not valid JSON ({exc.msg} at char {exc.pos})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        raise ToolError('a tool call is {"name": <tool>, "arguments": {...}}')
+    arguments = data.get("arguments", {})
+    if isinstance(arguments, str):  # some chat templates emit the arguments JSON-encoded
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            raise ToolError("arguments must be a JSON object") from None
+    if not isinstance(arguments, dict):
+        raise ToolError("arguments must be a JSON object")
+    if data["name"] not in TOOL_NAMES:
+        raise ToolError(f"unknown tool '{data['name']}'; tools: {', '.join(TOOL_NAMES)}")
+    return ToolCall(data["name"], arguments)
+
+
+def _require(arguments: dict[str, Any], key: str, kind: type) -> Any:
+    value = arguments.get(key)
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
+        raise ToolError(f"argument '{key}' ({kind.__name__}) is required")
+    return value
+
+
+def _resolve(path: str) -> str:
+    return posixpath.normpath(path if path.startswith("/") else posixpath.join(WORKDIR, path))
+
+
+class ToolRunner:
+    """Executes tool calls in one sandbox; returns the observation text."""
+
+    def __init__(self, box: Sandbox, command_timeout_s: float = 60.0, max_command_timeout_s: float = 300.0, output_limit_chars: int = 10_000):
+        self.box = box
+        self.command_timeout_s = command_timeout_s
+        self.max_command_timeout_s = max_command_timeout_s
+        self.output_limit_chars = output_limit_chars
+
+    async def run(self, call: ToolCall) -> str:
+        if call.name == "bash":
+            return await self.bash(call.arguments)
+        if call.name == "str_replace_editor":
+            return await self.editor(call.arguments)
+        raise ToolError(f"tool '{call.name}' is not run by the runner")
+
+    async def bash(self, arguments: dict[str, Any]) -> str:
+        command = _require(arguments, "command", str)
+        timeout_s = arguments.get("timeout_s", self.command_timeout_s)
+        if not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool) or timeout_s <= 0:
+            raise ToolError("timeout_s must be a positive number")
+        timeout_s = min(float(timeout_s), self.max_command_timeout_s)
+        result = await self.box.exec(command, timeout_s=timeout_s, workdir=WORKDIR)
+        output, _ = truncate_middle(result.output, self.output_limit_chars)
+        if result.timed_out:
+            return f"{output}\n[command timed out after {timeout_s:g} s and was killed]"
+        return f"{output}\n[exit code {result.exit_code}]" if output else f"[exit code {result.exit_code}]"
+
+    async def _read_text(self, path: str) -> str:
+        probe = await self.box.exec(f"test -f {shlex.quote(path)}", timeout_s=10)
+        if probe.exit_code != 0:
+            raise ToolError(f"{path} is not a file")
+        return (await self.box.read_file(path)).decode("utf-8", errors="replace")
+
+    async def editor(self, arguments: dict[str, Any]) -> str:
+        command = _require(arguments, "command", str)
+        path = _resolve(_require(arguments, "path", str))
+        if command == "view":
+            return await self._view(path, arguments.get("view_range"))
+        if command == "create":
+            text = _require(arguments, "file_text", str)
+            exists = await self.box.exec(f"test -e {shlex.quote(path)}", timeout_s=10)
+            if exists.exit_code == 0:
+                raise ToolError(f"{path} already exists; use str_replace to edit it")
+            await self.box.exec(f"mkdir -p {shlex.quote(posixpath.dirname(path))}", timeout_s=10)
+            await self.box.write_file(path, text)
+            return f"created {path} ({len(text.splitlines())} lines)"
+        if command == "str_replace":
+            old = _require(arguments, "old_str", str)
+            new = arguments.get("new_str", "")
+            if not isinstance(new, str):
+                raise ToolError("new_str must be a string")
+            text = await self._read_text(path)
+            count = text.count(old) if old else 0
+            if count != 1:
+                raise ToolError(f"old_str occurs {count} times in {path}; it must occur exactly once (add surrounding lines)")
+            start_line = text[: text.index(old)].count("\n") + 1
+            text = text.replace(old, new, 1)
+            await self.box.write_file(path, text)
+            return f"edited {path}\n" + self._numbered(text, start_line - 3, start_line + new.count("\n") + 3)
+        if command == "insert":
+            line = _require(arguments, "insert_line", int)
+            new = _require(arguments, "new_str", str)
+            lines = (await self._read_text(path)).splitlines(keepends=True)
+            if not 0 <= line <= len(lines):
+                raise ToolError(f"insert_line must be between 0 and {len(lines)}")
+            if lines and not lines[-1].endswith("\n") and line == len(lines):
+                lines[-1] += "\n"
+            lines[line:line] = [new if new.endswith("\n") else new + "\n"]
+            text = "".join(lines)
+            await self.box.write_file(path, text)
+            return f"edited {path}\n" + self._numbered(text, line - 2, line + new.count("\n") + 3)
+        raise ToolError(f"unknown editor command '{command}'; use view, create, str_replace or insert")
+
+    async def _view(self, path: str, view_range: Any) -> str:
+        kind = await self.box.exec(f"if test -d {shlex.quote(path)}; then echo dir; elif test -f {shlex.quote(path)}; then echo file; fi", timeout_s=10)
+        if kind.output.strip() == "dir":
+            listing = await self.box.exec(f"find {shlex.quote(path)} -maxdepth 2 -not -path '*/.*' | sort", timeout_s=30)
+            return truncate_middle(listing.output, self.output_limit_chars)[0]
+        if kind.output.strip() != "file":
+            raise ToolError(f"{path} does not exist")
+        text = await self._read_text(path)
+        first, last = 1, len(text.splitlines())
+        if view_range is not None:
+            if not (isinstance(view_range, list) and len(view_range) == 2 and all(isinstance(v, int) for v in view_range)):
+                raise ToolError("view_range is [first_line, last_line]")
+            first, last = view_range[0], view_range[1] if view_range[1] != -1 else last
+        return self._numbered(text, first, last)
+
+    def _numbered(self, text: str, first: int, last: int) -> str:
+        lines = text.splitlines()
+        first = max(1, first)
+        last = min(len(lines), last)
+        body = "\n".join(f"{i:6d}\t{lines[i - 1]}" for i in range(first, last + 1))
+        return truncate_middle(body, self.output_limit_chars)[0]
