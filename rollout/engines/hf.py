@@ -15,6 +15,7 @@ thread between steps, so every token is stamped with the exact version that prod
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import inspect
 import itertools
@@ -65,6 +66,55 @@ class EngineStats:
         return self.batch_size_sum / self.decode_steps if self.decode_steps else 0.0
 
 
+class PrefixCache:
+    """KV of finished requests, reused when a new prompt starts with the same ids.
+
+    Multi-turn prompts repeat the whole history (and the N members of a group share their
+    opening), so without this every turn re-prefills the full context, which dominates
+    CPU time. Exact-prefix match, LRU eviction by total cached tokens; cleared on every
+    weight update (the cached keys/values were computed by the old weights).
+    """
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens = max_tokens
+        self._entries: collections.OrderedDict[tuple[int, ...], tuple[list[torch.Tensor], list[torch.Tensor]]] = collections.OrderedDict()
+        self.tokens = 0
+        self.hits = 0
+        self.hit_tokens = 0
+
+    def store(self, ids: list[int], keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        if self.max_tokens <= 0 or len(ids) < 2 or len(ids) > self.max_tokens:
+            return
+        key = tuple(ids)
+        if key in self._entries:
+            self._entries.move_to_end(key)
+            return
+        self._entries[key] = (keys, values)
+        self.tokens += len(key)
+        while self.tokens > self.max_tokens:
+            old, _ = self._entries.popitem(last=False)
+            self.tokens -= len(old)
+
+    def lookup(self, prompt: list[int]) -> tuple[int, list[torch.Tensor], list[torch.Tensor]] | None:
+        """Longest cached prefix strictly shorter than `prompt` (>= 1 token left to prefill)."""
+        best: tuple[int, ...] | None = None
+        for key in self._entries:
+            n = len(key)
+            if n < len(prompt) and (best is None or n > len(best)) and prompt[:n] == list(key):
+                best = key
+        if best is None:
+            return None
+        self._entries.move_to_end(best)
+        self.hits += 1
+        self.hit_tokens += len(best)
+        keys, values = self._entries[best]
+        return len(best), keys, values
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.tokens = 0
+
+
 class _Batch:
     """The running batch: a left-padded KV cache plus one row of state per request."""
 
@@ -92,7 +142,8 @@ class HFEngine(InferenceEngine):
     """Continuous-batching transformers engine (see module docstring).
 
     `model` is an HF checkpoint dir or a loaded causal LM; `stop_token_ids` default to the
-    tokenizer/model eos ids. `max_batch_size` caps concurrent requests in the batch.
+    tokenizer/model eos ids. `max_batch_size` caps concurrent requests in the batch;
+    `prefix_cache_tokens` bounds the KV kept for prefix reuse (0 disables it).
     """
 
     def __init__(
@@ -106,6 +157,7 @@ class HFEngine(InferenceEngine):
         stop_token_ids: tuple[int, ...] | None = None,
         seed: int = 0,
         dtype: Any = None,
+        prefix_cache_tokens: int = 32768,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
@@ -129,6 +181,7 @@ class HFEngine(InferenceEngine):
         self._cache_argument = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self.weight_version = 0
         self.stats = EngineStats()
+        self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine", initializer=torch.set_num_threads, initargs=(threads,))
         self._seed_counter = itertools.count(seed * 1_000_003)
         self._waiting: list[_Request] = []
@@ -347,9 +400,24 @@ class HFEngine(InferenceEngine):
         done = [r for r in self._batch.requests if r.finish_reason is not None or r.aborted]
         if not done:
             return
+        for row, request in enumerate(self._batch.requests):
+            if request.finish_reason is not None and not request.aborted:
+                self._store_prefix(row, request)
         self._select_rows([i for i, r in enumerate(self._batch.requests) if r.finish_reason is None and not r.aborted])
         for request in done:
             self._finish(request, "abort" if request.aborted and request.finish_reason is None else request.finish_reason)
+
+    def _store_prefix(self, row: int, request: _Request) -> None:
+        """Keep the KV of prompt + output (minus the last token, never fed) for reuse."""
+        if self.prefix_cache.max_tokens <= 0:
+            return
+        length = int(self._batch.lengths[row])
+        ids = request.prompt_ids + request.output_ids[:-1]
+        if len(ids) != length:  # defensive: never cache KV whose ids we cannot vouch for
+            return
+        keys = [layer.keys[row : row + 1, :, -length:].clone() for layer in self._batch.cache.layers]
+        values = [layer.values[row : row + 1, :, -length:].clone() for layer in self._batch.cache.layers]
+        self.prefix_cache.store(ids, keys, values)
 
     def _select_rows(self, keep: list[int]) -> None:
         batch = self._batch
@@ -385,6 +453,34 @@ class HFEngine(InferenceEngine):
         return out.logits[:, -1, :]
 
     def _prefill(self, requests: list[_Request], version: int) -> None:
+        misses = []
+        for request in requests:
+            hit = self.prefix_cache.lookup(request.prompt_ids)
+            if hit is None:
+                misses.append(request)
+            else:
+                self._prefill_from_prefix(request, hit, version)
+        if misses:
+            self._prefill_batch(misses, version)
+
+    def _prefill_from_prefix(self, request: _Request, hit: tuple[int, list[torch.Tensor], list[torch.Tensor]], version: int) -> None:
+        from transformers import DynamicCache
+
+        cached, keys, values = hit
+        cache = DynamicCache(config=self.model.config)
+        for index, (k, v) in enumerate(zip(keys, values)):
+            cache.update(k.clone(), v.clone(), index)
+        suffix = request.prompt_ids[cached:]
+        total = len(request.prompt_ids)
+        ids = torch.tensor([suffix], dtype=torch.long)
+        mask = torch.ones((1, total), dtype=torch.long)
+        positions = torch.arange(cached, total, dtype=torch.long).unsqueeze(0)
+        logits = self._forward(ids, mask, positions, cache)
+        self.stats.prefill_tokens += len(suffix)
+        tokens = self._sample([request], logits, version)
+        self._merge([request], cache, mask, torch.tensor([total]), tokens)
+
+    def _prefill_batch(self, requests: list[_Request], version: int) -> None:
         from transformers import DynamicCache
 
         longest = max(len(r.prompt_ids) for r in requests)
@@ -458,6 +554,7 @@ class HFEngine(InferenceEngine):
                 raise ValueError(f"update_weights: {len(unknown)} unknown parameter names, e.g. {unknown[:3]}")
             for name, tensor in source.items():
                 own[name].copy_(tensor.detach().to(own[name].dtype))
+        self.prefix_cache.clear()
         self.weight_version = int(version)
         logger.info("engine weights updated to version %d (%d tensors)", version, len(source))
 

@@ -1,0 +1,418 @@
+"""EnvManager: runs many env episodes against one engine and hands groups to the trainer.
+
+* Env-level asynchrony: one coroutine per trajectory; each env steps as soon as its own
+  generation returns (no barrier). `lockstep=True` is the synchronous baseline: every env
+  of the batch waits for the whole batch's generations, then all step together.
+* Groups: N trajectories of the same env id and seed; seeds come from a seed iterator.
+* Redundancy: N+r trajectories per group and/or G+g groups per batch; the first to finish
+  are kept and the rest cancelled at once (engine requests aborted through task
+  cancellation, envs closed, so their containers go away); counted as redundant work.
+* Infra failures (env machinery, not the model) are retried with a fresh env up to
+  `max_infra_retries` per slot, else the group is dropped; both are counted.
+* `run(stop_event)` keeps the GroupBuffer full for async training; `collect_batch(G)` is
+  the sync API; `update_weights(source, version)` = pause -> abort -> update -> resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import statistics
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from rollhub.rollout.agent import AgentConfig, EpisodeRunner
+from rollhub.rollout.buffer import GroupBuffer, Ticket
+from rollhub.rollout.engines.base import InferenceEngine
+from rollhub.rollout.prompting import ChatSegments
+from rollhub.rollout.trajectory_log import TrajectoryWriter
+from rollhub.rollout.types import Group, Trajectory, TrajectoryStatus
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EnvManagerConfig:
+    """Knobs of the env manager (see module docstring)."""
+
+    env_id: str = "rollhub/Sokoban-v0"
+    env_ids: list[str] = field(default_factory=list)  # optional mix, round-robin per group; overrides env_id
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    group_size: int = 4  # N
+    group_redundancy: int = 0  # r: start N+r per group, keep the first N
+    batch_redundancy: int = 0  # g: collect_batch starts G+g groups, keeps the first G
+    max_concurrent_trajectories: int = 256
+    env_concurrency: dict[str, int] = field(default_factory=dict)  # per env id cap on live envs
+    seed_start: int = 0
+    lockstep: bool = False
+    max_infra_retries: int = 2
+    jsonl_path: str | None = None
+    agent: AgentConfig = field(default_factory=AgentConfig)
+
+    def validate(self) -> None:
+        if self.group_size < 1:
+            raise ValueError("group_size must be >= 1")
+        if self.group_redundancy < 0 or self.batch_redundancy < 0:
+            raise ValueError("redundancy must be >= 0")
+        if self.max_concurrent_trajectories < 1:
+            raise ValueError("max_concurrent_trajectories must be >= 1")
+        if self.lockstep and (self.group_redundancy or self.batch_redundancy):
+            raise ValueError("lockstep mode runs every env to the end; set redundancy to 0")
+        if any(v < 1 for v in self.env_concurrency.values()):
+            raise ValueError("env_concurrency limits must be >= 1")
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+
+@dataclass
+class ManagerMetrics:
+    generated_tokens: int = 0  # in kept trajectories
+    wasted_tokens: int = 0  # in cancelled or dropped trajectories
+    trajectories_kept: int = 0
+    redundant_cancelled: int = 0  # trajectories cancelled because their group/batch was complete
+    groups_redundant_cancelled: int = 0
+    infra_failures: int = 0
+    infra_retries: int = 0
+    groups_dropped_infra: int = 0
+    groups_done: int = 0
+    status_counts: collections.Counter = field(default_factory=collections.Counter)
+    env_step_latency_s: dict[str, list[float]] = field(default_factory=lambda: collections.defaultdict(list))
+    weight_updates: list[dict[str, float]] = field(default_factory=list)
+    started_at: float = field(default_factory=time.perf_counter)
+
+    def summary(self) -> dict[str, Any]:
+        elapsed = time.perf_counter() - self.started_at
+        latency = {}
+        for env_id, values in self.env_step_latency_s.items():
+            ordered = sorted(values)
+            latency[env_id] = {
+                "mean_ms": 1000 * statistics.fmean(ordered),
+                "p50_ms": 1000 * ordered[len(ordered) // 2],
+                "p95_ms": 1000 * ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))],
+                "count": len(ordered),
+            }
+        return {
+            "wall_s": elapsed,
+            "generated_tokens": self.generated_tokens,
+            "generation_tokens_per_s": self.generated_tokens / elapsed if elapsed > 0 else 0.0,
+            "wasted_tokens": self.wasted_tokens,
+            "trajectories_kept": self.trajectories_kept,
+            "groups_done": self.groups_done,
+            "redundant_cancelled": self.redundant_cancelled,
+            "groups_redundant_cancelled": self.groups_redundant_cancelled,
+            "infra_failures": self.infra_failures,
+            "infra_retries": self.infra_retries,
+            "groups_dropped_infra": self.groups_dropped_infra,
+            "status_counts": dict(self.status_counts),
+            "env_step_latency": latency,
+            "weight_updates": list(self.weight_updates),
+        }
+
+
+class _GroupFailed(Exception):
+    """A group could not get N good trajectories (infra failures beyond retries)."""
+
+
+class EnvManager:
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        tokenizer: Any,
+        config: EnvManagerConfig,
+        *,
+        buffer: GroupBuffer | None = None,
+        seeds: Iterator[int] | None = None,
+        env_factory: Callable[..., Any] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.config = config
+        self.buffer = buffer
+        self.metrics = ManagerMetrics()
+        self._seeds = seeds if seeds is not None else itertools.count(config.seed_start)
+        self._env_ids = itertools.cycle(config.env_ids or [config.env_id])
+        self._env_factory = env_factory
+        self._segments = ChatSegments(tokenizer)
+        self._trajectory_limit = asyncio.Semaphore(config.max_concurrent_trajectories)
+        self._env_limits = {env_id: asyncio.Semaphore(n) for env_id, n in config.env_concurrency.items()}
+        self._writer = TrajectoryWriter(config.jsonl_path) if config.jsonl_path else None
+        self._update_lock = asyncio.Lock()
+        self._group_counter = itertools.count()
+        self.open_envs = 0  # live env objects (tests check it returns to 0)
+        self._tasks: set[asyncio.Task] = set()
+
+    # --- public API ------------------------------------------------------------------
+
+    @property
+    def live_tasks(self) -> int:
+        return sum(1 for t in self._tasks if not t.done())
+
+    async def collect_batch(self, num_groups: int) -> list[Group]:
+        """Sync use: run `num_groups` (+ batch_redundancy) groups and return the first G done."""
+        if self.config.lockstep:
+            return await self._collect_lockstep(num_groups)
+        pending: set[asyncio.Task] = set()
+        kept: list[Group] = []
+        try:
+            for _ in range(num_groups + self.config.batch_redundancy):
+                pending.add(self._spawn(self._run_group()))
+            while len(kept) < num_groups:
+                if not pending:
+                    pending.add(self._spawn(self._run_group()))  # replace infra-dropped groups
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    try:
+                        group = task.result()
+                    except _GroupFailed:
+                        continue
+                    if len(kept) < num_groups:
+                        kept.append(group)
+                        self._record_group(group)
+                    else:  # finished in the same tick as the last needed one: surplus
+                        self._count_cancelled_group(group)
+        finally:
+            if pending:
+                self.metrics.groups_redundant_cancelled += len(pending)
+                await self._cancel(pending)
+        return kept
+
+    async def run(self, stop_event: asyncio.Event) -> None:
+        """Async use: keep the buffer full (admission bounded by α) until stop_event is set."""
+        if self.buffer is None:
+            raise ValueError("run() needs a GroupBuffer (EnvManager(..., buffer=GroupBuffer(B, alpha)))")
+        if self.config.lockstep:
+            raise ValueError("lockstep is the sync baseline; use collect_batch()")
+        groups: set[asyncio.Task] = set()
+        stopper = asyncio.ensure_future(stop_event.wait())
+        try:
+            while not stop_event.is_set():
+                acquire = asyncio.ensure_future(self.buffer.acquire())
+                await asyncio.wait({acquire, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                if not acquire.done():
+                    acquire.cancel()
+                    await asyncio.gather(acquire, return_exceptions=True)
+                    break
+                ticket = acquire.result()
+                task = self._spawn(self._run_group_into(ticket))
+                groups.add(task)
+                task.add_done_callback(groups.discard)
+        finally:
+            stopper.cancel()
+            await self._cancel(set(groups))
+
+    async def update_weights(self, source: Any, version: int) -> None:
+        """pause (in-flight requests abort) -> load weights -> resume (runners resubmit)."""
+        async with self._update_lock:
+            started = time.perf_counter()
+            await self.engine.pause()
+            paused = time.perf_counter()
+            try:
+                await self.engine.update_weights(source, version)
+            finally:
+                updated = time.perf_counter()
+                await self.engine.resume()
+            self.metrics.weight_updates.append(
+                {"version": version, "pause_s": paused - started, "update_s": updated - paused, "resume_s": time.perf_counter() - updated}
+            )
+
+    def summary(self) -> dict[str, Any]:
+        data = self.metrics.summary()
+        if self.buffer is not None:
+            data.update(self.buffer.metrics())
+        stats = getattr(self.engine, "stats", None)
+        if stats is not None:
+            data["engine/mean_batch_size"] = getattr(stats, "mean_batch_size", 0.0)
+            data["engine/requests_aborted"] = getattr(stats, "requests_aborted", 0)
+        return data
+
+    async def close(self) -> None:
+        await self._cancel({t for t in self._tasks if not t.done()})
+        if self._writer is not None:
+            self._writer.close()
+
+    # --- groups ----------------------------------------------------------------------
+
+    def _spawn(self, coroutine: Any) -> asyncio.Task:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _cancel(self, tasks: set[asyncio.Task]) -> None:
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _run_group_into(self, ticket: Ticket) -> None:
+        try:
+            group = await self._run_group()
+        except _GroupFailed:
+            self.buffer.release(ticket)
+            return
+        except BaseException:
+            self.buffer.release(ticket)
+            raise
+        self._record_group(group)
+        ticket.put(group)
+
+    async def _run_group(self) -> Group:
+        """N trajectories of one (env id, seed); N+r started, first N good ones kept."""
+        env_id, seed = next(self._env_ids), next(self._seeds)
+        group_id = f"g{next(self._group_counter)}-{uuid.uuid4().hex[:6]}"
+        n = self.config.group_size
+        retries_left = self.config.max_infra_retries * n
+        index = itertools.count()
+        pending = {self._spawn(self._run_trajectory(env_id, seed, f"{group_id}-{next(index)}", group_id)) for _ in range(n + self.config.group_redundancy)}
+        kept: list[Trajectory] = []
+        try:
+            while len(kept) < n:
+                if not pending:
+                    raise _GroupFailed(group_id)
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    trajectory = task.result()
+                    if trajectory.status == TrajectoryStatus.INFRA_FAILED:
+                        self.metrics.infra_failures += 1
+                        self.metrics.wasted_tokens += trajectory.num_response_tokens
+                        if retries_left > 0 and len(kept) + len(pending) < n:
+                            retries_left -= 1
+                            self.metrics.infra_retries += 1
+                            pending.add(self._spawn(self._run_trajectory(env_id, seed, f"{group_id}-{next(index)}", group_id)))
+                        continue
+                    if len(kept) < n:
+                        kept.append(trajectory)
+                    else:
+                        self._count_cancelled(trajectory)
+        except _GroupFailed:
+            self.metrics.groups_dropped_infra += 1
+            for trajectory in kept:
+                self.metrics.wasted_tokens += trajectory.num_response_tokens
+            raise
+        finally:
+            if pending:
+                await self._cancel(pending)  # stragglers: each counts itself via _run_trajectory
+        return Group(group_id=group_id, env_id=env_id, seed=seed, trajectories=kept)
+
+    async def _run_trajectory(self, env_id: str, seed: int, trajectory_id: str, group_id: str) -> Trajectory:
+        limit = self._env_limits.get(env_id)
+        async with self._trajectory_limit:
+            if limit is not None:
+                await limit.acquire()
+            runner: EpisodeRunner | None = None
+            env = None
+            try:
+                env = self._make_env(env_id)
+                runner = EpisodeRunner(env, self.tokenizer, self.config.agent, env_id=env_id, seed=seed, trajectory_id=trajectory_id, group_id=group_id, segments=self._segments)
+                await runner.reset()
+                while (request := runner.next_request()) is not None:
+                    prompt, sampling = request
+                    generation = await runner.generate(self.engine, prompt, sampling)
+                    await runner.step_env(prompt, generation)
+                self._record_env_latency(runner.trajectory)
+                return runner.trajectory
+            except asyncio.CancelledError:
+                if runner is not None:
+                    runner.cancel()
+                    self._count_cancelled(runner.trajectory)
+                else:
+                    self.metrics.redundant_cancelled += 1
+                raise
+            except Exception as exc:  # env construction or an unexpected bug in an env
+                logger.warning("trajectory %s failed: %r", trajectory_id, exc)
+                trajectory = runner.trajectory if runner is not None else Trajectory(env_id=env_id, seed=seed, trajectory_id=trajectory_id, group_id=group_id)
+                trajectory.status = TrajectoryStatus.INFRA_FAILED
+                trajectory.infra_error = repr(exc)
+                return trajectory
+            finally:
+                if env is not None:
+                    await self._close_env(env)
+                if limit is not None:
+                    limit.release()
+
+    def _make_env(self, env_id: str) -> Any:
+        if self._env_factory is not None:
+            env = self._env_factory(env_id, **self.config.env_kwargs)
+        else:
+            from rollhub.envs.registry import make
+
+            env = make(env_id, **self.config.env_kwargs)
+        self.open_envs += 1
+        return env
+
+    async def _close_env(self, env: Any) -> None:
+        try:
+            await asyncio.shield(env.close())
+        except asyncio.CancelledError:
+            pass
+        except Exception as exc:
+            logger.warning("env close failed: %r", exc)
+        finally:
+            self.open_envs -= 1
+
+    # --- lockstep baseline -----------------------------------------------------------
+
+    async def _collect_lockstep(self, num_groups: int) -> list[Group]:
+        """All envs of the batch step together: one batched generation per turn."""
+        n = self.config.group_size
+        plan = [(next(self._env_ids), next(self._seeds), f"g{next(self._group_counter)}-{uuid.uuid4().hex[:6]}") for _ in range(num_groups)]
+        envs = []
+        runners: list[EpisodeRunner] = []
+        try:
+            for env_id, seed, group_id in plan:
+                for i in range(n):
+                    env = self._make_env(env_id)
+                    envs.append(env)
+                    runners.append(EpisodeRunner(env, self.tokenizer, self.config.agent, env_id=env_id, seed=seed, trajectory_id=f"{group_id}-{i}", group_id=group_id, segments=self._segments))
+            await asyncio.gather(*(r.reset() for r in runners))
+            while True:
+                requests = [(r, req) for r in runners if (req := r.next_request()) is not None]
+                if not requests:
+                    break
+                generations = await asyncio.gather(*(r.generate(self.engine, p, s) for r, (p, s) in requests))
+                await asyncio.gather(*(r.step_env(p, g) for (r, (p, _)), g in zip(requests, generations)))
+        except asyncio.CancelledError:
+            for runner in runners:
+                runner.cancel()
+            raise
+        finally:
+            await asyncio.gather(*(self._close_env(env) for env in envs))
+        groups = []
+        for k, (env_id, seed, group_id) in enumerate(plan):
+            trajectories = [r.trajectory for r in runners[k * n : (k + 1) * n]]
+            for trajectory in trajectories:
+                self._record_env_latency(trajectory)
+            group = Group(group_id=group_id, env_id=env_id, seed=seed, trajectories=trajectories)
+            self._record_group(group)
+            groups.append(group)
+        return groups
+
+    # --- accounting ------------------------------------------------------------------
+
+    def _record_group(self, group: Group) -> None:
+        self.metrics.groups_done += 1
+        for trajectory in group.trajectories:
+            self.metrics.trajectories_kept += 1
+            self.metrics.generated_tokens += trajectory.num_response_tokens
+            self.metrics.status_counts[trajectory.status.value] += 1
+        if self._writer is not None:
+            self._writer.write_group(group)
+
+    def _record_env_latency(self, trajectory: Trajectory) -> None:
+        for turn in trajectory.turns:
+            if "env_step" in turn.timings_s:
+                self.metrics.env_step_latency_s[trajectory.env_id].append(turn.timings_s["env_step"])
+
+    def _count_cancelled(self, trajectory: Trajectory) -> None:
+        self.metrics.redundant_cancelled += 1
+        self.metrics.wasted_tokens += trajectory.num_response_tokens
+
+    def _count_cancelled_group(self, group: Group) -> None:
+        self.metrics.groups_redundant_cancelled += 1
+        for trajectory in group.trajectories:
+            self.metrics.wasted_tokens += trajectory.num_response_tokens
