@@ -126,7 +126,8 @@ async def check_env(env_or_id: Env | str, *, seed: int = 0, env_kwargs: dict[str
         except Exception as exc:
             problems.append(f"close() is not idempotent: {type(exc).__name__}: {exc}")
     if problems:
-        raise EnvCheckError(f"{name} fails the env contract:\n- " + "\n- ".join(problems))
+        unique = list(dict.fromkeys(problems))
+        raise EnvCheckError(f"{name} fails the env contract:\n- " + "\n- ".join(unique))
     for warning in warnings:
         logger.warning("%s: %s", name, warning)
     return warnings

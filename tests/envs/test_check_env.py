@@ -1,0 +1,125 @@
+"""check_env on every registered env that can run here, and on envs that break the rules."""
+
+import numpy as np
+import pytest
+
+import rollhub.envs as envs
+from rollhub.envs.base import Env, extract_action, invalid_step_info
+from rollhub.envs.checker import EnvCheckError, check_env, missing_requirements
+
+SPECS = envs.all_specs()
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=[s.id for s in SPECS])
+async def test_every_registered_env_passes_check_env(spec):
+    missing = missing_requirements(spec)
+    if missing:
+        pytest.skip(f"{spec.id} needs what this machine lacks: {'; '.join(missing)}")
+    warnings = await check_env(spec.id)
+    assert isinstance(warnings, list)
+
+
+def test_builtin_ids_are_registered():
+    ids = {s.id for s in SPECS}
+    assert {"rollhub/Sokoban-v0", "rollhub/Math-v0"} <= ids
+    assert any(i.startswith("rollhub/Sokoban-") and i != "rollhub/Sokoban-v0" for i in ids)
+
+
+class GuessEnv(Env):
+    """A well-behaved toy env (guess a number); subclasses break one rule each."""
+
+    max_steps = 4
+
+    def __init__(self):
+        self.rng = np.random.default_rng()
+        self.secret = 0
+
+    async def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self.secret = int(self.rng.integers(10))
+        self.steps = 0
+        return [{"role": "user", "content": "guess 0-9"}], {"anchor": self.secret, "success": False}
+
+    async def step(self, action):
+        self.steps += 1
+        guess = extract_action(action, "action")
+        truncated = self.steps >= self.max_steps
+        if guess is None or not guess.isdigit():
+            return [{"role": "user", "content": "say <action>N</action>"}], 0.0, False, truncated, invalid_step_info(self.secret, "bad", format_ok=guess is not None)
+        won = int(guess) == self.secret
+        info = {"anchor": self.secret, "success": won, "action_valid": True, "format_ok": True}
+        return [{"role": "user", "content": "yes" if won else "no"}], float(won), won, truncated and not won, info
+
+    def random_action(self, rng):
+        return f"<action>{int(rng.integers(10))}</action>"
+
+
+class UnseededEnv(GuessEnv):
+    async def reset(self, *, seed=None, options=None):
+        return await super().reset(seed=None)  # ignores the seed
+
+
+class RaisingEnv(GuessEnv):
+    async def step(self, action):
+        if extract_action(action, "action") is None:
+            raise ValueError("cannot parse")
+        return await super().step(action)
+
+
+class NeverEndingEnv(GuessEnv):
+    async def step(self, action):
+        obs, reward, _, _, info = await super().step(action)
+        return obs, reward, False, False, info
+
+
+class BadTypesEnv(GuessEnv):
+    async def step(self, action):
+        obs, reward, terminated, truncated, info = await super().step(action)
+        return "text, not messages", str(reward), terminated, truncated, {k: v for k, v in info.items() if k != "format_ok"}
+
+
+class FragileCloseEnv(GuessEnv):
+    async def close(self):
+        if getattr(self, "closed", False):
+            raise RuntimeError("closed twice")
+        self.closed = True
+
+
+async def test_a_conforming_env_passes():
+    assert await check_env(GuessEnv()) == []
+
+
+@pytest.mark.parametrize(
+    "env_cls,message",
+    [
+        (UnseededEnv, "not deterministic"),
+        (RaisingEnv, "unparseable action raised ValueError"),
+        (NeverEndingEnv, "neither terminated nor truncated"),
+        (BadTypesEnv, "list of chat messages"),
+        (FragileCloseEnv, "not idempotent"),
+    ],
+)
+async def test_broken_envs_are_caught(env_cls, message):
+    with pytest.raises(EnvCheckError, match=message):
+        await check_env(env_cls())
+
+
+async def test_bad_types_list_every_problem():
+    with pytest.raises(EnvCheckError) as caught:
+        await check_env(BadTypesEnv())
+    text = str(caught.value)
+    assert "reward must be a float" in text and "info lacks format_ok" in text
+
+
+def test_missing_requirements(monkeypatch):
+    from rollhub.envs import checker
+    from rollhub.envs.registry import EnvSpec
+
+    monkeypatch.setattr(checker, "_docker_status", False)
+    spec = EnvSpec(id="t/Docker-v0", entry_point="x:y", requires=("docker",))
+    assert "Docker" in missing_requirements(spec)[0]
+    monkeypatch.setattr(checker, "_missing_extra_packages", lambda extra: ["somepkg"])
+    spec = EnvSpec(id="t/Extra-v0", entry_point="x:y", extra="alfworld")
+    assert "pip install -e '.[alfworld]'" in missing_requirements(spec)[0]
+    assert missing_requirements(EnvSpec(id="t/Plain-v0", entry_point="x:y")) == []

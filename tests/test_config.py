@@ -1,0 +1,96 @@
+"""rollhub/config.py: YAML + --set overrides into typed dataclasses, with clear errors."""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+from rollhub.config import apply_overrides, config_to_dict, load_config, parse_override
+from rollhub.errors import UserError
+
+
+@dataclass
+class Optim:
+    lr: float = 1e-3
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+
+
+@dataclass
+class Run:
+    name: str = "run"
+    algo: Literal["grpo", "gigpo"] = "grpo"
+    steps: int = 10
+    resume: Path | None = None
+    use_std: bool = True
+    optim: Optim = field(default_factory=Optim)
+    env_kwargs: dict[str, int] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+
+
+def write(tmp_path, text):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_yaml_and_overrides_build_typed_tree(tmp_path):
+    path = write(tmp_path, "name: a\nalgo: gigpo\noptim:\n  lr: 1\n")
+    cfg = load_config(Run, path, ["steps=5", "optim.betas=[0.5, 0.6]", "resume=ckpt", "env_kwargs.dim=6"])
+    assert cfg.name == "a" and cfg.algo == "gigpo" and cfg.steps == 5
+    assert cfg.optim.lr == 1.0 and isinstance(cfg.optim.lr, float)  # int widened to float
+    assert cfg.optim.betas == [0.5, 0.6] and cfg.resume == Path("ckpt") and cfg.env_kwargs == {"dim": 6}
+    assert config_to_dict(cfg)["resume"] == "ckpt" and config_to_dict(cfg)["optim"]["lr"] == 1.0
+
+
+def test_defaults_without_file():
+    cfg = load_config(Run)
+    assert cfg == Run()
+
+
+@pytest.mark.parametrize(
+    "overrides,fragments",
+    [
+        (["stepz=3"], ["unknown config key 'stepz'", "did you mean steps", "allowed keys"]),
+        (["optim.lrr=3"], ["'optim.lrr'", "lr"]),
+        (["steps=many"], ["steps", "expected int"]),
+        (["steps=true"], ["steps", "expected int"]),
+        (["algo=ppo"], ["algo", "'grpo', 'gigpo'"]),
+        (["optim=3"], ["optim", "section"]),
+        (["optim.betas=0.9"], ["optim.betas", "list"]),
+        (["optim.betas=[0.9, x]"], ["optim.betas[1]", "float"]),
+        (["use_std=maybe"], ["use_std", "bool"]),
+        (["steps=0"], ["steps must be >= 1"]),
+        (["no_equals"], ["key.path=value"]),
+        (["=3"], ["empty key"]),
+        (["name.sub=3"], ["name", "expected str"]),
+    ],
+)
+def test_mistakes_name_the_key_and_what_is_allowed(overrides, fragments):
+    with pytest.raises(UserError) as caught:
+        load_config(Run, None, overrides)
+    for fragment in fragments:
+        assert fragment in str(caught.value)
+
+
+def test_file_errors(tmp_path):
+    with pytest.raises(UserError, match="not found"):
+        load_config(Run, tmp_path / "missing.yaml")
+    with pytest.raises(UserError, match="not valid YAML"):
+        load_config(Run, write(tmp_path, "name: [unclosed\n"))
+    with pytest.raises(UserError, match="top level must be a mapping"):
+        load_config(Run, write(tmp_path, "- 1\n- 2\n"))
+    assert load_config(Run, write(tmp_path, "")) == Run()
+
+
+def test_override_parsing():
+    assert parse_override("a.b=0.5") == (["a", "b"], 0.5)
+    assert parse_override("name=hello world") == (["name"], "hello world")
+    assert parse_override("x=") == (["x"], "")
+    data = apply_overrides({"a": {"b": 1}}, ["a.c=2", "d.e=[1, 2]"])
+    assert data == {"a": {"b": 1, "c": 2}, "d": {"e": [1, 2]}}
+    with pytest.raises(UserError, match="'name' is not a section"):
+        apply_overrides({"name": "a"}, ["name.sub=3"])
