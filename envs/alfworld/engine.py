@@ -56,8 +56,20 @@ def install_translation_cache(max_entries: int = _TRANSLATION_CACHE_SIZE) -> dic
     return stats
 
 
+def ensure_data_env() -> None:
+    """Point `ALFWORLD_DATA` at our data before `alfworld.info` is imported.
+
+    Otherwise alfworld creates and adopts `~/.cache/alfworld` on import."""
+    import os
+
+    from rollhub.envs.alfworld.games import data_root
+
+    os.environ.setdefault("ALFWORLD_DATA", str(data_root()))
+
+
 def new_engine_env() -> Any:
     """A fresh `PddlEnv` with ALFWorld's wrappers (demangled names, gamefile info)."""
+    ensure_data_env()
     import textworld
     from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
     from textworld.envs import PddlEnv

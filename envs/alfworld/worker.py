@@ -17,7 +17,7 @@ import resource
 import sys
 from typing import Any
 
-from rollhub.envs.alfworld.games import data_root
+from rollhub.envs.alfworld.engine import ensure_data_env
 from rollhub.envs.alfworld.protocol import read_frame, write_frame
 
 logger = logging.getLogger("rollhub.envs.alfworld.worker")
@@ -94,7 +94,7 @@ def main() -> int:
     requests = sys.stdin.buffer
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
-    os.environ.setdefault("ALFWORLD_DATA", str(data_root()))
+    ensure_data_env()
     logging.basicConfig(level=os.environ.get("ROLLHUB_ALFWORLD_LOG", "WARNING"), format="alfworld-worker %(levelname)s: %(message)s")
     state = WorkerState()
     write_frame(replies, (0, True, {"ready": True, "pid": os.getpid()}))
