@@ -128,6 +128,7 @@ async def check_env(env_or_id: Env | str, *, seed: int = 0, env_kwargs: dict[str
     if problems:
         unique = list(dict.fromkeys(problems))
         raise EnvCheckError(f"{name} fails the env contract:\n- " + "\n- ".join(unique))
+    warnings = list(dict.fromkeys(warnings))
     for warning in warnings:
         logger.warning("%s: %s", name, warning)
     return warnings
