@@ -9,7 +9,8 @@ picked up from the registry without edits here.
 
 Options (`--set key=value`): envs=[ids] (default all), resets, steps, live_envs,
 live_envs_sandboxed (for envs that need Docker), rooms, phase_budget_s (a cap on each
-measuring loop, so one slow env cannot stall the run).
+measuring loop, so one slow env cannot stall the run), memory_budget_mb (stop adding live
+envs once RSS grew this much; the per-env figure uses the envs actually held).
 """
 
 from __future__ import annotations
@@ -41,13 +42,14 @@ class EnvBenchConfig:
     live_envs_sandboxed: int = 4
     rooms: int = 2000
     phase_budget_s: float = 30.0
+    memory_budget_mb: float = 2048.0
     seed: int = 0
 
     def validate(self) -> None:
         if min(self.resets, self.steps, self.live_envs, self.live_envs_sandboxed, self.rooms) < 1:
             raise ValueError("resets, steps, live_envs, live_envs_sandboxed and rooms must be >= 1")
-        if self.phase_budget_s <= 0:
-            raise ValueError("phase_budget_s must be > 0")
+        if self.phase_budget_s <= 0 or self.memory_budget_mb <= 0:
+            raise ValueError("phase_budget_s and memory_budget_mb must be > 0")
 
 
 QUICK = ["resets=8", "steps=100", "live_envs=8", "live_envs_sandboxed=2", "rooms=200", "phase_budget_s=10"]
@@ -112,23 +114,29 @@ async def measure_steps(env_id: str, cfg: EnvBenchConfig) -> tuple[int, float]:
     return steps, step_time
 
 
-async def measure_memory(env_id: str, count: int) -> float:
-    """RSS growth per env while `count` reset envs are alive, in KiB."""
+async def measure_memory(env_id: str, count: int, cfg: EnvBenchConfig) -> tuple[float, int]:
+    """(RSS growth per live env in KiB, envs held). Envs are built and reset one by one
+    until `count`, the phase budget or the memory budget is reached."""
     from rollhub.envs import make
 
     await _warm_up(env_id)
     gc.collect()
     before = rss_bytes()
-    envs = [make(env_id) for _ in range(count)]
+    deadline = time.perf_counter() + cfg.phase_budget_s
+    envs = []
     try:
-        for i, env in enumerate(envs):
-            await env.reset(seed=i)
+        while len(envs) < count:
+            env = make(env_id)
+            envs.append(env)
+            await env.reset(seed=len(envs))
+            if time.perf_counter() > deadline or rss_bytes() - before > cfg.memory_budget_mb * 2**20:
+                break
         gc.collect()
         after = rss_bytes()
     finally:
         for env in envs:
             await env.close()
-    return max(after - before, 0) / count / 1024.0
+    return max(after - before, 0) / len(envs) / 1024.0, len(envs)
 
 
 async def _warm_up(env_id: str) -> None:
@@ -160,7 +168,7 @@ async def bench_env(spec: Any, cfg: EnvBenchConfig) -> dict[str, Any]:
     resets = await measure_resets(spec.id, cfg)
     steps, step_time = await measure_steps(spec.id, cfg)
     live = cfg.live_envs_sandboxed if "docker" in spec.requires else cfg.live_envs
-    memory_kib = await measure_memory(spec.id, live)
+    memory_kib, live = await measure_memory(spec.id, live, cfg)
     return {
         "env": spec.id,
         "reset_p50_ms": percentile_ms(resets, 50),

@@ -79,6 +79,16 @@ class Board:
         boxes = (self.boxes - {ahead}) | {beyond}
         return Board(self.height, self.width, self.floor, self.targets, frozenset(boxes), ahead), ""
 
+    def after(self, moves: list[str] | tuple[str, ...]) -> "Board":
+        """The board after a sequence of moves; ValueError at the first impossible one."""
+        board = self
+        for index, move in enumerate(moves):
+            new_board, why = board.try_move(move)
+            if new_board is None:
+                raise ValueError(f"move {index} ({move}) is impossible: {why}")
+            board = new_board
+        return board
+
     @classmethod
     def from_text(cls, text: str) -> "Board":
         """Parse a rendered board (the SYMBOLS above); handy for tests and hand-made levels."""

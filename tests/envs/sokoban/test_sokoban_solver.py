@@ -1,6 +1,7 @@
 from collections import deque
 
 import numpy as np
+import pytest
 
 from rollhub.envs.sokoban.generator import generate_room
 from rollhub.envs.sokoban.grid import MOVES, Board
@@ -31,19 +32,12 @@ def breadth_first_length(board: Board) -> int | None:
     return None
 
 
-def apply(board: Board, plan) -> Board:
-    for move in plan:
-        board, why = board.try_move(move)
-        assert board is not None, why
-    return board
-
-
 def test_hand_made_level_has_the_known_optimal_plan():
     board = Board.from_text(LEVEL)
     plan = solve(board)
     # box (2,2) must go right 2 and down 1: walk round to its left, push right twice, then push down
     assert plan is not None and len(plan) == breadth_first_length(board)
-    assert apply(board, plan).solved
+    assert board.after(plan).solved
 
 
 def test_solved_and_dead_positions():
@@ -61,4 +55,10 @@ def test_plans_are_optimal_against_plain_bfs():
             plan = solve(board)
             assert plan is not None
             assert len(plan) == breadth_first_length(board)
-            assert apply(board, plan).solved
+            assert board.after(plan).solved
+
+
+def test_after_reports_the_impossible_move():
+    board = Board.from_text(LEVEL)
+    with pytest.raises(ValueError, match="move 1 \\(up\\) is impossible"):
+        board.after(["up", "up"])
