@@ -36,6 +36,8 @@ Differences from gym-sokoban, on purpose:
 * reverse play is a breadth-first search, so the path kept to each state is the shortest
   one; `max_solution_steps` can then cap the forward solution length exactly (a room
   must be solvable inside the episode's step limit);
+* among equally displaced states one is drawn at random (not the first found), so the
+  player does not always start next to a box;
 * the forward solution (the reversed pulls) is returned with the room.
 """
 
@@ -104,12 +106,21 @@ def _distance(a: int, b: int, width: int) -> int:
 
 
 def reverse_play(
-    floor: bytes, width: int, targets: tuple[int, ...], player: int, *, search_depth: int, max_states: int
+    floor: bytes,
+    width: int,
+    targets: tuple[int, ...],
+    player: int,
+    rng: np.random.Generator,
+    *,
+    search_depth: int,
+    max_states: int,
 ) -> tuple[tuple[int, tuple[int, ...]], tuple[str, ...], int]:
-    """Pull boxes away from their targets; keep the best-scoring state.
+    """Pull boxes away from their targets; keep a best-scoring state.
 
     Returns (state, forward solution, score); state = (player, boxes), where box i
-    started on targets[i]. A state scores only if no box is left on a target.
+    started on targets[i]. A state scores only if no box is left on a target. Among
+    equally good states one is drawn at random: the shallowest would always leave the
+    player next to the box it just pulled, which makes rooms trivially short.
     """
     offsets = move_offsets(width)
     moves = [(name, offsets[name]) for name in MOVES]
@@ -118,7 +129,7 @@ def reverse_play(
     # state -> (parent state, move name, depth, box swaps, index of the last pulled box)
     visited: dict[tuple[int, tuple[int, ...]], tuple] = {start: (None, "", 0, 0, -1)}
     queue = deque([start])
-    best, best_score = start, 0
+    best, best_score = [start], 0
     while queue and len(visited) < max_states:
         state = queue.popleft()
         p, boxes = state
@@ -144,15 +155,18 @@ def reverse_play(
                 if target_set.isdisjoint(new_boxes):
                     score = new_swaps * sum(_distance(b, t, width) for b, t in zip(new_boxes, targets))
                     if score > best_score:
-                        best, best_score = new_state, score
+                        best, best_score = [new_state], score
+                    elif score == best_score and score > 0:
+                        best.append(new_state)
     opposite = {"up": "down", "down": "up", "left": "right", "right": "left"}
+    chosen = best[int(rng.integers(len(best)))] if len(best) > 1 else best[0]
     solution = []
-    state = best
+    state = chosen
     while visited[state][0] is not None:
         parent, name = visited[state][0], visited[state][1]
         solution.append(opposite[name])
         state = parent
-    return best, tuple(solution), best_score
+    return chosen, tuple(solution), best_score
 
 
 def generate_room(
@@ -181,7 +195,7 @@ def generate_room(
         targets = tuple(cells[i] for i in picks[:num_boxes])
         player = cells[picks[num_boxes]]
         (end_player, boxes), solution, score = reverse_play(
-            bytes(floor), width, targets, player, search_depth=depth, max_states=max_states
+            bytes(floor), width, targets, player, rng, search_depth=depth, max_states=max_states
         )
         if score > 0:
             board = Board(height, width, bytes(floor), frozenset(targets), frozenset(boxes), end_player)
