@@ -152,7 +152,9 @@ class DockerSandbox(Sandbox):
     def _exec_blocking(self, cmd: str, timeout_s: float, workdir: str | None, env: dict[str, str] | None) -> ExecResult:
         errors = _docker_errors()
         api = self.backend.api
-        argv = ["timeout", "-s", "KILL", f"{timeout_s:g}", *self.backend.shell, cmd]
+        # `exec 2>&1` merges stderr into stdout inside the shell: Docker carries the two as
+        # separate streams and does not keep their relative order.
+        argv = ["timeout", "-s", "KILL", f"{timeout_s:g}", *self.backend.shell, f"exec 2>&1; {cmd}"]
         started = time.monotonic()
         try:
             exec_id = api.exec_create(self.id, argv, stdout=True, stderr=True, workdir=workdir, environment=env)["Id"]

@@ -14,7 +14,6 @@ import logging
 import os
 import signal
 import threading
-import weakref
 from typing import Protocol
 
 logger = logging.getLogger(__name__)
@@ -24,7 +23,9 @@ class _Cleanable(Protocol):
     def cleanup_now(self) -> None: ...
 
 
-_registered: "weakref.WeakSet[_Cleanable]" = weakref.WeakSet()
+# Strong references on purpose: a backend dropped without close() (a crash unwinding the
+# stack) must still be cleaned at exit, so the registry keeps it alive until then.
+_registered: "set[_Cleanable]" = set()
 _lock = threading.Lock()
 _installed = False
 _previous_handlers: dict[int, object] = {}

@@ -66,8 +66,13 @@ def remove_containers(api: Any, container_ids: list[str], parallelism: int = 8) 
 
     if not container_ids:
         return 0
-    with ThreadPoolExecutor(max_workers=max(1, min(parallelism, len(container_ids)))) as pool:
-        return sum(pool.map(remove_one, container_ids))
+    if len(container_ids) == 1 or parallelism <= 1:
+        return sum(map(remove_one, container_ids))
+    try:
+        with ThreadPoolExecutor(max_workers=min(parallelism, len(container_ids))) as pool:
+            return sum(pool.map(remove_one, container_ids))
+    except RuntimeError:  # at interpreter exit no new pool threads may start: go one by one
+        return sum(map(remove_one, container_ids))
 
 
 def remove_run(api: Any, run_id: str) -> int:

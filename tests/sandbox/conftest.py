@@ -1,0 +1,104 @@
+"""Sandbox test fixtures: a real Docker engine (skipped with the reason when none answers)
+and the process backend, plus a guard that no test leaves a rollhub container behind."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+BASE_IMAGE = "rollhub/base:bookworm"
+TEST_RUN_PREFIX = "pytest-"
+
+
+def _docker_client_or_reason():
+    """(client, None) when the engine answers and the base image exists, else (None, reason)."""
+    try:
+        from rollhub.sandbox.docker_backend import connect
+
+        client = connect(api_timeout_s=30)
+    except Exception as exc:  # SandboxError, or the docker SDK missing
+        return None, f"no Docker engine: {exc}"
+    from rollhub.sandbox.images import image_exists
+
+    if not image_exists(client, BASE_IMAGE):
+        return None, f"{BASE_IMAGE} missing: run `bash .ci/setup_docker.sh` (or `rollhub sandbox build-base`)"
+    return client, None
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    client, reason = _docker_client_or_reason()
+    if client is None:
+        pytest.skip(reason)
+    yield client
+    from rollhub.sandbox.reaper import list_rollhub_containers
+
+    leftovers = [r for r in list_rollhub_containers(client.api) if r.run_id.startswith(TEST_RUN_PREFIX)]
+    client.api.close()
+    assert not leftovers, f"tests leaked containers: {[r.id[:12] for r in leftovers]}"
+
+
+def new_test_run_id() -> str:
+    return f"{TEST_RUN_PREFIX}{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def docker_backend(docker_client):
+    from rollhub.sandbox.docker_backend import DockerBackend
+    from rollhub.sandbox.reaper import list_rollhub_containers
+
+    backend = DockerBackend(run_id=new_test_run_id(), output_limit_chars=2000, max_threads=32)
+    try:
+        yield backend
+    finally:
+        await backend.close()
+    assert list_rollhub_containers(docker_client.api, backend.run_id) == []
+
+
+@pytest.fixture
+async def process_backend(tmp_path):
+    from rollhub.sandbox.process_backend import bubblewrap_available
+
+    if not bubblewrap_available():
+        pytest.skip("bubblewrap not installed (apt-get install -y bubblewrap)")
+    from rollhub.sandbox.process_backend import ProcessBackend
+
+    roots = tmp_path / "sandbox-roots"
+    roots.mkdir()
+    backend = ProcessBackend(root_dir=str(roots), output_limit_chars=2000, use_bubblewrap=True)
+    yield backend
+    await backend.close()
+    assert list(roots.iterdir()) == [], "process sandboxes left folders behind"
+
+
+@pytest.fixture
+async def plain_process_backend(tmp_path):
+    from rollhub.sandbox.process_backend import ProcessBackend
+
+    roots = tmp_path / "sandbox-roots"
+    roots.mkdir()
+    backend = ProcessBackend(root_dir=str(roots), output_limit_chars=2000, use_bubblewrap=False)
+    yield backend
+    await backend.close()
+    assert list(roots.iterdir()) == [], "process sandboxes left folders behind"
+
+
+def _backend_params():
+    from rollhub.sandbox.process_backend import bubblewrap_available
+
+    params = [pytest.param("docker", marks=pytest.mark.docker)]
+    params.append(pytest.param("process-bwrap", marks=pytest.mark.skipif(not bubblewrap_available(), reason="bubblewrap not installed")))
+    params.append(pytest.param("process-plain"))
+    return params
+
+
+@pytest.fixture(params=_backend_params())
+def any_backend(request):
+    """The same interface tests run against every backend."""
+    name = request.param
+    if name == "docker":
+        return request.getfixturevalue("docker_backend")
+    if name == "process-bwrap":
+        return request.getfixturevalue("process_backend")
+    return request.getfixturevalue("plain_process_backend")
