@@ -186,15 +186,25 @@ class GameSession:
 
         The text of two states can be identical ("Nothing happens.", the same receptacle
         seen before and after heating what you hold), so the key is built from the PDDL
-        facts: where the agent is, what it holds, and a digest of every fact (open
-        receptacles, hot/clean/cool objects, object positions). Same facts, same key,
-        whatever path led there.
+        facts: where the agent is, what it holds, and a digest of every state fact (open
+        receptacles, hot/clean/cool objects, object positions), leaving out the facts that
+        only record history. Same state, same key, whatever path led there.
         """
-        facts = self._facts()
+        facts = [f for f in self._facts() if _is_state_fact(f.name)]
         location = next((f.arguments[1].name for f in facts if f.name == "atlocation"), "?")
         holding = ",".join(sorted(self._name(f.arguments[1].name) for f in facts if f.name == "holds"))
         digest = hashlib.sha1("\n".join(sorted(map(str, facts))).encode()).hexdigest()[:12]
         return f"at={location};holds={holding or '-'};state={digest}"
+
+
+#: predicates that record history (what was looked at, where things used to be), not state
+_HISTORY_PREDICATES = frozenset({"checked", "examined", "wasinreceptacle"})
+
+
+def _is_state_fact(name: str) -> bool:
+    """TextWorld also keeps the negations of facts an action removed (`not_opened`) and
+    fast-downward's derived axioms; neither is part of the state."""
+    return not (name.startswith("not_") or name.startswith("new-axiom") or name in _HISTORY_PREDICATES)
 
 
 def _is_observation_only(command: str) -> bool:
