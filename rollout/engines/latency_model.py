@@ -7,6 +7,8 @@ one CPU. Tokens are random ids with plausible log-probs; never train on them.
 
 Timing model, per replica (one replica = one simulated GPU / server):
 * prefill: `prefill_base_s + prefill_per_token_s * len(input_ids)` before decoding starts;
+  prefills run one at a time and pause the decode batch meanwhile (as in an engine without
+  chunked prefill, e.g. our HFEngine), unless `prefill_blocks_decode` is False;
 * decode: all running requests advance together, one token per iteration; an iteration
   takes `decode_base_s + decode_per_request_s * (batch - 1)`, so throughput grows with the
   batch but each request slows down (processor sharing); at most `max_batch` requests
@@ -82,6 +84,7 @@ class LatencyParams:
     decode_per_request_s: float = 0.002
     max_batch: int = 64
     weight_update_s: float = 0.0
+    prefill_blocks_decode: bool = True
     source: str = "defaults"  # where the numbers came from (fit file, hand-set)
 
     def __post_init__(self) -> None:
@@ -131,6 +134,8 @@ class _Replica:
         self._iteration_s = params.iteration_s(1) * time_scale
         self._last_update = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self._stalls: list[tuple[float, float]] = []  # scheduled prefill intervals (decode paused)
+        self._prefill_free_at = 0.0
         self.busy_s = 0.0  # simulated seconds with at least one running request
         self.tokens_generated = 0.0
 
@@ -138,8 +143,38 @@ class _Replica:
     def load(self) -> int:
         return len(self.running) + len(self.waiting) + self.prefilling
 
+    def schedule_prefill(self, now: float, duration: float) -> float:
+        """Queue a prefill of `duration` (scaled) seconds; returns when it ends."""
+        start = max(now, self._prefill_free_at)
+        end = start + duration
+        self._prefill_free_at = end
+        if duration > 0:
+            self.settle()  # account progress up to now before the new stall changes the future
+            self._stalls.append((start, end))
+            self.settle()
+        return end
+
+    def _decode_time(self, t0: float, t1: float) -> float:
+        """Seconds in [t0, t1] not spent in a prefill stall."""
+        overlap = sum(max(0.0, min(t1, end) - max(t0, start)) for start, end in self._stalls)
+        return max(0.0, t1 - t0 - overlap)
+
+    def _when(self, now: float, decode_s: float) -> float:
+        """The time at which `decode_s` seconds of decoding will have happened after now."""
+        t = now
+        for start, end in self._stalls:
+            if end <= t:
+                continue
+            if start > t:
+                if start - t >= decode_s:
+                    return t + decode_s
+                decode_s -= start - t
+            t = end
+        return t + decode_s
+
     def _advance(self, now: float) -> None:
-        elapsed = now - self._last_update
+        elapsed = self._decode_time(self._last_update, now) if self._stalls else now - self._last_update
+        self._stalls = [s for s in self._stalls if s[1] > now]
         if self.running and elapsed > 0:
             tokens = elapsed / self._iteration_s
             for request in self.running.values():
@@ -168,7 +203,7 @@ class _Replica:
         if self.running:
             self._iteration_s = self.params.iteration_s(len(self.running)) * self.time_scale
             left = min(r.target_tokens - r.done_tokens for r in self.running.values())
-            self._timer = loop.call_at(now + max(left, 0.0) * self._iteration_s, self.settle)
+            self._timer = loop.call_at(self._when(now, max(left, 0.0) * self._iteration_s), self.settle)
 
     def add(self, request: _Request) -> None:
         self.waiting[request.request_id] = request
@@ -259,7 +294,11 @@ class LatencyModelEngine(InferenceEngine):
             replica.prefilling += 1
             prefill = loop.create_future()
             self._prefill_tasks[request_id] = prefill
-            handle = loop.call_later(self.params.prefill_s(len(input_ids)) * self.time_scale, _resolve, prefill, True)
+            prefill_s = self.params.prefill_s(len(input_ids)) * self.time_scale
+            if self.params.prefill_blocks_decode:
+                handle = loop.call_at(replica.schedule_prefill(loop.time(), prefill_s), _resolve, prefill, True)
+            else:
+                handle = loop.call_later(prefill_s, _resolve, prefill, True)
             try:
                 aborted = not await prefill
             finally:

@@ -10,7 +10,7 @@ from rollhub.rollout.engines import latency_model
 from rollhub.rollout.engines.base import SamplingParams
 from rollhub.rollout.engines.latency_model import LatencyModelEngine, LatencyParams, OutputLengths
 
-PARAMS = LatencyParams(prefill_base_s=0.5, prefill_per_token_s=0.01, decode_base_s=0.1, decode_per_request_s=0.05, max_batch=4)
+PARAMS = LatencyParams(prefill_base_s=0.5, prefill_per_token_s=0.01, decode_base_s=0.1, decode_per_request_s=0.05, max_batch=4, prefill_blocks_decode=False)
 FIXED = OutputLengths(kind="fixed", mean_tokens=20)
 
 
@@ -50,6 +50,26 @@ def test_batch_slowdown_and_queueing():
     six = run_virtual(main(6))  # max_batch 4: two requests queue behind the first four
     ordered = sorted(six)
     assert ordered[3] == pytest.approx(ordered[0]) and ordered[4] > ordered[3] + 1.0
+
+
+def test_blocking_prefill_pauses_the_decode_batch():
+    params = LatencyParams(prefill_base_s=0.5, prefill_per_token_s=0.0, decode_base_s=0.1, decode_per_request_s=0.05)
+
+    async def timed(engine, delay_s):
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(delay_s)
+        await engine.generate([1], SamplingParams(max_new_tokens=100), meta_length=10)
+        return loop.time()
+
+    async def main(delays):
+        engine = LatencyModelEngine(params)
+        return await asyncio.gather(*(timed(engine, d) for d in delays))
+
+    # together: prefills run back to back (0-0.5, 0.5-1.0), then 10 iterations at batch 2
+    assert run_virtual(main([0.0, 0.0])) == pytest.approx([2.5, 2.5])
+    # B arrives at 0.7 when A has 2 tokens: A stalls during B's prefill (0.7-1.2),
+    # both decode at batch 2 until A ends (1.2 + 8 * 0.15), B finishes alone
+    assert run_virtual(main([0.0, 0.7])) == pytest.approx([2.4, 2.6])
 
 
 def test_length_cap_and_replica_spread():
