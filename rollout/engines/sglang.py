@@ -1,0 +1,233 @@
+"""SGLangEngine: an InferenceEngine that speaks SGLang's native HTTP API over aiohttp.
+
+Works against a real SGLang server (`python -m sglang.launch_server`, launched here or
+reached by URL) and against `rollhub serve`. Only the fields we need are sent and
+unknown response keys are ignored, because SGLang's schema drifts between releases
+(reference/sglang.md §1).
+
+Versions are stamped on our side: SGLang reports `weight_version` when the output is
+emitted, which hides the mix after a pause. The manager's protocol is pause (requests
+return "abort" with partial output) -> update -> resume, and every resubmitted segment is
+a new request, so stamping each segment with the client's version at submit is exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from rollhub.rollout.engines.base import Generation, InferenceEngine, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class SGLangError(RuntimeError):
+    """The server answered with an error or could not be reached."""
+
+
+class SGLangEngine(InferenceEngine):
+    def __init__(self, url: str, *, timeout_s: float = 3600.0, process: subprocess.Popen | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.weight_version = 0
+        self._process = process
+        self._session: Any = None
+        self._closed = False
+        self._in_flight: set[str] = set()
+
+    # --- construction ----------------------------------------------------------------
+
+    @classmethod
+    async def launch(cls, model_path: str, *, port: int = 30000, host: str = "127.0.0.1", command: list[str] | None = None, startup_timeout_s: float = 600.0, extra_args: list[str] | None = None) -> "SGLangEngine":
+        """Start a server process and wait for /health. Default: `python -m sglang.launch_server`.
+
+        `command` replaces the launcher, e.g. `["rollhub", "serve", "--model", DIR, "--port", "P"]`.
+        """
+        if command is None:
+            command = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path), "--host", host, "--port", str(port), *(extra_args or [])]
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ))
+        engine = cls(f"http://{host}:{port}", process=process)
+        deadline = time.monotonic() + startup_timeout_s
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                stderr = process.stderr.read().decode(errors="replace")[-2000:] if process.stderr else ""
+                raise SGLangError(f"server exited with code {process.returncode} during startup: {stderr}")
+            if await engine.healthy():
+                return engine
+            await asyncio.sleep(0.25)
+        await engine.close()
+        raise SGLangError(f"server at {engine.url} not healthy after {startup_timeout_s:.0f} s")
+
+    async def _http(self) -> Any:
+        import aiohttp
+
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        return self._session
+
+    async def _post(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        session = await self._http()
+        async with session.post(self.url + path, json=body or {}) as response:
+            text = await response.text()
+            if response.status != 200:
+                raise SGLangError(f"POST {path} -> {response.status}: {text[:500]}")
+            return _maybe_json(text)
+
+    async def _get(self, path: str) -> Any:
+        session = await self._http()
+        async with session.get(self.url + path) as response:
+            text = await response.text()
+            if response.status != 200:
+                raise SGLangError(f"GET {path} -> {response.status}: {text[:500]}")
+            return _maybe_json(text)
+
+    async def healthy(self) -> bool:
+        import aiohttp
+
+        try:
+            session = await self._http()
+            async with session.get(self.url + "/health", timeout=aiohttp.ClientTimeout(total=5)) as response:
+                return response.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return False
+
+    # --- InferenceEngine ---------------------------------------------------------------
+
+    async def generate(self, input_ids: list[int], sampling: SamplingParams, request_id: str | None = None) -> Generation:
+        if self._closed:
+            raise RuntimeError("engine is closed")
+        rid = request_id or uuid.uuid4().hex
+        version = self.weight_version  # stamped at submit (see module docstring)
+        params: dict[str, Any] = {"max_new_tokens": sampling.max_new_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k}
+        if sampling.stop_token_ids:
+            params["stop_token_ids"] = list(sampling.stop_token_ids)
+        if sampling.seed is not None:
+            params["sampling_seed"] = sampling.seed
+        body = {"input_ids": list(input_ids), "sampling_params": params, "return_logprob": True, "rid": rid, "stream": False}
+        self._in_flight.add(rid)
+        try:
+            reply = await self._post("/generate", body)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._abort_quietly(rid))
+            raise
+        finally:
+            self._in_flight.discard(rid)
+        return parse_generate_reply(reply, rid, version, len(input_ids))
+
+    async def update_weights(self, source: Any, version: int) -> None:
+        """From an HF checkpoint dir (any server) or a state dict (written to a temp dir first)."""
+        if isinstance(source, dict):
+            with tempfile.TemporaryDirectory(prefix="rollhub-weights-") as folder:
+                await asyncio.to_thread(_write_state_dict, source, Path(folder), await self._model_path())
+                await self._update_from_disk(folder, version)
+        else:
+            await self._update_from_disk(str(source), version)
+
+    async def _update_from_disk(self, path: str, version: int) -> None:
+        reply = await self._post("/update_weights_from_disk", {"model_path": path, "weight_version": str(version)})
+        if isinstance(reply, dict) and reply.get("success") is False:
+            raise SGLangError(f"weight update failed: {reply.get('message')}")
+        self.weight_version = int(version)
+
+    async def _model_path(self) -> str | None:
+        try:
+            info = await self._get("/get_model_info")
+        except SGLangError:
+            return None
+        return info.get("model_path") if isinstance(info, dict) else None
+
+    async def pause(self) -> None:
+        await self._post("/pause_generation", {})
+
+    async def resume(self) -> None:
+        await self._post("/continue_generation", {})
+
+    async def abort(self, request_id: str) -> None:
+        await self._post("/abort_request", {"rid": request_id})
+
+    async def abort_all(self) -> None:
+        await self._post("/abort_request", {"abort_all": True})
+
+    async def flush_cache(self) -> bool:
+        """True when flushed; False when the server is busy (SGLang answers 400)."""
+        try:
+            await self._get("/flush_cache")
+        except SGLangError:
+            return False
+        return True
+
+    async def server_weight_version(self) -> str:
+        return str((await self._get("/get_weight_version"))["weight_version"])
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._in_flight)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._session is not None:
+            await self._session.close()
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                await asyncio.to_thread(self._process.wait, 30)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+
+    async def _abort_quietly(self, rid: str) -> None:
+        try:
+            await self._post("/abort_request", {"rid": rid})
+        except Exception as exc:  # best effort: the request may already be gone
+            logger.debug("abort of %s failed: %r", rid, exc)
+
+
+def _maybe_json(text: str) -> Any:
+    import json
+
+    try:
+        return json.loads(text) if text else {}
+    except ValueError:
+        return text
+
+
+def parse_generate_reply(reply: dict[str, Any], rid: str, version: int, prompt_tokens: int) -> Generation:
+    """SGLang /generate reply -> Generation; ids come from the logprob triples, never from text."""
+    meta = reply.get("meta_info", {})
+    triples = meta.get("output_token_logprobs") or []
+    token_ids = [int(t[1]) for t in triples] if triples else list(reply.get("output_ids") or [])
+    logprobs = [float(t[0]) for t in triples]
+    if len(logprobs) != len(token_ids):
+        raise SGLangError("server returned no per-token logprobs; is return_logprob supported?")
+    finish = meta.get("finish_reason") or {}
+    kind = finish.get("type") if isinstance(finish, dict) else str(finish)
+    reason = kind if kind in ("stop", "length", "abort") else "stop"
+    return Generation(token_ids, logprobs, [version] * len(token_ids), reason, request_id=rid, prompt_tokens=prompt_tokens, meta={"e2e_latency_s": meta.get("e2e_latency", 0.0), "server_weight_version": meta.get("weight_version")})
+
+
+def _write_state_dict(state: dict[str, Any], folder: Path, model_path: str | None) -> None:
+    """A loadable HF dir: safetensors of `state` plus config files copied from the served model."""
+    from safetensors.torch import save_file
+
+    tensors = {name: tensor.detach().contiguous().cpu() for name, tensor in state.items()}
+    seen: dict[int, str] = {}
+    for name in list(tensors):  # safetensors refuses shared storage (tied embeddings)
+        pointer = tensors[name].data_ptr()
+        if pointer in seen:
+            tensors[name] = tensors[name].clone()
+        seen[pointer] = name
+    save_file(tensors, str(folder / "model.safetensors"))
+    if model_path and Path(model_path).is_dir():
+        for item in Path(model_path).iterdir():
+            if item.suffix in (".json", ".jinja", ".txt", ".model") and not (folder / item.name).exists():
+                shutil.copy(item, folder / item.name)
