@@ -29,8 +29,9 @@ from typing import Any
 from rollhub.envs.swe.grading import parse_pytest_log
 from rollhub.envs.swe.images import build_instance_image, build_package_image
 from rollhub.envs.swe.mutation import FAMILIES, Mutation, find_mutations
-from rollhub.envs.swe.package_repo import CACHE_DIR, PackageRepo, git, normalize_name, prepare_package
-from rollhub.envs.swe.tasks import DEFAULT_LOG_PARSER, WORKDIR, pytest_eval_script
+from rollhub.envs.swe.package_repo import CACHE_DIR, PackageRepo, git, normalize_name, pin_requirements, prepare_package
+from rollhub.envs.swe.evaluate import evaluate_patch
+from rollhub.envs.swe.tasks import DEFAULT_LOG_PARSER, WORKDIR, SweTask, pytest_eval_script
 from rollhub.sandbox.base import Limits, Sandbox, SandboxBackend, SandboxError
 
 logger = logging.getLogger(__name__)
@@ -241,14 +242,18 @@ class _Acceptance:
         self.accepted: list[tuple[Candidate, dict[str, Any]]] = []
         self._functions: set[tuple[str, str]] = set()
         self.rejected: dict[str, int] = {}
+        self.seen = 0
 
     def offer(self, candidate: Candidate, record: dict[str, Any]) -> None:
+        self.seen += 1
         status = record["status"]
         if status == "valid" and len(record["fail_to_pass"]) > self.options.max_fail_fraction * self.suite_size:
             status = "too_many_failures"
         if status == "valid" and self.options.one_per_function and (candidate.file, candidate.function) in self._functions:
             status = "duplicate_function"
-        if status != "valid" or self.done():
+        if status == "valid" and self.done():
+            status = "surplus"
+        if status != "valid":
             self.rejected[status] = self.rejected.get(status, 0) + 1
             return
         self._functions.add((candidate.file, candidate.function))
@@ -291,6 +296,7 @@ async def make_tasks(requirement: str, backend: SandboxBackend, client: Any, opt
     options.validate()
     started = time.monotonic()
     repo = prepare_package(requirement, options.cache_dir, options.test_requirements)
+    repo.requirements = pin_requirements(repo.requirements, options.cache_dir)
     work = options.cache_dir / repo.slug
     image = await asyncio.to_thread(build_package_image, client, repo)
     stable, baseline_s = await baseline(backend, image, repo, work)
@@ -321,18 +327,28 @@ async def make_tasks(requirement: str, backend: SandboxBackend, client: Any, opt
             await asyncio.gather(*[_validate_worker(backend, image, repo, stable, timeout_s, queue, results_file, accept, progress) for _ in range(workers)])
 
     rows = []
+    gold_failed = 0
     for candidate, record in tqdm(accept.accepted, desc=f"task images {repo.slug}", unit="task"):
         instance_id = instance_id_for(repo, candidate.key)
         tag, base_commit = await build_instance_image(backend, client, image, instance_id, candidate.bug_patch)
-        rows.append(make_row(repo, candidate, record, tag, base_commit))
+        row = make_row(repo, candidate, record, tag, base_commit)
+        # the last gate: the gold patch must resolve the task in a fresh container of its own image
+        outcome = await evaluate_patch(backend, SweTask.from_row(row), row["patch"], limits=SUITE_LIMITS, timeout_s=timeout_s + 60)
+        if not outcome.grade.resolved:
+            logger.warning("dropping %s: the gold patch does not resolve it in the baked image (%s)", instance_id, outcome.infra_failure or outcome.grade.status)
+            gold_failed += 1
+            client.images.remove(tag, force=True)
+            continue
+        rows.append(row)
     summary = {
         "package": f"{repo.name}=={repo.version}",
         "package_image": image,
         "suite_tests": len(stable),
         "baseline_s": round(baseline_s, 2),
         "candidates": len(candidates),
-        "validated": len(done) + len(todo),
+        "validated": accept.seen,
         "valid_tasks": len(rows),
+        "gold_check_failed": gold_failed,
         "rejected": accept.rejected,
         "wall_s": round(time.monotonic() - started, 1),
     }
@@ -358,9 +374,8 @@ async def build_images(rows: list[dict[str, Any]], backend: SandboxBackend, clie
         present += len(group) - len(missing)
         if not missing:
             continue
-        extra = [r for r in group[0]["rollhub"].get("requirements", []) if r != "pytest"]
         repo = prepare_package(f"{name}=={version}", cache_dir)
-        repo.requirements = list(dict.fromkeys(["pytest", *repo.requirements[1:], *extra]))
+        repo.requirements = list(group[0]["rollhub"]["requirements"])  # pinned at make-tasks time
         image = await asyncio.to_thread(build_package_image, client, repo)
         for row in tqdm(missing, desc=f"task images {repo.slug}", unit="task"):
             bug = _reverse(repo, row["patch"])

@@ -9,6 +9,7 @@ machine, and no `*.egg-info` (it would name files the tests never see).
 from __future__ import annotations
 
 import email.parser
+import json
 import logging
 import os
 import re
@@ -137,6 +138,25 @@ def _find_layout(root: Path) -> tuple[list[str], list[str], str]:
             continue
         sources.append(rel)
     return targets, sources, import_root
+
+
+def pin_requirements(requirements: list[str], cache_dir: Path = CACHE_DIR) -> list[str]:
+    """Exact `name==version` of every wheel the requirements resolve to (pip excluded), so a
+    rebuilt image runs the very same test stack as the one the tasks were validated in."""
+    import hashlib
+
+    from rollhub.sandbox.images import download_wheels
+
+    key = hashlib.sha256(json.dumps(sorted(requirements)).encode()).hexdigest()[:16]
+    wheel_dir = cache_dir / "resolve" / key
+    if not (wheel_dir.is_dir() and any(p.name.startswith("pip-") for p in wheel_dir.iterdir())):
+        download_wheels(requirements, str(wheel_dir))
+    pins = []
+    for wheel in sorted(wheel_dir.glob("*.whl")):
+        name, version = wheel.name.split("-")[:2]
+        if normalize_name(name) != "pip":
+            pins.append(f"{normalize_name(name)}=={version}")
+    return pins
 
 
 def prepare_package(requirement: str, cache_dir: Path = CACHE_DIR, extra_test_requirements: list[str] | None = None) -> PackageRepo:

@@ -1,0 +1,116 @@
+"""`rollhub bench swe`: SWE-v0 latencies and agreement with the official swebench harness.
+
+For every task of the set (default: the shipped one; `--set tasks=FILE`, `--quick` = 3
+tasks) it measures env reset, one tool call and the reward evaluation, and grades the gold
+and the empty patch twice: with our reward (`evaluate_patch`) and with swebench's own
+`run_instance` on the same locally tagged image. Agreement must be 100%.
+Writes `swe.json` under `--out`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from rollhub.envs.swe.tasks import SHIPPED_TASKS, SweTask, load_tasks
+
+
+def _options(args: Any) -> dict[str, str]:
+    pairs = [o.split("=", 1) for o in getattr(args, "overrides", []) or []]
+    return {k: v for k, v in pairs}
+
+
+def official_verdicts(tasks: list[SweTask], patches: dict[str, dict[str, str]], workdir: Path, max_workers: int = 2) -> dict[tuple[str, str], bool | None]:
+    """(instance_id, patch name) -> resolved per swebench's `run_instance` (None = error)."""
+    import docker
+    from swebench.harness.run_evaluation import run_instance
+    from swebench.harness.utils import make_test_spec
+
+    client = docker.from_env(timeout=600)
+    jobs = []
+    for task in tasks:
+        for name, patch in patches[task.instance_id].items():
+            jobs.append((task, name, {"instance_id": task.instance_id, "model_name_or_path": f"rollhub-{name}", "model_patch": patch}))
+    cwd = os.getcwd()
+    workdir.mkdir(parents=True, exist_ok=True)
+    os.chdir(workdir)  # run_instance writes logs/run_evaluation/... relative to the cwd
+    try:
+        run_id = f"bench-{int(time.time())}"
+
+        def one(job: tuple[SweTask, str, dict[str, str]]) -> tuple[tuple[str, str], bool | None]:
+            task, name, prediction = job
+            result = run_instance(make_test_spec(task.row), prediction, client, run_id, timeout=900)
+            if not result:
+                return (task.instance_id, name), None
+            return (task.instance_id, name), bool(result[1][task.instance_id]["resolved"])
+
+        with ThreadPoolExecutor(max_workers) as pool:
+            return dict(pool.map(one, jobs))
+    finally:
+        os.chdir(cwd)
+        client.close()
+
+
+async def _ours(tasks: list[SweTask], patches: dict[str, dict[str, str]]) -> tuple[dict[tuple[str, str], float], dict[str, list[float]]]:
+    from rollhub.envs.swe.env import SWEEnv
+    from rollhub.envs.swe.evaluate import evaluate_patch
+    from rollhub.envs.swe.tools import ToolCall
+    from rollhub.sandbox.docker_backend import DockerBackend
+
+    backend = DockerBackend()
+    timings: dict[str, list[float]] = {"reset_s": [], "tool_call_s": [], "eval_s": [], "close_s": []}
+    rewards = {}
+    try:
+        env = SWEEnv(tasks, backend=backend)
+        for task in tasks:
+            started = time.monotonic()
+            await env.reset(options={"instance_id": task.instance_id})
+            timings["reset_s"].append(time.monotonic() - started)
+            started = time.monotonic()
+            await env.step(ToolCall("bash", {"command": "git status --short"}).to_text())
+            timings["tool_call_s"].append(time.monotonic() - started)
+            started = time.monotonic()
+            await env._close_box()
+            timings["close_s"].append(time.monotonic() - started)
+            for name, patch in patches[task.instance_id].items():
+                outcome = await evaluate_patch(backend, task, patch)
+                timings["eval_s"].append(outcome.duration_s)
+                rewards[(task.instance_id, name)] = outcome.reward
+        await env.close()
+    finally:
+        await backend.close()
+    return rewards, timings
+
+
+def run(args: Any) -> dict[str, Any]:
+    options = _options(args)
+    tasks = load_tasks(options.get("tasks", SHIPPED_TASKS))
+    if args.quick:
+        tasks = tasks[:3]
+    patches = {t.instance_id: {"gold": t.patch, "empty": ""} for t in tasks}
+    rewards, timings = asyncio.run(_ours(tasks, patches))
+    official = official_verdicts(tasks, patches, Path(args.out) / "official", int(options.get("workers", 2)))
+    agree = sum(1 for key, resolved in official.items() if resolved is not None and resolved == (rewards[key] == 1.0))
+    summary: dict[str, Any] = {
+        "tasks": len(tasks),
+        "gold_resolved_ours": sum(rewards[(t.instance_id, "gold")] == 1.0 for t in tasks),
+        "empty_resolved_ours": sum(rewards[(t.instance_id, "empty")] == 1.0 for t in tasks),
+        "gold_resolved_official": sum(bool(official[(t.instance_id, "gold")]) for t in tasks),
+        "empty_resolved_official": sum(bool(official[(t.instance_id, "empty")]) for t in tasks),
+        "official_errors": sum(v is None for v in official.values()),
+        "agreement": f"{agree}/{len(official)}",
+        **{f"{name}_p50": round(statistics.median(values), 3) for name, values in timings.items() if values},
+        **{f"{name}_max": round(max(values), 3) for name, values in timings.items() if values},
+    }
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "swe.json").write_text(json.dumps({"summary": summary, "rewards": {f"{k[0]}:{k[1]}": v for k, v in rewards.items()}, "official": {f"{k[0]}:{k[1]}": v for k, v in official.items()}}, indent=2))
+    width = max(len(k) for k in summary)
+    for key, value in summary.items():
+        print(f"{key:{width}s}  {value}")
+    return summary
