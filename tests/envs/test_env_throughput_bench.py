@@ -15,7 +15,7 @@ def test_bench_envs_quick(tmp_path, capsys):
     for row in rows.values():
         assert 0 < row["reset_p50_ms"] <= row["reset_p95_ms"]
         assert row["steps_per_s"] > 0 and row["steps"] == 50
-        assert row["rss_kib_per_env"] >= 0
+        assert row["rss_kib_per_env"] >= 0 and row["traced_kib_per_env"] > 0
     generation = result["sokoban_generation"]
     assert generation["rooms"] == 50 and generation["rooms_per_s"] > 0
     printed = capsys.readouterr().out
