@@ -45,6 +45,12 @@ _OOM_COUNTER_PROBE = "cat /sys/fs/cgroup/memory.events 2>/dev/null || cat /sys/f
 _OOM_KILL_LINE = re.compile(rb"^oom_kill (\d+)$", re.MULTILINE)
 
 
+class ImageMissingError(SandboxError):
+    """The image is not on the engine. Not retryable: nothing is pulled during a run."""
+
+    retryable = False
+
+
 def connect(base_url: str | None = None, api_timeout_s: float = 120.0, max_connections: int = 256) -> Any:
     """A docker client that answered a ping, or SandboxError saying how to get one."""
     import docker
@@ -342,7 +348,7 @@ class DockerBackend(SandboxBackend):
         try:
             created = self.api.create_container(image, command=IDLE_COMMAND, labels=all_labels, host_config=host_config, detach=True)
         except errors.ImageNotFound as exc:
-            raise SandboxError(
+            raise ImageMissingError(
                 f"image {image!r} is not on the engine and nothing is pulled during a run; build it first "
                 "(`rollhub sandbox build-base` for rollhub/base:bookworm)"
             ) from exc
