@@ -152,10 +152,32 @@ class Policy:
 
     # --- log-probs --------------------------------------------------------------------
     def token_logprobs(self, batch: TokenBatch, *, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs (with gradient if enabled by the caller) of every token of `batch`."""
+        """Log-probs (with gradient if enabled by the caller) of every response token of `batch`.
+
+        Only positions that predict a response token go through the output projection: on
+        agent prompts the response is a small fraction of the sequence, and the vocabulary
+        projection is a large share of a small model's compute. Non-response positions are 0.
+        """
         batch = batch.to(self.device)
-        out = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
-        return token_logprobs_from_logits(out.logits, batch.input_ids, self.temperature, with_entropy)
+        decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
+        head = self.model.get_output_embeddings()
+        if decoder is None or head is None:  # unusual architecture: project everything
+            out = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+            logp, entropy = token_logprobs_from_logits(out.logits, batch.input_ids, self.temperature, with_entropy)
+            return logp * batch.response_mask, entropy
+        hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).last_hidden_state
+        target = batch.response_mask[:, 1:] > 0  # token t is predicted at position t - 1
+        rows, cols = target.nonzero(as_tuple=True)
+        logits = head(hidden[:, :-1][rows, cols]).float() / self.temperature
+        log_probs = F.log_softmax(logits, dim=-1)
+        picked = log_probs.gather(-1, batch.input_ids[:, 1:][rows, cols].unsqueeze(-1)).squeeze(-1)
+        logp = torch.zeros(batch.input_ids.shape, dtype=picked.dtype, device=picked.device)
+        logp = logp.index_put((rows, cols + 1), picked)
+        entropy = None
+        if with_entropy:
+            ent = -(log_probs.exp() * log_probs).sum(-1)
+            entropy = torch.zeros_like(logp).index_put((rows, cols + 1), ent)
+        return logp, entropy
 
     @torch.no_grad()
     def compute_logprobs(self, batch: TokenBatch) -> torch.Tensor:

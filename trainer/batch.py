@@ -1,0 +1,93 @@
+"""From finished groups to a training batch: advantages per turn, then per token.
+
+Trajectories that failed for infrastructure reasons (or were cancelled) are removed from
+their group before any statistics are computed: a dead container is not a model failure.
+Each turn's advantage is broadcast to that turn's response tokens in the packed sequences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from rollhub.rollout.types import Group, Trajectory, TrajectoryStatus
+from rollhub.trainer.advantages import anchor_group_stats, gigpo_advantages, grpo_advantages
+from rollhub.trainer.policy import TokenBatch, collate
+
+_EXCLUDED = (TrajectoryStatus.INFRA_FAILED, TrajectoryStatus.CANCELLED)
+
+
+@dataclass
+class BatchStats:
+    groups: int = 0
+    trajectories: int = 0
+    excluded_trajectories: int = 0
+    zero_advantage_groups: int = 0
+    sequences: int = 0
+    singleton_anchor_fraction: float = 0.0
+    mean_step_group_size: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def trainable_trajectories(group: Group) -> list[Trajectory]:
+    return [t for t in group.trajectories if t.status not in _EXCLUDED and t.turns]
+
+
+def turn_advantages(
+    trajectories: Sequence[Trajectory],
+    *,
+    estimator: str,
+    omega: float,
+    gamma: float,
+    normalize_std: bool,
+    episode_baseline: str,
+    invalid_action_penalty: float,
+) -> list[list[float]]:
+    """One advantage per turn of each trajectory of ONE group."""
+    rewards = [[turn.reward for turn in t.turns] for t in trajectories]
+    penalties = [[(invalid_action_penalty if not turn.action_valid else 0.0) for turn in t.turns] for t in trajectories]
+    if estimator == "grpo":
+        totals = [sum(r) + sum(p) for r, p in zip(rewards, penalties)]
+        return [[a] * len(t.turns) for a, t in zip(grpo_advantages(totals, normalize_std=normalize_std), trajectories)]
+    if estimator != "gigpo":
+        raise ValueError(f"unknown advantage estimator {estimator!r}")
+    # a turn without an anchor can only be compared with itself
+    anchors = [[turn.anchor if turn.anchor is not None else ("__no_anchor__", i, k) for k, turn in enumerate(t.turns)] for i, t in enumerate(trajectories)]
+    return gigpo_advantages(
+        rewards, anchors, omega=omega, gamma=gamma, normalize_std=normalize_std,
+        episode_baseline=episode_baseline,  # type: ignore[arg-type]
+        step_penalties=penalties,
+    )
+
+
+def build_training_batch(groups: Sequence[Group], pad_token_id: int, *, drop_zero_advantage_groups: bool = False, **advantage_kwargs: Any) -> tuple[TokenBatch | None, BatchStats]:
+    """Token batch of all trainable trajectories in `groups` (None if nothing is left)."""
+    stats = BatchStats(groups=len(groups))
+    sequences, token_advantages = [], []
+    singleton_sum, size_sum, counted = 0.0, 0.0, 0
+    for group in groups:
+        trajectories = trainable_trajectories(group)
+        stats.excluded_trajectories += len(group.trajectories) - len(trajectories)
+        if not trajectories:
+            continue
+        per_turn = turn_advantages(trajectories, **advantage_kwargs)
+        if all(abs(a) < 1e-12 for row in per_turn for a in row):
+            stats.zero_advantage_groups += 1
+            if drop_zero_advantage_groups:
+                continue
+        anchor_stats = anchor_group_stats([[turn.anchor for turn in t.turns] for t in trajectories])
+        singleton_sum += anchor_stats["singleton_anchor_fraction"]
+        size_sum += anchor_stats["mean_step_group_size"]
+        counted += 1
+        for trajectory, advantages in zip(trajectories, per_turn):
+            stats.trajectories += 1
+            for seq in trajectory.packed_sequences():
+                sequences.append(seq)
+                token_advantages.append([advantages[k] if k >= 0 else 0.0 for k in seq.turn_index])
+    stats.sequences = len(sequences)
+    if counted:
+        stats.singleton_anchor_fraction = singleton_sum / counted
+        stats.mean_step_group_size = size_sum / counted
+    if not sequences:
+        return None, stats
+    return collate(sequences, token_advantages, pad_token_id), stats

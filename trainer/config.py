@@ -1,0 +1,136 @@
+"""Typed configuration of `rollhub train` / `rollhub sft` (loaded with rollhub.config.load_config).
+
+Sections mirror the data flow: model -> env -> agent -> rollout -> algorithm -> loss ->
+optim -> train, plus the optional SFT warm-start and the held-out evaluation. Builders in
+the loop read these and hand plain arguments to the classes (classes never take configs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rollhub.rollout.agent import AgentConfig
+from rollhub.trainer.losses import LossConfig
+
+
+@dataclass
+class ModelConfig:
+    path: str = "runs/models/tiny-5m"  # HF checkpoint dir
+    init_tiny: str | None = "5m"  # build a random-init tiny model at `path` when it is missing; null = must exist
+    device: str = "auto"  # auto = cuda (bf16) when present, else cpu (fp32)
+    threads: int = 1  # torch threads of the trainer (the engine has its own)
+    gradient_checkpointing: bool = False
+    fsdp: bool = False  # FSDP2 across the torch.distributed group (GPU runs launched by torchrun)
+
+    def validate(self) -> None:
+        if self.threads < 1:
+            raise ValueError("threads must be >= 1")
+
+
+@dataclass
+class EnvConfig:
+    id: str = "rollhub/Sokoban-v0"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    train_seed_offset: int = 0  # training tasks use seeds offset, offset+1, ...
+    max_concurrent: int = 64  # env episodes running at once (coroutines)
+
+
+@dataclass
+class RolloutConfig:
+    group_size: int = 8  # trajectories per task (same seed)
+    groups_per_batch: int = 4  # B: groups per trainer step
+    async_ratio: float = 1.0  # alpha: generation may run up to (alpha+1)*B groups ahead; 0 = on-policy
+    lockstep: bool = False  # step all envs of a batch together (the synchronous baseline)
+    engine_threads: int = 1
+    engine_max_batch_size: int = 64
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.group_size < 1 or self.groups_per_batch < 1:
+            raise ValueError("group_size and groups_per_batch must be >= 1")
+        if self.async_ratio < 0:
+            raise ValueError("async_ratio must be >= 0 (0 = synchronous)")
+
+
+@dataclass
+class AlgorithmConfig:
+    estimator: Literal["gigpo", "grpo"] = "gigpo"
+    omega: float = 1.0  # GiGPO step-advantage weight
+    gamma: float = 0.95  # GiGPO step-return discount
+    normalize_std: bool = False
+    episode_baseline: Literal["trajectory", "step_weighted"] = "trajectory"
+    invalid_action_penalty: float = 0.0  # extra penalty (<= 0) on turns the env rejected
+    drop_zero_advantage_groups: bool = False  # DAPO-style filter of groups with equal rewards
+
+    def validate(self) -> None:
+        if self.invalid_action_penalty > 0:
+            raise ValueError("invalid_action_penalty is a penalty: use a value <= 0")
+        if not 0 <= self.gamma <= 1:
+            raise ValueError("gamma must be in [0, 1]")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    max_grad_norm: float = 1.0
+    micro_batch_size: int = 16
+    warmup_steps: int = 0
+
+    def validate(self) -> None:
+        if self.lr <= 0 or self.micro_batch_size < 1:
+            raise ValueError("lr must be > 0 and micro_batch_size >= 1")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 20  # trainer steps (policy versions) of RL
+    checkpoint_every: int = 5  # 0 = only at the end
+    keep_checkpoints: int = 2
+    log_trajectories: bool = True  # write trajectories.jsonl for `rollhub view`
+    max_wall_s: float | None = None  # stop RL early (cleanly, after a step) when exceeded
+
+
+@dataclass
+class SftConfig:
+    enabled: bool = False
+    episodes: int = 200  # expert demonstrations (seeds disjoint from evaluation)
+    epochs: float = 1.0
+    lr: float = 1e-3
+    batch_size: int = 32
+    seed_offset: int = 500_000
+
+
+@dataclass
+class EvalConfig:
+    episodes: int = 100  # held-out seeds (never used for training or SFT)
+    seed_offset: int = 1_000_000
+    temperature: float = 0.0  # 0 = greedy
+    every: int = 0  # also evaluate every N RL steps (0 = only after warm-start and at the end)
+
+
+@dataclass
+class RunConfig:
+    """Everything one `rollhub train` run needs."""
+
+    run_dir: str = "runs/train"
+    seed: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    sft: SftConfig = field(default_factory=SftConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def validate(self) -> None:
+        held_out = range(self.eval.seed_offset, self.eval.seed_offset + self.eval.episodes)
+        for name, start in (("env.train_seed_offset", self.env.train_seed_offset), ("sft.seed_offset", self.sft.seed_offset)):
+            if start in held_out:
+                raise ValueError(f"{name} overlaps the evaluation seeds starting at eval.seed_offset={self.eval.seed_offset}")

@@ -1,0 +1,74 @@
+"""Success rate on held-out seeds: the number a training run is judged by.
+
+Evaluation plays one episode per seed with the current engine weights, concurrently, and
+never feeds anything back into training. Seeds come from a range disjoint from the
+training and SFT seeds (checked by RunConfig.validate).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from rollhub.rollout.agent import AgentConfig, run_episode
+from rollhub.rollout.types import Trajectory, TrajectoryStatus
+
+
+@dataclass
+class EvalResult:
+    success_rate: float
+    mean_return: float
+    mean_turns: float
+    invalid_action_rate: float
+    format_error_rate: float
+    infra_failures: int
+    trajectories: list[Trajectory] = field(default_factory=list, repr=False)
+
+    def metrics(self, prefix: str = "eval/") -> dict[str, float]:
+        return {f"{prefix}{k}": v for k, v in dataclasses.asdict(self).items() if k != "trajectories"}
+
+
+async def evaluate_policy(
+    engine: Any,
+    tokenizer: Any,
+    make_env: Callable[[], Any],
+    agent: AgentConfig,
+    seeds: Sequence[int],
+    *,
+    temperature: float = 0.0,
+    max_concurrent: int = 64,
+    env_id: str = "",
+    on_done: Callable[[], None] | None = None,
+) -> EvalResult:
+    """Play one episode per seed (at `temperature`, 0 = greedy) and summarise."""
+    from rollhub.rollout.prompting import ChatSegments
+
+    config = dataclasses.replace(agent, temperature=temperature)
+    segments = ChatSegments(tokenizer)
+    limit = asyncio.Semaphore(max_concurrent)
+
+    async def one(seed: int) -> Trajectory:
+        async with limit:
+            env = make_env()
+            try:
+                return await run_episode(env, engine, tokenizer, config, seed, env_id=env_id, trajectory_id=f"eval-{seed}", segments=segments)
+            finally:
+                await env.close()
+                if on_done is not None:
+                    on_done()
+
+    trajectories = list(await asyncio.gather(*(one(s) for s in seeds)))
+    scored = [t for t in trajectories if t.status != TrajectoryStatus.INFRA_FAILED]
+    turns = sum(len(t.turns) for t in scored) or 1
+    return EvalResult(
+        success_rate=statistics.fmean(t.success for t in scored) if scored else 0.0,
+        mean_return=statistics.fmean(t.total_reward for t in scored) if scored else 0.0,
+        mean_turns=statistics.fmean(len(t.turns) for t in scored) if scored else 0.0,
+        invalid_action_rate=sum(t.info.get("invalid_actions", 0) for t in scored) / turns,
+        format_error_rate=sum(t.info.get("format_errors", 0) for t in scored) / turns,
+        infra_failures=len(trajectories) - len(scored),
+        trajectories=trajectories,
+    )

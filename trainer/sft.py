@@ -1,0 +1,103 @@
+"""SFT warm-start on scripted-expert demonstrations, in the exact token layout RL uses.
+
+Demonstrations are produced by running the real agent loop (`run_episode`) with an
+`ExpertEngine` in place of the model: every "generation" is the env's `expert_action()`
+(a solver move for Sokoban) followed by the end-of-turn token. The resulting trajectories
+therefore carry the same prompt ids, chat segments and response layout the policy will
+see during RL, and SFT is plain next-token likelihood on their response tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any, Callable, Sequence
+
+import torch
+
+from rollhub.rollout.engines.base import Generation, InferenceEngine, SamplingParams
+from rollhub.trainer.losses import BatchNormaliser, aggregate
+from rollhub.trainer.policy import Policy, collate
+
+logger = logging.getLogger(__name__)
+
+
+class ExpertEngine(InferenceEngine):
+    """An "engine" that answers with the env's scripted expert (one instance per env)."""
+
+    def __init__(self, env: Any, tokenizer: Any):
+        self.env = env
+        self.tokenizer = tokenizer
+
+    async def generate(self, input_ids: list[int], sampling: SamplingParams, request_id: str | None = None) -> Generation:
+        text = self.env.expert_action()
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        if self.tokenizer.eos_token_id is not None:
+            ids.append(int(self.tokenizer.eos_token_id))
+        return Generation(ids, [0.0] * len(ids), [0] * len(ids), "stop", request_id=request_id or "", prompt_tokens=len(input_ids))
+
+    async def update_weights(self, source: Any, version: int) -> None:
+        raise NotImplementedError("the expert engine has no weights")
+
+    async def pause(self) -> None:
+        return None
+
+    async def resume(self) -> None:
+        return None
+
+    async def abort(self, request_id: str) -> None:
+        return None
+
+
+def sft_epochs(
+    policy: Policy,
+    trajectories: Sequence[Any],
+    *,
+    epochs: float = 1.0,
+    lr: float = 1e-3,
+    batch_size: int = 16,
+    weight_decay: float = 0.0,
+    max_grad_norm: float = 1.0,
+    seed: int = 0,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+) -> list[dict[str, float]]:
+    """Maximise the likelihood of the demonstrations' response tokens (token-mean NLL).
+
+    `epochs` may be fractional: 0.5 trains on half the shuffled sequences once. Returns
+    one metrics dict per optimizer step.
+    """
+    sequences = [s for t in trajectories for s in t.packed_sequences()]
+    if not sequences:
+        raise ValueError("no demonstration sequences to train on")
+    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=lr, weight_decay=weight_decay)
+    rng = random.Random(seed)
+    total = int(round(len(sequences) * epochs))
+    order: list[int] = []
+    while len(order) < total:
+        chunk = list(range(len(sequences)))
+        rng.shuffle(chunk)
+        order.extend(chunk)
+    order = order[:total]
+    history = []
+    policy.model.train()
+    for step, start in enumerate(range(0, len(order), batch_size), start=1):
+        picked = [sequences[i] for i in order[start : start + batch_size]]
+        batch = collate(picked, [[0.0] * len(s.input_ids) for s in picked], policy.tokenizer.pad_token_id)
+        optimizer.zero_grad(set_to_none=True)
+        loss_total = 0.0
+        correct = 0.0
+        normaliser = BatchNormaliser.from_mask(batch.response_mask)
+        for micro in range(0, len(batch), policy.micro_batch_size):
+            part = batch.slice(micro, min(micro + policy.micro_batch_size, len(batch))).to(policy.device)
+            logp, _ = policy.token_logprobs(part)
+            loss = -aggregate(logp, part.response_mask, "token-mean", normaliser)
+            loss.backward()
+            loss_total += float(loss.detach())
+            correct += float(((logp.detach() > -0.6931) * part.response_mask).sum())  # p > 0.5
+        torch.nn.utils.clip_grad_norm_(policy.model.parameters(), max_grad_norm)
+        optimizer.step()
+        metrics = {"sft/loss": loss_total, "sft/token_p_gt_half": correct / normaliser.num_tokens}
+        history.append(metrics)
+        if on_step is not None:
+            on_step(step, metrics)
+    return history
