@@ -7,8 +7,8 @@ Phases (all against the real engine, one run id, everything removed at the end):
    `execs_per_sandbox` commands and close (starts throttled by the pool, as in training);
    Baseline: `docker run -d` / `docker exec` through the CLI in the same process; the
    ratios (start_vs_cli, exec_vs_cli) are what to compare across machines and loads.
-4. idle memory: `idle` idle containers; the cgroup's own usage per container and the drop
-   in the host's MemAvailable per container (which includes the containerd shim);
+4. idle memory: `idle` idle containers; the cgroup's own usage per container and the PSS
+   of the containerd shim that serves each one (its host-side cost);
 5. leaks: rollhub containers of this run still present after the backend closed (must be 0).
 
 Options: `--set image=... starts=30 execs=100 concurrency=[1,8,32,64] idle=32
@@ -57,12 +57,27 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 1)
 
 
-def _mem_available_bytes() -> int:
-    with open("/proc/meminfo") as handle:
-        for line in handle:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("MemAvailable missing from /proc/meminfo")
+def _shim_pss_bytes(container_ids: list[str]) -> int | None:
+    """Proportional set size of the containerd shims serving these containers (the host-side
+    cost of a container outside its cgroup); None when they are not visible from here."""
+    wanted = set(container_ids)
+    total, found = 0, 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            if not argv or b"containerd-shim" not in argv[0] or b"-id" not in argv:
+                continue
+            if argv[argv.index(b"-id") + 1].decode() not in wanted:
+                continue
+            for line in Path(f"/proc/{entry}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+                    found += 1
+        except (OSError, IndexError, ValueError):
+            continue
+    return total if found else None
 
 
 def _cgroup_memory_bytes(container_id: str) -> int | None:
@@ -183,17 +198,16 @@ async def _idle_memory(backend, cfg: SandboxBenchConfig, limits) -> dict:
     from rollhub.sandbox.pool import SandboxPool
 
     pool = SandboxPool(backend, max_concurrent=cfg.idle, max_concurrent_starts=cfg.max_concurrent_starts)
-    before = _mem_available_bytes()
     boxes = await asyncio.gather(*(pool.acquire(cfg.image, limits) for _ in range(cfg.idle)))
-    await asyncio.sleep(2.0)  # let the shims and page cache settle
-    after = _mem_available_bytes()
+    await asyncio.sleep(2.0)  # let the shims settle
     cgroup = [_cgroup_memory_bytes(box.id) for box in boxes]
+    shims = _shim_pss_bytes([box.id for box in boxes])
     await asyncio.gather(*(box.close() for box in boxes))
     known = [value for value in cgroup if value is not None]
     return {
         "idle_containers": cfg.idle,
         "cgroup_mib_per_container": round(sum(known) / len(known) / 2**20, 2) if known else None,
-        "host_mib_per_container": round((before - after) / cfg.idle / 2**20, 2),
+        "shim_pss_mib_per_container": round(shims / cfg.idle / 2**20, 2) if shims is not None else None,
     }
 
 
@@ -204,7 +218,12 @@ async def _bench(cfg: SandboxBenchConfig) -> dict:
 
     backend = DockerBackend(max_threads=max(64, 2 * max(cfg.concurrency)))
     limits = Limits(cpus=1.0, memory_mb=cfg.memory_mb, pids=512)
-    results: dict = {"config": cfg.__dict__, "engine": backend.client.version().get("Version"), "host_cpus": os.cpu_count()}
+    results: dict = {
+        "config": cfg.__dict__,
+        "engine": backend.client.version().get("Version"),
+        "host_cpus": os.cpu_count(),
+        "load_avg_1m_before": round(os.getloadavg()[0], 2),  # shared machines: read numbers with this
+    }
     try:
         latency = {**await _start_latency(backend, cfg, limits), **await _exec_latency(backend, cfg, limits)}
         baseline = await asyncio.to_thread(_docker_cli_baseline, cfg)
@@ -220,6 +239,7 @@ async def _bench(cfg: SandboxBenchConfig) -> dict:
     from rollhub.sandbox.docker_backend import connect
 
     client = connect()
+    results["load_avg_1m_after"] = round(os.getloadavg()[0], 2)
     results["leaked_containers"] = len(list_rollhub_containers(client.api, backend.run_id))
     client.close()
     return results
@@ -237,7 +257,7 @@ def run(args: argparse.Namespace) -> dict:
         raise UserError(str(exc)) from exc
     print_table("sandbox latency (ms)", [results["latency"]])
     print_table("sandbox throughput", results["throughput"])
-    print_table("idle memory and leaks", [{**results["memory"], "leaked_containers": results["leaked_containers"]}])
+    print_table("idle memory and leaks", [{**results["memory"], "leaked_containers": results["leaked_containers"], "load_avg_1m": results["load_avg_1m_before"]}])
     path = save_json(Path(args.out) / "sandbox.json", results)
     print(f"wrote {path}")
     if results["leaked_containers"]:

@@ -56,32 +56,32 @@ async def docker_backend(docker_client):
     assert list_rollhub_containers(docker_client.api, backend.run_id) == []
 
 
+async def _process_backend_in(tmp_path, use_bubblewrap: bool):
+    """A process backend rooted in the test's tmp folder; checks nothing is left on close."""
+    from rollhub.sandbox.process_backend import ProcessBackend
+
+    roots = tmp_path / "sandbox-roots"
+    roots.mkdir()
+    backend = ProcessBackend(root_dir=str(roots), output_limit_chars=2000, use_bubblewrap=use_bubblewrap)
+    yield backend
+    await backend.close()
+    assert list(roots.iterdir()) == [], "process sandboxes left folders behind"
+
+
 @pytest.fixture
 async def process_backend(tmp_path):
     from rollhub.sandbox.process_backend import bubblewrap_available
 
     if not bubblewrap_available():
         pytest.skip("bubblewrap not installed (apt-get install -y bubblewrap)")
-    from rollhub.sandbox.process_backend import ProcessBackend
-
-    roots = tmp_path / "sandbox-roots"
-    roots.mkdir()
-    backend = ProcessBackend(root_dir=str(roots), output_limit_chars=2000, use_bubblewrap=True)
-    yield backend
-    await backend.close()
-    assert list(roots.iterdir()) == [], "process sandboxes left folders behind"
+    async for backend in _process_backend_in(tmp_path, use_bubblewrap=True):
+        yield backend
 
 
 @pytest.fixture
 async def plain_process_backend(tmp_path):
-    from rollhub.sandbox.process_backend import ProcessBackend
-
-    roots = tmp_path / "sandbox-roots"
-    roots.mkdir()
-    backend = ProcessBackend(root_dir=str(roots), output_limit_chars=2000, use_bubblewrap=False)
-    yield backend
-    await backend.close()
-    assert list(roots.iterdir()) == [], "process sandboxes left folders behind"
+    async for backend in _process_backend_in(tmp_path, use_bubblewrap=False):
+        yield backend
 
 
 def _backend_params():
