@@ -261,9 +261,8 @@ class WorkerPool:
 
     # -- health -------------------------------------------------------------------------
     def _watch(self) -> None:
-        period = min(1.0, self.hang_timeout_s / 4)
         while not self._closed:
-            time.sleep(period)
+            time.sleep(min(1.0, self.hang_timeout_s / 4))  # read live: callers may tune the timeout
             now = time.monotonic()
             for worker in self.workers:
                 with worker.lock:
