@@ -1,0 +1,164 @@
+"""The real entry points on tiny budgets: `rollhub train` smoke run, alpha=0 parity, kill-and-resume."""
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from rollhub.cli import main
+from rollhub.config import load_config
+from rollhub.trainer.config import RunConfig
+from rollhub.trainer.metrics import read_jsonl
+
+
+def _recipe(tmp_path: Path, model_dir: Path, **sections) -> Path:
+    data = {
+        "run_dir": str(tmp_path / "run"),
+        "seed": 3,
+        "model": {"path": str(model_dir), "init_tiny": None},
+        "env": {"id": "rollhub/Sokoban-v0", "kwargs": {"dim": 6, "num_boxes": 1, "max_steps": 3}},
+        "agent": {"system_prompt": "Sokoban.", "history_window": 1, "max_new_tokens": 6},
+        "rollout": {"group_size": 2, "groups_per_batch": 2, "async_ratio": 1.0},
+        "optim": {"lr": 1e-3, "micro_batch_size": 32},
+        "train": {"steps": 2, "checkpoint_every": 1},
+        "sft": {"enabled": False},
+        "eval": {"episodes": 2},
+    }
+    for key, value in sections.items():
+        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(model_dir / "model.safetensors"))
+
+
+def test_rollhub_train_two_steps(tiny_model_dir, tmp_path, capsys):
+    recipe = _recipe(tmp_path, tiny_model_dir, sft={"enabled": True, "episodes": 2, "batch_size": 4})
+    assert main(["train", str(recipe), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "warm-start success" in out and "final success" in out
+    run = tmp_path / "run"
+    steps = [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "train/loss" in r]
+    assert steps == [1, 2]
+    record = read_jsonl(run / "metrics.jsonl")[2]
+    for key in ("trainer/idle_fraction", "staleness/mean", "buffer/dropped_stale", "train/offpolicy/w_abs_dev_mean", "rollout/generation_tokens_per_s"):
+        assert key in record, key
+    assert (run / "learning_curve.png").stat().st_size > 0
+    assert list((run / "tensorboard").iterdir())
+    assert (run / "checkpoints" / "step-000002" / "state.pt").is_file()
+    # the SFT phase changed the weights, and RL changed them again
+    assert not torch.equal(_weights(tiny_model_dir)["model.embed_tokens.weight"], _weights(run / "sft_model")["model.embed_tokens.weight"])
+    assert not torch.equal(_weights(run / "sft_model")["model.embed_tokens.weight"], _weights(run / "final_model")["model.embed_tokens.weight"])
+    assert main(["view", str(run)]) == 0
+    assert "<details>" in (run / "trajectories.html").read_text()
+
+
+def test_train_rejects_unknown_keys_and_env_ids(tiny_model_dir, tmp_path, capsys):
+    recipe = _recipe(tmp_path, tiny_model_dir)
+    assert main(["train", str(recipe), "--set", "optim.learning_rate=1"]) == 2
+    assert "unknown config key 'optim.learning_rate'" in capsys.readouterr().err
+    assert main(["train", str(recipe), "--set", "env.id=rollhub/NoSuchEnv-v0"]) == 2
+    assert "not registered" in capsys.readouterr().err
+
+
+def test_alpha0_lockstep_loop_equals_a_plain_synchronous_step(tiny_model_dir, tmp_path):
+    """The loop with alpha = 0 and lockstep rollout performs exactly a plain sync update."""
+    from rollhub.rollout.engines.hf import HFEngine
+    from rollhub.rollout.manager import EnvManager, EnvManagerConfig
+    from rollhub.trainer.batch import build_training_batch
+    from rollhub.trainer.loop import make_optimizer, run_training, seed_everything
+    from rollhub.trainer.policy import Policy
+    from rollhub.trainer.update import policy_update
+
+    recipe = _recipe(tmp_path, tiny_model_dir, rollout={"async_ratio": 0.0, "lockstep": True}, train={"steps": 1}, eval={"episodes": 0})
+    config = load_config(RunConfig, recipe)
+    asyncio.run(run_training(config, progress=False, print_fn=lambda _: None))
+    loop_weights = _weights(Path(config.run_dir) / "final_model")
+
+    async def plain_sync_step():
+        seed_everything(config.seed)
+        policy = Policy(tiny_model_dir, device="cpu", micro_batch_size=config.optim.micro_batch_size)
+        optimizer = make_optimizer(policy, config)
+        engine = HFEngine(tiny_model_dir, threads=config.rollout.engine_threads, max_batch_size=config.rollout.engine_max_batch_size, seed=config.rollout.seed)
+        manager_config = EnvManagerConfig(env_id=config.env.id, env_kwargs=config.env.kwargs, group_size=config.rollout.group_size, lockstep=True, agent=config.agent)
+        manager = EnvManager(engine, policy.tokenizer, manager_config, seeds=iter(range(config.env.train_seed_offset, 10**9)))
+        try:
+            groups = await manager.collect_batch(config.rollout.groups_per_batch)
+        finally:
+            await engine.close()
+        a = config.algorithm
+        batch, _ = build_training_batch(groups, policy.tokenizer.pad_token_id, estimator=a.estimator, omega=a.omega, gamma=a.gamma,
+                                        normalize_std=a.normalize_std, episode_baseline=a.episode_baseline, invalid_action_penalty=a.invalid_action_penalty)
+        policy_update(policy, optimizer, batch, policy.compute_logprobs(batch), config.loss, max_grad_norm=config.optim.max_grad_norm)
+        return {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
+
+    plain_weights = asyncio.run(plain_sync_step())
+    initial = _weights(tiny_model_dir)
+    assert not torch.equal(initial["model.norm.weight"], plain_weights["model.norm.weight"])  # the step did something
+    for name, tensor in plain_weights.items():
+        if name in loop_weights:
+            assert torch.allclose(loop_weights[name], tensor, atol=1e-6, rtol=1e-5), name
+    metrics = [r for r in read_jsonl(Path(config.run_dir) / "metrics.jsonl") if "train/loss" in r]
+    assert metrics[0]["train/offpolicy/w_abs_dev_p95"] < 1e-3  # on-policy: mu == pi_prox up to float noise
+
+
+def _kill_when(proc: subprocess.Popen, path: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists():
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended before {path.name} appeared: {proc.stderr.read().decode()[-2000:]}")
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"{path} never appeared")
+
+
+def test_killed_run_resumes_without_losing_or_double_counting(tiny_model_dir, tmp_path):
+    recipe = _recipe(tmp_path, tiny_model_dir, rollout={"async_ratio": 0.0, "lockstep": True}, train={"steps": 4, "checkpoint_every": 1, "keep_checkpoints": 10})
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "rollhub.cli", "train", str(recipe), "--no-progress"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    _kill_when(proc, run / "checkpoints" / "step-000002", timeout_s=600)
+    assert not (run / "summary.json").exists()
+
+    # two resumes from the same checkpoint behave identically on the next step
+    twin = tmp_path / "twin"
+    shutil.copytree(run, twin)
+    for folder in (run, twin):
+        for newer in (folder / "checkpoints").glob("step-00000[34]"):
+            shutil.rmtree(newer)  # the kill may land just after a later checkpoint; compare from step 2
+    done = subprocess.run([sys.executable, "-m", "rollhub.cli", "train", "--resume", str(run), "--no-progress"], capture_output=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert "resumed" in done.stdout.decode()
+    records = read_jsonl(run / "metrics.jsonl")
+    train_steps = [r["step"] for r in records if "train/loss" in r]
+    assert train_steps == [1, 2, 3, 4]  # nothing lost, nothing counted twice
+    assert sum(1 for r in records if r["step"] == 0) == 1  # one warm-start evaluation
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 4
+
+    twin_done = subprocess.run([sys.executable, "-m", "rollhub.cli", "train", "--resume", str(twin), "--no-progress", "--set", "train.steps=3"],
+                               capture_output=True, env=env, timeout=600)
+    assert twin_done.returncode == 0, twin_done.stderr.decode()[-2000:]
+    step3_run = torch.load(run / "checkpoints" / "step-000003" / "state.pt", weights_only=False)["model"]
+    step3_twin = torch.load(twin / "checkpoints" / "step-000003" / "state.pt", weights_only=False)["model"]
+    for name, tensor in step3_twin.items():
+        assert torch.equal(tensor, step3_run[name]), name
