@@ -185,10 +185,17 @@ class DockerSandbox(Sandbox):
         finally:
             _close_quietly(sock)
         duration_s = time.monotonic() - started
-        exit_code = self._exit_code(exec_id)
+        if self._closed:
+            raise SandboxError(f"{self!r} was closed while a command ran in it")
+        try:
+            exit_code = self._exit_code(exec_id)
+            timed_out = exit_code in _TIMEOUT_EXIT_CODES and duration_s >= timeout_s
+            oom_killed = exit_code == _SIGKILL_EXIT_CODE and not timed_out and self._saw_new_oom_kill()
+        except SandboxError:
+            raise
+        except Exception as exc:  # the engine lost the exec or the container under us
+            raise SandboxError(f"{self!r}: could not read the exec's outcome ({exc.__class__.__name__}: {exc})") from exc
         output, truncated = buffer.text()
-        timed_out = exit_code in _TIMEOUT_EXIT_CODES and duration_s >= timeout_s
-        oom_killed = exit_code == _SIGKILL_EXIT_CODE and not timed_out and self._saw_new_oom_kill()
         return ExecResult(exit_code, output, timed_out=timed_out, duration_s=duration_s, truncated=truncated, oom_killed=oom_killed)
 
     def _exit_code(self, exec_id: str) -> int:
@@ -212,7 +219,7 @@ class DockerSandbox(Sandbox):
             state = self.backend.api.inspect_container(self.id)["State"]
         except errors.NotFound as exc:
             raise SandboxError(f"{self!r} disappeared during exec") from exc
-        if not state.get("Running"):
+        if not state.get("Running") or state.get("Status") in ("removing", "dead", "exited"):
             reason = " (OOM-killed)" if state.get("OOMKilled") else ""
             raise SandboxError(f"{self!r} died during exec{reason}: exit {state.get('ExitCode')}")
 
@@ -300,7 +307,10 @@ class DockerBackend(SandboxBackend):
         max_threads: int = 256,
         base_url: str | None = None,
         labels: dict[str, str] | None = None,
+        collect_orphans: bool = False,
     ):
+        """`collect_orphans=True` first removes containers left by dead runs on this host
+        (the start-up sweep; the same as `rollhub sandbox gc`)."""
         self.client = connect(base_url, api_timeout_s, max_connections=max_threads)
         self.api = self.client.api
         self.base_url = base_url
@@ -314,6 +324,10 @@ class DockerBackend(SandboxBackend):
         self._lock = threading.Lock()
         self._closed = False
         exit_cleanup.register(self)
+        if collect_orphans:
+            removed = reaper.collect_garbage(self.api)
+            if removed:
+                logger.warning("removed %d orphaned rollhub containers left by dead runs", len(removed))
 
     def __repr__(self) -> str:
         return f"DockerBackend(run_id={self.run_id!r}, live={len(self._live)})"

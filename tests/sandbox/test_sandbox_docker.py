@@ -81,3 +81,17 @@ async def test_backend_close_removes_everything_it_started(docker_backend, docke
     assert list_rollhub_containers(docker_client.api, docker_backend.run_id) == []
     with pytest.raises(SandboxError):
         await docker_backend.start(IMAGE)
+
+
+async def test_closing_a_sandbox_during_a_long_exec_ends_it_as_an_infra_failure(docker_backend):
+    import asyncio
+    import time
+
+    box = await docker_backend.start(IMAGE)
+    running = asyncio.ensure_future(box.exec("sleep 60", timeout_s=120))
+    await asyncio.sleep(1.0)
+    began = time.monotonic()
+    await box.close()
+    with pytest.raises(SandboxError):
+        await running
+    assert time.monotonic() - began < 30  # not the 60 s sleep, nor the 120 s timeout
