@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rollhub.rollout.agent import AgentConfig
+from rollhub.rollout.cluster.config import ClusterConfig
 from rollhub.trainer.losses import LossConfig
 
 
@@ -128,6 +129,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     sft: SftConfig = field(default_factory=SftConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)  # backend: local | ray (docs/ray.md)
 
     def validate(self) -> None:
         held_out = range(self.eval.seed_offset, self.eval.seed_offset + self.eval.episodes)

@@ -381,6 +381,8 @@ async def run_training(config: RunConfig, *, resume: bool = False, progress: boo
 
     async def evaluate(label: str) -> EvalResult:
         t0 = time.perf_counter()
+        if engine.weight_version != state.version:  # cluster.backend=ray pushes to remote engines only
+            await engine.update_weights(policy.engine_state_dict(), state.version)
         result = await evaluate_policy(engine, policy.tokenizer, make_env, config.agent, eval_seeds, temperature=config.eval.temperature,
                                        max_concurrent=config.env.max_concurrent, env_id=config.env.id)
         phases[f"eval_{label}_s"] = phases.get(f"eval_{label}_s", 0.0) + time.perf_counter() - t0
@@ -401,7 +403,14 @@ async def run_training(config: RunConfig, *, resume: bool = False, progress: boo
             max_concurrent_trajectories=config.env.max_concurrent, lockstep=config.rollout.lockstep,
             jsonl_path=str(run_dir / "trajectories.jsonl") if config.train.log_trajectories else None, agent=config.agent,
         )
-        manager = EnvManager(engine, policy.tokenizer, manager_config, buffer=buffer, seeds=seeds)
+        if config.cluster.backend == "ray":  # env shards and engine servers as Ray actors (docs/ray.md)
+            from rollhub.rollout.cluster.backend import RayRollout
+
+            manager = RayRollout(engine_source, manager_config, config.cluster, buffer=buffer, seeds=seeds, run_dir=run_dir)
+            if state.version:
+                await manager.update_weights(policy.engine_state_dict(), state.version)
+        else:
+            manager = EnvManager(engine, policy.tokenizer, manager_config, buffer=buffer, seeds=seeds)
 
         def save(loop_state: LoopState) -> None:
             rollout_state = {"next_seed": seeds.next_seed, "buffer": buffer.state_dict() if buffer is not None else None}

@@ -1,0 +1,125 @@
+"""EngineServer: a Ray actor that runs one inference server on its node and reports its URL.
+
+* `engine="rollhub"` (CPU, tests): the transformers engine behind the same aiohttp app as
+  `rollhub serve`, inside the actor process, so killing the actor kills the server.
+* `engine="sglang"` (GPU nodes): `python -m sglang.launch_server` as a child process that
+  dies with the actor (Linux parent-death signal); the actor asks for `num_gpus`.
+
+A replacement server starts from the latest pushed weights and reports that version, so
+it rejoins a running job without a special path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+class EngineServer:
+    """Construct through `ray.remote(...)(EngineServer)`; call `start()` once, then use the URL."""
+
+    def __init__(self, engine_id: str, kind: str, model_path: str, weight_version: int = 0, *, threads: int = 1, max_batch_size: int = 32, extra_args: list[str] | None = None, startup_timeout_s: float = 600.0) -> None:
+        self.engine_id = engine_id
+        self.kind = kind
+        self.model_path = model_path
+        self.weight_version = weight_version
+        self.threads = threads
+        self.max_batch_size = max_batch_size
+        self.extra_args = list(extra_args or [])
+        self.startup_timeout_s = startup_timeout_s
+        self._runner: Any = None
+        self._process: subprocess.Popen | None = None
+        self._info: dict[str, Any] | None = None
+
+    async def start(self) -> dict[str, Any]:
+        if self._info is not None:
+            return self._info
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        if self.kind == "rollhub":
+            port = await self._start_rollhub()
+        else:
+            port = await self._start_sglang(host)
+        context = ray.get_runtime_context()
+        self._info = {"engine_id": self.engine_id, "url": f"http://{host}:{port}", "node_id": context.get_node_id(), "node_ip": host, "pid": os.getpid(), "kind": self.kind, "weight_version": self.weight_version}
+        logger.info("engine %s serving %s at %s", self.engine_id, self.model_path, self._info["url"])
+        return self._info
+
+    async def _start_rollhub(self) -> int:
+        import torch
+        from aiohttp import web
+
+        from rollhub.rollout.engines.hf import HFEngine
+        from rollhub.rollout.server import build_app
+
+        torch.set_num_threads(self.threads)
+        engine = HFEngine(self.model_path, threads=self.threads, max_batch_size=self.max_batch_size)
+        engine.weight_version = self.weight_version
+        self._runner = web.AppRunner(build_app(engine), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host="0.0.0.0", port=0)
+        await site.start()
+        return self._runner.addresses[0][1]
+
+    async def _start_sglang(self, host: str) -> int:
+        from rollhub.rollout.engines.sglang import SGLangEngine, SGLangError
+
+        port = _free_port()
+        command = [sys.executable, "-m", "sglang.launch_server", "--model-path", self.model_path, "--host", "0.0.0.0", "--port", str(port), *self.extra_args]
+        self._process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
+        client = SGLangEngine(f"http://127.0.0.1:{port}")
+        try:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.startup_timeout_s
+            while not await client.healthy():
+                if self._process.poll() is not None:
+                    stderr = self._process.stderr.read().decode(errors="replace")[-2000:] if self._process.stderr else ""
+                    raise SGLangError(f"sglang exited with code {self._process.returncode}: {stderr}")
+                if loop.time() > deadline:
+                    raise SGLangError(f"sglang on port {port} not healthy after {self.startup_timeout_s:.0f} s")
+                await asyncio.sleep(1.0)
+            await client._post("/update_weight_version", {"new_version": str(self.weight_version)})
+        finally:
+            await client.close()
+        return port
+
+    async def ping(self) -> bool:
+        if self._process is not None and self._process.poll() is not None:
+            raise RuntimeError(f"sglang server of {self.engine_id} exited with code {self._process.returncode}")
+        return True
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()  # closes the engine too (app on_cleanup)
+            self._runner = None
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                await asyncio.to_thread(self._process.wait, 30)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
