@@ -164,14 +164,14 @@ class DockerSandbox(Sandbox):
         started = time.monotonic()
         try:
             exec_id = api.exec_create(self.id, argv, stdout=True, stderr=True, workdir=workdir, environment=env)["Id"]
-            sock = api.exec_start(exec_id, socket=True)
+            sock, early_bytes = _open_exec_stream(api, exec_id)
         except errors.APIError as exc:
             raise SandboxError(f"exec in {self!r} failed to start: {exc}") from exc
         except Exception as exc:
             raise SandboxError(f"docker engine error starting exec in {self!r}: {exc}") from exc
         buffer = HeadTailBuffer(self.backend.output_limit_chars)
         try:
-            _pump_multiplexed(sock, buffer, deadline=started + timeout_s + self.backend.exec_grace_s)
+            _pump_multiplexed(sock, buffer, deadline=started + timeout_s + self.backend.exec_grace_s, early_bytes=early_bytes)
         except TimeoutError:
             # The in-container `timeout` should have ended it long ago: the container or the
             # engine is wedged. Remove it so the blocked read (and the thread) is released.
@@ -242,6 +242,40 @@ class DockerSandbox(Sandbox):
         return new_kill
 
 
+def _open_exec_stream(api: Any, exec_id: str) -> tuple[Any, bytes]:
+    """Start an exec and take over its hijacked connection: (socket, bytes already read).
+
+    Like the SDK's `exec_start(socket=True)`, plus one fix: http.client reads the upgrade
+    response through a buffered reader that may have read past the headers into the first
+    output frames (a quick command on a loaded host). Those bytes would be lost if we read
+    only the raw socket, so they are drained from the buffer here without blocking.
+    """
+    response = api._post_json(
+        api._url("/exec/{0}/start", exec_id),
+        headers={"Connection": "Upgrade", "Upgrade": "tcp"},
+        data={"Tty": False, "Detach": False},
+        stream=True,
+    )
+    sock = api._get_raw_response_socket(response)
+    return sock, _drain_read_ahead(response, sock)
+
+
+def _drain_read_ahead(response: Any, sock: Any) -> bytes:
+    buffered = getattr(getattr(response.raw, "_fp", None), "fp", None)
+    raw = _raw_socket(sock)
+    if buffered is None or not hasattr(buffered, "peek") or not hasattr(raw, "setblocking"):
+        return b""
+    previous_timeout = raw.gettimeout()
+    raw.setblocking(False)  # peek on an empty buffer then returns b"" instead of waiting
+    try:
+        ahead = buffered.peek(1 << 16)
+        return buffered.read(len(ahead)) if ahead else b""
+    except (BlockingIOError, OSError, ValueError):
+        return b""
+    finally:
+        raw.settimeout(previous_timeout)
+
+
 def _raw_socket(sock: Any) -> Any:
     return getattr(sock, "_sock", sock)
 
@@ -254,12 +288,12 @@ def _close_quietly(sock: Any) -> None:
             pass
 
 
-def _pump_multiplexed(sock: Any, buffer: HeadTailBuffer, deadline: float) -> None:
+def _pump_multiplexed(sock: Any, buffer: HeadTailBuffer, deadline: float, early_bytes: bytes = b"") -> None:
     """Read Docker's multiplexed exec stream (8-byte frame headers: stream id, size) into
     `buffer` until EOF; TimeoutError if `deadline` (monotonic) passes first. The SDK's own
     reader blocks without a deadline, hence this one."""
     raw = _raw_socket(sock)
-    pending = bytearray()
+    pending = bytearray(early_bytes)
 
     def receive() -> bytes:
         while True:
@@ -278,17 +312,18 @@ def _pump_multiplexed(sock: Any, buffer: HeadTailBuffer, deadline: float) -> Non
             except (InterruptedError, BlockingIOError, socket.timeout):
                 continue
 
-    while True:
-        chunk = receive()
-        if not chunk:
-            break
-        pending += chunk
+    def take_complete_frames() -> None:
         while len(pending) >= 8:
             _stream, size = struct.unpack(">BxxxL", pending[:8])
             if len(pending) < 8 + size:
-                break
+                return
             buffer.append(bytes(pending[8 : 8 + size]))
             del pending[: 8 + size]
+
+    take_complete_frames()
+    while chunk := receive():
+        pending += chunk
+        take_complete_frames()
     if pending:  # a truncated frame at EOF: keep what arrived
         buffer.append(bytes(pending[8:]))
 
