@@ -357,6 +357,7 @@ class DockerBackend(SandboxBackend):
         self._executor = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="rollhub-docker")
         self._live: dict[str, DockerSandbox] = {}
         self._lock = threading.Lock()
+        self._starts_in_flight = 0
         self._closed = False
         exit_cleanup.register(self)
         if collect_orphans:
@@ -383,6 +384,15 @@ class DockerBackend(SandboxBackend):
         return await self._run_blocking(self._start_blocking, image, limits, labels or {})
 
     def _start_blocking(self, image: str, limits: Limits, labels: dict[str, str]) -> DockerSandbox:
+        with self._lock:
+            self._starts_in_flight += 1
+        try:
+            return self._create_and_start(image, limits, labels)
+        finally:
+            with self._lock:
+                self._starts_in_flight -= 1
+
+    def _create_and_start(self, image: str, limits: Limits, labels: dict[str, str]) -> DockerSandbox:
         errors = _docker_errors()
         host_config = self.api.create_host_config(
             init=True,
@@ -447,8 +457,8 @@ class DockerBackend(SandboxBackend):
         """Synchronous removal for atexit and signal handlers: a fresh client, so a request
         in flight on another thread cannot block it."""
         self._closed = True
-        if not self._live and self._executor is None:
-            return
+        if not self._live and not self._starts_in_flight:
+            return  # nothing of ours can exist: do not even touch the engine
         client = connect(self.base_url, api_timeout_s=30.0, max_connections=16)
         try:
             self._remove_everything(client.api)

@@ -74,6 +74,12 @@ def test_sigkill_leaves_orphans_that_gc_removes_without_touching_live_runs(docke
 
     live_backend = asyncio.run(start_live())
     try:
+        listing = subprocess.run([sys.executable, "-m", "rollhub.cli", "sandbox", "ls"], capture_output=True, text=True, timeout=60)
+        assert listing.returncode == 0, listing.stderr
+        lines = {line.split()[0]: line for line in listing.stdout.splitlines()[1:-1]}
+        assert all("GONE" in lines[record.id[:12]] for record in orphans)
+        (live_record,) = containers_of(docker_client, live_backend.run_id)
+        assert "alive" in lines[live_record.id[:12]]
         gc = subprocess.run([sys.executable, "-m", "rollhub.cli", "sandbox", "gc"], capture_output=True, text=True, timeout=60)
         assert gc.returncode == 0, gc.stderr
         assert f"removed {COUNT} container(s)" in gc.stdout
