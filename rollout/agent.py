@@ -63,9 +63,6 @@ class AgentConfig:
             raise ValueError("max_resubmits must be >= 0")
         SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
 
-    def __post_init__(self) -> None:
-        self.validate()
-
 
 @dataclass
 class _TurnSegments:
@@ -81,6 +78,7 @@ class EpisodeRunner:
     def __init__(self, env: Any, tokenizer: Any, config: AgentConfig, *, env_id: str, seed: int | None, trajectory_id: str = "", group_id: str = "", segments: ChatSegments | None = None) -> None:
         self.env = env
         self.tokenizer = tokenizer
+        config.validate()  # checked where used (load_config also checks it, as a UserError)
         self.config = config
         self.segments = segments or ChatSegments(tokenizer)
         self.trajectory = Trajectory(env_id=env_id, seed=seed, trajectory_id=trajectory_id or uuid.uuid4().hex[:12], group_id=group_id)

@@ -64,9 +64,7 @@ class EnvManagerConfig:
             raise ValueError("lockstep mode runs every env to the end; set redundancy to 0")
         if any(v < 1 for v in self.env_concurrency.values()):
             raise ValueError("env_concurrency limits must be >= 1")
-
-    def __post_init__(self) -> None:
-        self.validate()
+        self.agent.validate()
 
 
 @dataclass
@@ -129,6 +127,7 @@ class EnvManager:
         seeds: Iterator[int] | None = None,
         env_factory: Callable[..., Any] | None = None,
     ) -> None:
+        config.validate()
         self.engine = engine
         self.tokenizer = tokenizer
         self.config = config

@@ -146,6 +146,6 @@ async def test_weight_update_mid_turn_versions_per_segment(engine, tiny_model_an
 
 def test_agent_config_validation():
     with pytest.raises(ValueError, match="resume_mode"):
-        AgentConfig(resume_mode="sometimes")
+        AgentConfig(resume_mode="sometimes").validate()
     with pytest.raises(ValueError, match="max_context_tokens"):
-        AgentConfig(max_context_tokens=4, min_new_tokens=8)
+        AgentConfig(max_context_tokens=4, min_new_tokens=8).validate()

@@ -72,7 +72,7 @@ async def test_lockstep_baseline_steps_all_envs_together(engine, countdown_facto
     assert all(len(t.turns) == 2 for g in groups for t in g.trajectories)
     assert manager.open_envs == 0
     with pytest.raises(ValueError, match="lockstep"):
-        EnvManagerConfig(lockstep=True, group_redundancy=1)
+        EnvManagerConfig(lockstep=True, group_redundancy=1).validate()
 
 
 async def test_infra_failures_are_retried_then_group_dropped(engine):

@@ -1,0 +1,86 @@
+"""Tiny models, tokenizer, and the rollout CLI commands run end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rollhub.cli import main
+from rollhub.rollout.engines.base import SamplingParams
+
+
+def test_tokenizer_round_trip_and_chatml(tiny_model_and_tokenizer):
+    _, tokenizer = tiny_model_and_tokenizer
+    for text in ["######\n#_P_X#\n#O__#\n######", "def f(x):\n    return x ** 2  # ok", "<action>up</action> ünïcödé 🙂"]:
+        assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
+    assert 4000 < len(tokenizer) <= 8192
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    assert rendered == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert tokenizer.convert_ids_to_tokens(tokenizer.eos_token_id) == "<|im_end|>"
+    assert tokenizer.pad_token_id != tokenizer.eos_token_id
+
+
+def test_init_tiny_is_deterministic_and_sized(tmp_path, tiny_model_dir):
+    from safetensors.torch import load_file
+
+    assert main(["model", "init-tiny", "--out", str(tmp_path / "again")]) == 0
+    first = load_file(str(tiny_model_dir / "model.safetensors"))
+    second = load_file(str(tmp_path / "again" / "model.safetensors"))
+    assert first.keys() == second.keys() and all((first[k] == second[k]).all() for k in first)
+    config = json.loads((tmp_path / "again" / "config.json").read_text())
+    assert config["model_type"] == "qwen3" and config["hidden_size"] == 256 and config["num_hidden_layers"] == 4
+    params = sum(t.numel() for k, t in first.items() if k != "lm_head.weight")
+    assert 4.5e6 < params < 6e6
+
+
+def test_user_errors_are_one_line(tmp_path, capsys):
+    assert main(["rollout", "--env", "rollhub/NoSuchEnv-v0", "--out", str(tmp_path)]) == 2
+    assert "unknown env id" in capsys.readouterr().err
+    assert main(["rollout", "--env", "rollhub/Sokoban-v0", "--model", str(tmp_path / "missing"), "--out", str(tmp_path)]) == 2
+    assert "init-tiny" in capsys.readouterr().err
+    assert main(["rollout", "--env", "rollhub/Sokoban-v0", "--out", str(tmp_path), "--set", "agent.resume_mode=maybe"]) == 2
+
+
+def test_rollout_command_writes_jsonl_and_summary(tmp_path, tiny_model_dir, capsys):
+    code = main(
+        ["rollout", "--env", "rollhub/Sokoban-v0", "--engine", "hf", "--groups", "2", "--group-size", "2", "--model", str(tiny_model_dir),
+         "--max-new-tokens", "4", "--out", str(tmp_path), "--json", "--set", "agent.max_turns=2"]
+    )
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["groups"] == 2 and summary["trajectories"] == 4
+    lines = (tmp_path / "trajectories.jsonl").read_text().splitlines()
+    assert len(lines) == 4
+    assert summary["generated_tokens"] == sum(json.loads(line)["num_response_tokens"] for line in lines) > 0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow  # a fresh Python + transformers import: ~10-40 s on 2 shared cores
+async def test_rollhub_serve_subprocess_answers_generate(tiny_model_dir):
+    """The real `rollhub serve` process, driven by the SGLang client."""
+    from rollhub.rollout.engines.sglang import SGLangEngine
+
+    port = _free_port()
+    command = [sys.executable, "-m", "rollhub.cli", "serve", "--model", str(tiny_model_dir), "--port", str(port)]
+    engine = await SGLangEngine.launch(str(tiny_model_dir), port=port, command=command, startup_timeout_s=120)
+    try:
+        generation = await engine.generate([1, 300, 301, 2], SamplingParams(max_new_tokens=3, stop_token_ids=(10**9,)))
+        assert len(generation.token_ids) == 3 and len(generation.logprobs) == 3
+        assert await engine.server_weight_version() == "0"
+        assert await engine.flush_cache()
+    finally:
+        await engine.close()
+    assert engine._process.poll() is not None
