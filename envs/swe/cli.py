@@ -26,6 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     make.add_argument("--families", default=None, help="comma-separated mutation families (default: all)")
     make.add_argument("--max-fail-fraction", type=float, default=0.5, help="drop mutants that fail more than this fraction of the suite")
     make.add_argument("--seed", type=int, default=0)
+    make.add_argument("--cache-dir", default=None, help="work folder (default ~/.cache/rollhub/swe or $ROLLHUB_SWE_CACHE)")
     make.set_defaults(func=_make_tasks)
 
     build = commands.add_parser("build-images", help="(re)build the images of a task file made by make-tasks; skips existing ones")
@@ -68,6 +69,8 @@ def _make_tasks(args: argparse.Namespace) -> int:
     name, version = parse_requirement(args.requirement)
     families = tuple(f.strip() for f in args.families.split(",")) if args.families else FAMILIES
     options = FactoryOptions(max_tasks=args.max_tasks, workers=args.workers, max_fail_fraction=args.max_fail_fraction, families=families, test_requirements=list(args.test_deps), seed=args.seed)
+    if args.cache_dir:
+        options.cache_dir = Path(args.cache_dir)
     try:
         options.validate()
     except ValueError as exc:

@@ -57,6 +57,8 @@ class SWEEnv(Env):
         split: str = "test",
         instance_ids: list[str] | None = None,
         legacy: bool = False,
+        legacy_image_namespace: str = "swebench",
+        legacy_image_separator: str = "_1776_",
         max_steps: int = 30,
         episode_timeout_s: float = 1800.0,
         command_timeout_s: float = 60.0,
@@ -73,7 +75,8 @@ class SWEEnv(Env):
         if isinstance(tasks, list):
             self.tasks = tasks
         else:
-            self.tasks = load_tasks(tasks or SHIPPED_TASKS, split, LegacyMapping() if legacy else None, instance_ids)
+            mapping = LegacyMapping(namespace=legacy_image_namespace, separator=legacy_image_separator) if legacy else None
+            self.tasks = load_tasks(tasks or SHIPPED_TASKS, split, mapping, instance_ids)
         self.max_steps = max_steps
         self.episode_timeout_s = episode_timeout_s
         self.command_timeout_s = command_timeout_s

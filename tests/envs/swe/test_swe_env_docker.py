@@ -7,6 +7,8 @@ envs/swe/data/tasks.jsonl`, which `.ci/run` does); otherwise skipped with the re
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import re
 
@@ -20,6 +22,7 @@ from rollhub.envs.swe.tasks import SHIPPED_TASKS, load_tasks  # noqa: E402
 pytestmark = pytest.mark.docker
 
 
+@functools.lru_cache(maxsize=1)
 def _shipped_tasks():
     if not docker_available():
         pytest.skip("no Docker engine answers (start dockerd or set DOCKER_HOST)")
@@ -31,14 +34,15 @@ def _shipped_tasks():
         missing = [t.image for t in tasks if not client.images.list(name=t.image.rsplit(":", 1)[0])]
     finally:
         client.close()
-    if missing:
-        pytest.skip(f"{len(missing)} shipped task images are not built: run `rollhub swe build-images {SHIPPED_TASKS}`")
-    return tasks
+    return tasks, len(missing)
 
 
 @pytest.fixture
 def tasks():
-    return _shipped_tasks()
+    tasks, missing = _shipped_tasks()
+    if missing:
+        pytest.skip(f"{missing} shipped task images are not built: run `rollhub swe build-images {SHIPPED_TASKS}`")
+    return tasks
 
 
 @pytest.fixture
@@ -61,12 +65,13 @@ def _task_per_package(tasks):
 async def test_gold_patch_scores_one_and_empty_patch_zero(tasks, backend):
     from rollhub.envs.swe.evaluate import evaluate_patch
 
-    for task in _task_per_package(tasks):
-        gold = await evaluate_patch(backend, task, task.patch)
+    chosen = _task_per_package(tasks)
+    golds = await asyncio.gather(*[evaluate_patch(backend, t, t.patch) for t in chosen])
+    empties = await asyncio.gather(*[evaluate_patch(backend, t, "") for t in chosen])
+    for task, gold, empty in zip(chosen, golds, empties):
         assert gold.reward == 1.0, (task.instance_id, gold.grade.status, gold.log[-2000:])
         assert gold.grade.pass_fraction == 1.0
         assert set(gold.grade.tests) == set(task.fail_to_pass) | set(task.pass_to_pass)
-        empty = await evaluate_patch(backend, task, "")
         assert empty.reward == 0.0 and empty.patch_applied and not empty.infra_failure
         assert all(empty.grade.tests[t] == "FAILED" for t in task.fail_to_pass)
         assert empty.grade.pass_fraction == pytest.approx(len(task.pass_to_pass) / (len(task.pass_to_pass) + len(task.fail_to_pass)))
@@ -184,8 +189,6 @@ async def test_missing_image_is_an_infra_failure_not_a_score(tasks, backend):
 async def test_official_harness_agrees_with_our_reward(tasks, backend, tmp_path):
     """swebench's own run_instance on the same local images gives the same verdicts
     (gold resolved, empty not). `rollhub bench swe` does this for the whole set."""
-    import asyncio
-
     from rollhub.envs.swe.benchmark import official_verdicts
     from rollhub.envs.swe.evaluate import evaluate_patch
 
@@ -197,3 +200,20 @@ async def test_official_harness_agrees_with_our_reward(tasks, backend, tmp_path)
             ours = await evaluate_patch(backend, task, patch)
             assert official[(task.instance_id, name)] is (ours.reward == 1.0), (task.instance_id, name)
         assert official[(task.instance_id, "gold")] is True
+
+
+@pytest.mark.slow
+def test_make_tasks_on_a_package_not_in_the_shipped_set(tmp_path):
+    """The factory end to end on a package it has not seen (downloads from PyPI)."""
+    if not docker_available():
+        pytest.skip("no Docker engine answers")
+    from rollhub.cli import main
+    from rollhub.envs.swe.tasks import load_tasks
+
+    out = tmp_path / "tasks.jsonl"
+    assert main(["swe", "make-tasks", "tabulate==0.9.0", "--max", "2", "--out", str(out), "--workers", "2", "--cache-dir", str(tmp_path / "cache")]) == 0
+    made = load_tasks(out)
+    assert len(made) == 2
+    for task in made:
+        assert task.fail_to_pass and task.pass_to_pass and task.image.startswith("rollhub/sweb.eval.x86_64.tabulate_1776_")
+        assert "diff" not in task.problem_statement and task.fail_to_pass[0] in task.problem_statement
