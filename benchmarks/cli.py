@@ -17,6 +17,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     # name: ("module:function", one-line description)
     "alfworld": ("rollhub.envs.alfworld.bench:run", "ALFWorld real engine: cold/cached reset, step latency, worker memory per env, 64 concurrent envs"),
     "envs": ("rollhub.benchmarks.env_throughput:run", "reset latency, steps/s, memory per env for every registered env; Sokoban rooms/s"),
+    "async-agentic": ("rollhub.benchmarks.async_agentic:run", "SIMULATED agentic RL: lockstep vs env-level async vs async training vs redundancy"),
     "fit-latency": ("rollhub.benchmarks.fit_latency_model:run", "fit the SIMULATED latency-model engine to the real HFEngine and validate it"),
     "sandbox": ("rollhub.benchmarks.sandbox_bench:run", "Docker sandbox start/exec latency, throughput at 1/8/32/64 concurrent, idle memory, leaks"),
     "swe": ("rollhub.envs.swe.benchmark:run", "SWE-v0 reset/tool/eval latencies; gold and empty patches graded by us and by the official swebench harness"),

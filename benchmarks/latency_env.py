@@ -88,6 +88,8 @@ class LatencyEnv(Env):
         self._seed: int | None = None
         self._turn = 0
         self.latencies_s: list[float] = []  # what this env actually slept, for reports
+        self.started_at: float | None = None  # loop time of reset / of the final step, for reports
+        self.finished_at: float | None = None
 
     def _anchor(self) -> tuple[Any, int]:
         return (self._seed, self._turn)
@@ -100,6 +102,7 @@ class LatencyEnv(Env):
 
     async def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
         self._seed, self._turn = seed, 0
+        self.started_at, self.finished_at = asyncio.get_running_loop().time(), None
         self._task_rng = np.random.default_rng(seed)
         await self._sleep(self.reset_latency)
         obs: Observation = [
@@ -112,6 +115,8 @@ class LatencyEnv(Env):
         await self._sleep(self.step_latency)
         self._turn += 1
         done = self._turn >= self.max_steps
+        if done:
+            self.finished_at = asyncio.get_running_loop().time()
         success = bool(done and self._task_rng.random() < self.success_prob)
         obs: Observation = [{"role": "user", "content": f"Turn {self._turn} of {self.max_steps}."}]
         info = {"anchor": self._anchor(), "success": success, "action_valid": True, "format_ok": True}

@@ -23,7 +23,10 @@ def print_table(title: str, rows: list[dict[str, Any]], columns: list[str] | Non
 
     if not rows:
         return
-    columns = columns or list(rows[0])
+    if columns is None:
+        columns = []
+        for row in rows:
+            columns += [key for key in row if key not in columns]
     table = Table(title=title)
     for column in columns:
         table.add_column(column, justify="right")

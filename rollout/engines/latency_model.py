@@ -32,9 +32,11 @@ version that generated it.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import itertools
 import json
 import math
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -117,12 +119,18 @@ class _Request:
     finish_reason: Literal["stop", "length"]
     version: int
     future: asyncio.Future
-    done_tokens: float = 0.0
+    done_tokens: float = 0.0  # set when the request leaves the replica
     started_at: float = 0.0
+    offset: float = 0.0  # replica progress when the request joined the decode batch
 
 
 class _Replica:
-    """One simulated server: a FIFO queue feeding a processor-shared decode batch."""
+    """One simulated server: a FIFO queue feeding a processor-shared decode batch.
+
+    Every running request advances by the same number of tokens per unit time, so the
+    replica keeps one cumulative `progress` counter; a request that joined at progress p0
+    has produced `progress - p0` tokens and finishes at progress p0 + target. A heap of
+    those finish points makes every event O(log n) however many requests run."""
 
     def __init__(self, index: int, params: LatencyParams, time_scale: float):
         self.index = index
@@ -131,6 +139,9 @@ class _Replica:
         self.running: dict[str, _Request] = {}
         self.waiting: dict[str, _Request] = {}
         self.prefilling = 0
+        self.progress = 0.0
+        self._finish_heap: list[tuple[float, int, str]] = []
+        self._sequence = itertools.count()
         self._iteration_s = params.iteration_s(1) * time_scale
         self._last_update = 0.0
         self._timer: asyncio.TimerHandle | None = None
@@ -138,6 +149,7 @@ class _Replica:
         self._prefill_free_at = 0.0
         self.busy_s = 0.0  # simulated seconds with at least one running request
         self.tokens_generated = 0.0
+        self.sim_cpu_s = 0.0  # real CPU this simulation spent (so benchmarks can subtract it)
 
     @property
     def load(self) -> int:
@@ -173,37 +185,56 @@ class _Replica:
         return t + decode_s
 
     def _advance(self, now: float) -> None:
-        elapsed = self._decode_time(self._last_update, now) if self._stalls else now - self._last_update
-        self._stalls = [s for s in self._stalls if s[1] > now]
+        if self._stalls:
+            elapsed = self._decode_time(self._last_update, now)
+            self._stalls = [s for s in self._stalls if s[1] > now]
+        else:
+            elapsed = now - self._last_update
         if self.running and elapsed > 0:
             tokens = elapsed / self._iteration_s
-            for request in self.running.values():
-                request.done_tokens += tokens
+            self.progress += tokens
             self.busy_s += elapsed / self.time_scale
             self.tokens_generated += tokens * len(self.running)
         self._last_update = now
 
+    def _next_finish(self) -> float | None:
+        """Progress at which the next running request finishes (drops stale heap entries)."""
+        heap = self._finish_heap
+        while heap and heap[0][2] not in self.running:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
     def settle(self) -> None:
         """Bring progress up to now, finish what is done, admit waiters, re-arm the timer."""
+        cpu = time.process_time()
+        try:
+            self._settle()
+        finally:
+            self.sim_cpu_s += time.process_time() - cpu
+
+    def _settle(self) -> None:
         loop = asyncio.get_running_loop()
         now = loop.time()
         self._advance(now)
-        for request in [r for r in self.running.values() if r.done_tokens >= r.target_tokens - 1e-6]:
-            del self.running[request.request_id]
+        while (finish := self._next_finish()) is not None and finish <= self.progress + 1e-6:
+            _, _, rid = heapq.heappop(self._finish_heap)
+            request = self.running.pop(rid)
             request.done_tokens = request.target_tokens
             if not request.future.done():
                 request.future.set_result(request.finish_reason)
         while self.waiting and len(self.running) < self.params.max_batch:
             rid, request = next(iter(self.waiting.items()))
             del self.waiting[rid]
+            request.offset = self.progress
             self.running[rid] = request
+            heapq.heappush(self._finish_heap, (self.progress + request.target_tokens, next(self._sequence), rid))
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self.running:
+        finish = self._next_finish()
+        if finish is not None:
             self._iteration_s = self.params.iteration_s(len(self.running)) * self.time_scale
-            left = min(r.target_tokens - r.done_tokens for r in self.running.values())
-            self._timer = loop.call_at(self._when(now, max(left, 0.0) * self._iteration_s), self.settle)
+            self._timer = loop.call_at(self._when(now, max(finish - self.progress, 0.0) * self._iteration_s), self.settle)
 
     def add(self, request: _Request) -> None:
         self.waiting[request.request_id] = request
@@ -212,7 +243,11 @@ class _Replica:
     def remove(self, request_id: str) -> _Request | None:
         """Take a request out (abort); its progress is brought up to date first."""
         self.settle()
-        request = self.running.pop(request_id, None) or self.waiting.pop(request_id, None)
+        request = self.running.pop(request_id, None)
+        if request is not None:
+            request.done_tokens = min(request.target_tokens, self.progress - request.offset)
+        else:
+            request = self.waiting.pop(request_id, None)
         if request is not None:
             self.settle()
         return request
@@ -260,6 +295,12 @@ class LatencyModelEngine(InferenceEngine):
         self._running_gate.set()
         self._prefill_tasks: dict[str, asyncio.Future] = {}
         self._closed = False
+        self._fake_cpu_s = 0.0
+
+    @property
+    def sim_cpu_s(self) -> float:
+        """Real CPU spent simulating (timing model and fake tokens), not serving requests."""
+        return self._fake_cpu_s + sum(r.sim_cpu_s for r in self._replicas)
 
     # -- the InferenceEngine contract ---------------------------------------------------
     async def generate(
@@ -319,7 +360,9 @@ class LatencyModelEngine(InferenceEngine):
         produced = int(math.floor(request.done_tokens + 1e-9)) if aborted else request.target_tokens
         self.stats.tokens += produced
         self.stats.aborted += int(aborted)
+        cpu = time.process_time()
         token_ids, logprobs = self._fake_tokens(rng, produced, sampling, stop=(not aborted and finish == "stop"))
+        self._fake_cpu_s += time.process_time() - cpu
         return Generation(
             token_ids=token_ids,
             logprobs=logprobs,

@@ -1,0 +1,219 @@
+"""`rollhub bench async-agentic`: what env-level asynchrony, async training and redundancy
+buy on agentic workloads, against the ROLL Flash bound (arXiv 2510.11345, Prop. 2).
+
+Configurations (batch = G groups x N trajectories; ROLL Flash uses 32 x 8 = 256):
+  (a) lockstep      sync training; every env of the batch steps together (verl-agent style)
+  (b) env-async     sync training; each trajectory runs on its own coroutine
+  (c) async α       + async training, α in {1, 2, 4}; GPUs split between training and
+                    generation at equal budget (the best share of a small sweep)
+  (d) redundancy    + G'xN' started per batch of G x N (36x9, 36x12 for 32x8)
+Workloads: `bench/LatencySokoban-v0` (short episodes, step N(10 s, σ)) swept over σ and
+over the simulated GPU count, and `bench/LatencySWE-v0` (long episodes, container start).
+
+Everything runs through the real EnvManager / GroupBuffer on a virtual clock (see
+sim_training.py); times are simulated seconds. Options: `--set key=value` on
+`AgenticBenchConfig`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from rollhub.benchmarks import theory
+from rollhub.benchmarks.report import print_table, save_json, save_plot
+from rollhub.benchmarks.sim_training import SimResult, SimRun, make_tokenizer, simulate_virtual
+from rollhub.config import load_config
+
+logger = logging.getLogger(__name__)
+
+ROLL_FLASH_AGENTIC = 2.72  # full async + redundancy over sync on ALFWorld (paper headline)
+
+
+@dataclass
+class AgenticBenchConfig:
+    groups: int = 32
+    group_size: int = 8
+    sigmas: list[float] = field(default_factory=lambda: [1.0, 5.0, 10.0])
+    step_mean_s: float = 10.0
+    turns: int = 10
+    alphas: list[float] = field(default_factory=lambda: [1.0, 2.0, 4.0])
+    redundancy: list[list[int]] = field(default_factory=lambda: [[36, 9], [36, 12]])  # started G' x N'
+    redundancy_alpha: float = 2.0
+    train_shares: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75])
+    gpus: int = 16
+    gpu_sweep: list[int] = field(default_factory=lambda: [8, 16, 32, 64])
+    # 2048 GPU-s = 128 s on 16 GPUs: training is ~23% of the lockstep step at σ = 10, the
+    # share RollArt measured on SWE (reference/async_system.md §6)
+    train_gpu_s: float = 2048.0
+    steps: int = 5
+    warmup_steps: int = 1
+    swe: bool = True
+    tokenizer: str = "sim"
+    seed: int = 0
+
+    def validate(self) -> None:
+        if not self.sigmas or not self.alphas:
+            raise ValueError("sigmas and alphas must not be empty")
+        for started_groups, started_size in self.redundancy:
+            if started_groups < self.groups or started_size < self.group_size:
+                raise ValueError(f"redundancy {started_groups}x{started_size} must start at least {self.groups}x{self.group_size}")
+
+
+QUICK = ["groups=4", "group_size=4", "sigmas=[10.0]", "alphas=[2.0]", "redundancy=[[5,5]]", "train_shares=[0.5]", "gpu_sweep=[]", "steps=3", "turns=4", "swe=false", "train_gpu_s=160.0"]
+
+
+def _bound(sync_env_async: SimResult, alpha: float) -> float:
+    """Prop. 2 S(α) for the measured workload: every trajectory has its own env slot (K = N),
+    so a = mean trajectory time + training time and L_gen = the batch's longest trajectory."""
+    a = sync_env_async.mean_trajectory_s + sync_env_async.train_step_s
+    rho = sync_env_async.mean_longest_trajectory_s / a
+    return theory.speedup_bound_from_ratio(rho, alpha)
+
+
+def _row(label: str, result: SimResult, baseline: SimResult, env_async: SimResult, alpha: float | None) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "config": label,
+        "step_s": result.step_s,
+        "speedup_vs_lockstep": baseline.step_s / result.step_s,
+        "speedup_vs_env_async": env_async.step_s / result.step_s,
+        "idle_frac": result.trainer_idle_fraction,
+        "train_step_s": result.train_step_s,
+        "gen_gpus": result.replicas,
+        "peak_in_flight": result.peak_trajectories_in_flight,
+        "stale_drops": result.dropped_stale,
+        "cancelled": result.redundant_cancelled,
+    }
+    if alpha is not None and alpha > 0:
+        bound = _bound(env_async, alpha)
+        row["bound_S"] = bound
+        row["bound_vs_lockstep"] = bound * baseline.step_s / env_async.step_s
+        row["of_bound"] = row["speedup_vs_lockstep"] / row["bound_vs_lockstep"]
+    return row
+
+
+def _best_share(base: SimRun, shares: list[float], tokenizer: Any) -> tuple[SimResult, float]:
+    best: tuple[SimResult, float] | None = None
+    for share in shares:
+        result = simulate_virtual(replace(base, train_share=share), tokenizer)
+        if best is None or result.step_s < best[0].step_s:
+            best = (result, share)
+    assert best is not None
+    return best
+
+
+def sweep_workload(cfg: AgenticBenchConfig, env_id: str, env_kwargs: dict[str, Any], gpus: int, tokenizer: Any, *, full: bool) -> dict[str, Any]:
+    """Run (a)-(d) for one workload; `full=False` runs only (a), (b) and the headline (d)."""
+    base = SimRun(
+        env_id=env_id,
+        env_kwargs=env_kwargs,
+        groups=cfg.groups,
+        group_size=cfg.group_size,
+        gpus=gpus,
+        train_gpu_s=cfg.train_gpu_s,
+        steps=cfg.steps,
+        warmup_steps=cfg.warmup_steps,
+        seed=cfg.seed,
+    )
+    lockstep = simulate_virtual(replace(base, name="lockstep", mode="lockstep"), tokenizer)
+    env_async = simulate_virtual(replace(base, name="env-async"), tokenizer)
+    rows = [_row("(a) lockstep", lockstep, lockstep, env_async, None), _row("(b) env-async", env_async, lockstep, env_async, None)]
+    results = {"lockstep": lockstep.as_dict(), "env_async": env_async.as_dict()}
+    if full:
+        for alpha in cfg.alphas:
+            result, share = _best_share(replace(base, name=f"async-a{alpha:g}", alpha=alpha), cfg.train_shares, tokenizer)
+            rows.append(_row(f"(c) async α={alpha:g} β={share:g}", result, lockstep, env_async, alpha))
+            results[f"async_a{alpha:g}"] = result.as_dict()
+    redundancy = cfg.redundancy if full else cfg.redundancy[-1:]
+    for started_groups, started_size in redundancy:
+        run = replace(
+            base,
+            name=f"redundant-{started_groups}x{started_size}",
+            alpha=cfg.redundancy_alpha,
+            extra_groups=started_groups - cfg.groups,
+            extra_per_group=started_size - cfg.group_size,
+        )
+        result, share = _best_share(run, cfg.train_shares, tokenizer)
+        rows.append(_row(f"(d) α={cfg.redundancy_alpha:g} + {started_groups}x{started_size} β={share:g}", result, lockstep, env_async, cfg.redundancy_alpha))
+        results[f"redundant_{started_groups}x{started_size}"] = result.as_dict()
+    return {"rows": rows, "runs": results}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    overrides = [*QUICK, *args.overrides] if args.quick else list(args.overrides)
+    cfg = load_config(AgenticBenchConfig, None, overrides)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = make_tokenizer(cfg.tokenizer)
+    started = time.perf_counter()
+    report: dict[str, Any] = {"benchmark": "async-agentic", "config": asdict(cfg), "simulation": True, "sokoban_by_sigma": {}, "by_gpus": {}, "swe": None}
+    headline = None
+    for sigma in cfg.sigmas:
+        kwargs = {"turns": cfg.turns, "step_mean_s": cfg.step_mean_s, "step_std_s": sigma}
+        section = sweep_workload(cfg, "bench/LatencySokoban-v0", kwargs, cfg.gpus, tokenizer, full=True)
+        report["sokoban_by_sigma"][str(sigma)] = section
+        print_table(f"async-agentic, Sokoban-like, step latency N({cfg.step_mean_s:g} s, {sigma:g} s), {cfg.gpus} simulated GPUs, batch {cfg.groups}x{cfg.group_size}", section["rows"])
+        headline = section
+    for gpus in cfg.gpu_sweep:
+        kwargs = {"turns": cfg.turns, "step_mean_s": cfg.step_mean_s, "step_std_s": max(cfg.sigmas)}
+        section = sweep_workload(cfg, "bench/LatencySokoban-v0", kwargs, gpus, tokenizer, full=False)
+        report["by_gpus"][str(gpus)] = section
+        print_table(f"async-agentic, Sokoban-like σ={max(cfg.sigmas):g}, {gpus} simulated GPUs", section["rows"])
+    if cfg.swe:
+        kwargs = {"step_mean_s": cfg.step_mean_s, "step_std_s": max(cfg.sigmas)}
+        section = sweep_workload(cfg, "bench/LatencySWE-v0", kwargs, cfg.gpus, tokenizer, full=False)
+        report["swe"] = section
+        print_table(f"async-agentic, SWE-like (20 turns, container start N(30 s, 10 s)), σ={max(cfg.sigmas):g}", section["rows"])
+    assert headline is not None
+    best = max((r for r in headline["rows"] if r["config"].startswith("(d)")), key=lambda r: r["speedup_vs_lockstep"])
+    report["headline"] = {
+        "sigma": max(cfg.sigmas),
+        "config": best["config"],
+        "speedup_vs_lockstep": best["speedup_vs_lockstep"],
+        "bound_vs_lockstep": best.get("bound_vs_lockstep"),
+        "of_bound": best.get("of_bound"),
+        "roll_flash_agentic": ROLL_FLASH_AGENTIC,
+        "meets_2_72x": best["speedup_vs_lockstep"] >= ROLL_FLASH_AGENTIC,
+    }
+    overhead = [r["scheduler_cpu_s_per_step"] / r["step_s"] for r in headline["runs"].values()]
+    report["scheduler_cpu_fraction_max"] = max(overhead)
+    report["wall_s"] = time.perf_counter() - started
+    save_json(out / "result.json", report)
+    save_plot(out / "speedup.png", _plot, cfg, report, panels=2)
+    print(f"headline (σ={max(cfg.sigmas):g}): {best['config']} {best['speedup_vs_lockstep']:.2f}x over lockstep (ROLL Flash: {ROLL_FLASH_AGENTIC}x)")
+    return report
+
+
+def _series(sections: dict[str, Any], prefix: str) -> tuple[list[float], list[float]]:
+    xs, ys = [], []
+    for key, section in sections.items():
+        rows = [r for r in section["rows"] if r["config"].startswith(prefix)]
+        if rows:
+            xs.append(float(key))
+            ys.append(max(r["speedup_vs_lockstep"] for r in rows))
+    return xs, ys
+
+
+def _plot(axes: Any, cfg: AgenticBenchConfig, report: dict[str, Any]) -> None:
+    by_sigma, by_gpus = report["sokoban_by_sigma"], report["by_gpus"]
+    for prefix, label in (("(b)", "env-level async"), ("(c)", "+ async training (best α)"), ("(d)", "+ redundancy")):
+        xs, ys = _series(by_sigma, prefix)
+        axes[0].plot(xs, ys, "o-", label=label)
+        xs, ys = _series(by_gpus, prefix)
+        if xs:
+            axes[1].plot(xs, ys, "o-", label=label)
+    axes[0].axhline(ROLL_FLASH_AGENTIC, ls="--", c="gray", label="ROLL Flash agentic 2.72x")
+    axes[0].set_xlabel("env step latency σ (s), mean 10 s")
+    axes[0].set_ylabel("speedup over lockstep (time per step)")
+    axes[0].set_title(f"Sokoban-like, batch {cfg.groups}x{cfg.group_size}, {cfg.gpus} GPUs (simulated)")
+    axes[1].set_xlabel("simulated GPUs")
+    axes[1].set_xscale("log", base=2)
+    axes[1].set_title(f"σ = {max(cfg.sigmas):g} s")
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
+        ax.grid(alpha=0.3)

@@ -1,0 +1,243 @@
+"""A thin training driver for scheduling benchmarks: the real rollout stack, simulated costs.
+
+What runs for real: `EnvManager` (lockstep, env-level async, redundancy, weight updates),
+`GroupBuffer` (α admission and staleness drops), the agent layer with the real tokenizer.
+What is simulated: the engine (`LatencyModelEngine`), the envs (`bench/Latency*-v0`) and
+the trainer, whose step is a sleep of `train_step_s`. Everything runs on the virtual-clock
+loop, so a 900 s simulated step costs only the CPU the scheduling itself needs; that CPU
+time is reported as the scheduler overhead.
+
+The driver is the same loop `trainer/loop.py` runs, with the model work replaced by sleeps:
+sync (α = 0): collect a batch (lockstep or env-async, with batch redundancy) -> train ->
+push weights; async (α > 0): the manager fills the buffer in the background while the
+trainer takes batches, trains, and pushes weights (pause -> abort -> update -> resume).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from rollhub.rollout.engines.latency_model import LatencyParams, OutputLengths
+
+logger = logging.getLogger(__name__)
+
+# A GPU-class replica (simulated): ~30 ms/token alone, batch slowdown, fast prefill. Scale
+# is what matters: generation takes seconds per turn while env steps take ~10 s, as in the
+# ROLL Flash synthetic-latency experiment.
+GPU_REPLICA = LatencyParams(
+    prefill_base_s=0.02,
+    prefill_per_token_s=0.00002,
+    decode_base_s=0.03,
+    decode_per_request_s=0.0003,
+    max_batch=128,
+    weight_update_s=2.0,
+    prefill_blocks_decode=False,
+    source="hand-set GPU-class replica (simulation)",
+)
+
+
+@dataclass
+class SimRun:
+    """One simulated training run (see module docstring)."""
+
+    name: str = "run"
+    env_id: str = "bench/LatencySokoban-v0"
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    mode: Literal["lockstep", "env_async"] = "env_async"
+    groups: int = 32  # G: groups per training batch
+    group_size: int = 8  # N
+    extra_groups: int = 0  # g: redundant groups started per batch
+    extra_per_group: int = 0  # r: redundant trajectories per group
+    alpha: float = 0.0  # async ratio; 0 = sync training
+    # Equal GPU budget, as in ROLL Flash: sync runs colocated (all `gpus` generate, then all
+    # train); async splits them, `train_share` of the GPUs train while the rest generate.
+    gpus: int = 16
+    train_gpu_s: float = 640.0  # GPU-seconds of training per step (40 s on 16 GPUs)
+    train_share: float = 0.5  # beta, async only
+    steps: int = 4
+    warmup_steps: int = 1
+    latency: LatencyParams = GPU_REPLICA
+    output_lengths: OutputLengths = OutputLengths(kind="lognormal", mean_tokens=100, sigma=0.6)
+    max_new_tokens: int = 1024
+    resume_mode: str = "partial"
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.mode == "lockstep" and (self.alpha or self.extra_groups or self.extra_per_group):
+            raise ValueError("lockstep is the sync baseline: alpha and redundancy must be 0")
+        if self.steps <= self.warmup_steps:
+            raise ValueError("steps must exceed warmup_steps")
+        if self.alpha > 0 and self.gpus < 2:
+            raise ValueError("async training needs >= 2 GPUs (one trains, one generates)")
+        if not 0 < self.train_share < 1:
+            raise ValueError("train_share must be in (0, 1)")
+
+    @property
+    def train_gpus(self) -> int:
+        if self.alpha == 0:
+            return self.gpus
+        return min(self.gpus - 1, max(1, round(self.train_share * self.gpus)))
+
+    @property
+    def replicas(self) -> int:
+        """Simulated inference GPUs (one engine replica each)."""
+        return self.gpus if self.alpha == 0 else self.gpus - self.train_gpus
+
+    @property
+    def train_step_s(self) -> float:
+        return self.train_gpu_s / self.train_gpus
+
+
+@dataclass
+class SimResult:
+    name: str
+    step_s: float  # mean simulated time per training step after warm-up
+    step_times_s: list[float]
+    trainer_idle_fraction: float
+    mean_trajectory_s: float  # of trajectories that finished, after warm-up
+    mean_longest_trajectory_s: float  # per step, sync runs only (0 otherwise)
+    cpu_s_per_step: float  # real CPU the whole process used per step (simulators included)
+    scheduler_cpu_s_per_step: float  # the same minus the simulators (engine model, sim tokenizer)
+    peak_trajectories_in_flight: int
+    train_step_s: float
+    replicas: int
+    redundant_cancelled: int
+    dropped_stale: int
+    mean_staleness: float
+    engine_utilisation: float
+    summary: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def make_tokenizer(kind: str = "sim") -> Any:
+    """"sim": the cheap SimTokenizer; "real": the committed BPE tokenizer of the tiny model."""
+    if kind == "real":
+        from rollhub.rollout.models import build_tokenizer
+
+        return build_tokenizer()
+    if kind != "sim":
+        raise ValueError(f"tokenizer must be 'sim' or 'real', got {kind!r}")
+    from rollhub.benchmarks.sim_tokenizer import SimTokenizer
+
+    return SimTokenizer()
+
+
+async def simulate(run: SimRun, tokenizer: Any | None = None) -> SimResult:
+    """Run `run` on the current (virtual-clock) loop."""
+    from rollhub.envs.registry import make
+    from rollhub.rollout.agent import AgentConfig
+    from rollhub.rollout.buffer import GroupBuffer
+    from rollhub.rollout.engines.latency_model import LatencyModelEngine
+    from rollhub.rollout.manager import EnvManager, EnvManagerConfig
+
+    run.validate()
+    tokenizer = tokenizer or make_tokenizer()
+    if hasattr(tokenizer, "cpu_s"):
+        tokenizer.cpu_s = 0.0
+    loop = asyncio.get_running_loop()
+    engine = LatencyModelEngine(run.latency, output_lengths=run.output_lengths, replicas=run.replicas, vocab_size=len(tokenizer), seed=run.seed)
+    envs: list[Any] = []
+
+    def env_factory(env_id: str, **kwargs: Any) -> Any:
+        env = make(env_id, **{**kwargs, "latency_seed": run.seed * 1_000_003 + len(envs)})
+        envs.append(env)
+        return env
+
+    sync = run.alpha == 0
+    concurrency = (run.groups + run.extra_groups) * (run.group_size + run.extra_per_group) * (1 if sync else int(run.alpha + 2))
+    config = EnvManagerConfig(
+        env_id=run.env_id,
+        env_kwargs={**run.env_kwargs, "time_scale": 1.0},
+        group_size=run.group_size,
+        group_redundancy=run.extra_per_group,
+        batch_redundancy=run.extra_groups if sync else 0,
+        max_concurrent_trajectories=max(1, concurrency),
+        lockstep=run.mode == "lockstep",
+        seed_start=run.seed * 100_000,
+        agent=AgentConfig(max_new_tokens=run.max_new_tokens, min_new_tokens=1, max_context_tokens=1 << 20, resume_mode=run.resume_mode),
+    )
+    buffer = None
+    if not sync:
+        buffer = GroupBuffer(run.groups, run.alpha)
+        buffer.capacity += run.extra_groups  # redundant groups get admission slots of their own
+    manager = EnvManager(engine, tokenizer, config, buffer=buffer, env_factory=env_factory)
+
+    step_ends: list[float] = []
+    waits: list[float] = []
+    longest: list[float] = []
+    env_marks: list[int] = []
+    peak = 0
+
+    async def sample_in_flight() -> None:
+        nonlocal peak
+        while True:
+            peak = max(peak, manager.open_envs)
+            await asyncio.sleep(1.0)
+
+    sampler = asyncio.ensure_future(sample_in_flight())
+    start = loop.time()
+    cpu_start = time.process_time()
+    producer = None
+    stop = asyncio.Event()
+    if not sync:
+        producer = asyncio.ensure_future(manager.run(stop))
+    try:
+        for step in range(run.steps):
+            waited_from = loop.time()
+            env_marks.append(len(envs))
+            if sync:
+                await manager.collect_batch(run.groups)
+                longest.append(loop.time() - waited_from)
+            else:
+                await buffer.get_batch(step)
+            waits.append(loop.time() - waited_from)
+            await asyncio.sleep(run.train_step_s)  # the trainer's step (simulated)
+            await manager.update_weights(None, step + 1)
+            if buffer is not None:
+                buffer.set_trainer_version(step + 1)
+            step_ends.append(loop.time())
+        cpu = time.process_time() - cpu_start
+        simulator_cpu = engine.sim_cpu_s + float(getattr(tokenizer, "cpu_s", 0.0))
+        summary = manager.summary()  # before shutdown cancels what is still running
+    finally:
+        sampler.cancel()
+        stop.set()
+        if producer is not None:
+            await producer
+        await manager.close()
+    w = run.warmup_steps
+    span = step_ends[-1] - step_ends[w - 1] if w else step_ends[-1] - start
+    measured_steps = run.steps - w
+    durations = [e.finished_at - e.started_at for e in envs[env_marks[w] :] if e.finished_at is not None]
+    return SimResult(
+        name=run.name,
+        step_s=span / measured_steps,
+        step_times_s=[b - a for a, b in zip([start, *step_ends[:-1]], step_ends)],
+        trainer_idle_fraction=sum(waits[w:]) / span if span > 0 else 0.0,
+        mean_trajectory_s=statistics.fmean(durations) if durations else 0.0,
+        mean_longest_trajectory_s=statistics.fmean(longest[w:]) if longest[w:] else 0.0,
+        cpu_s_per_step=cpu / run.steps,
+        scheduler_cpu_s_per_step=(cpu - simulator_cpu) / run.steps,
+        peak_trajectories_in_flight=peak,
+        train_step_s=run.train_step_s,
+        replicas=run.replicas,
+        redundant_cancelled=int(summary.get("redundant_cancelled", 0)),
+        dropped_stale=int(summary.get("buffer/dropped_stale", 0)),
+        mean_staleness=float(summary.get("staleness/mean", 0.0)),
+        engine_utilisation=engine.utilisation(loop.time() - start),
+        summary={k: v for k, v in summary.items() if not isinstance(v, (dict, list))},
+    )
+
+
+def simulate_virtual(run: SimRun, tokenizer: Any | None = None) -> SimResult:
+    """`simulate` on a fresh virtual-clock loop."""
+    from rollhub.benchmarks.virtual_clock import run_virtual
+
+    return run_virtual(simulate(run, tokenizer))
