@@ -459,7 +459,11 @@ class DockerBackend(SandboxBackend):
         self._closed = True
         if not self._live and not self._starts_in_flight:
             return  # nothing of ours can exist: do not even touch the engine
-        client = connect(self.base_url, api_timeout_s=30.0, max_connections=16)
+        try:
+            client = connect(self.base_url, api_timeout_s=30.0, max_connections=16)
+        except SandboxError as exc:
+            logger.warning("%r: cannot reach the engine to remove %d sandbox(es): %s; run `rollhub sandbox gc` later", self, len(self._live), exc)
+            return
         try:
             self._remove_everything(client.api)
         finally:

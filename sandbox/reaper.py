@@ -63,6 +63,9 @@ def remove_containers(api: Any, container_ids: list[str], parallelism: int = 8) 
                 return True
             logger.warning("could not remove container %s: %s", container_id[:12], exc)
             return False
+        except Exception as exc:  # engine unreachable: gc removes it once the engine is back
+            logger.warning("could not remove container %s (%s: %s); run `rollhub sandbox gc` later", container_id[:12], exc.__class__.__name__, exc)
+            return False
 
     if not container_ids:
         return 0
@@ -76,8 +79,14 @@ def remove_containers(api: Any, container_ids: list[str], parallelism: int = 8) 
 
 
 def remove_run(api: Any, run_id: str) -> int:
-    """Remove every container of one run (the run's exit cleanup)."""
-    return remove_containers(api, [record.id for record in list_rollhub_containers(api, run_id)])
+    """Remove every container of one run (the run's exit cleanup). Logs, and returns 0,
+    when the engine cannot be reached."""
+    try:
+        records = list_rollhub_containers(api, run_id)
+    except Exception as exc:
+        logger.warning("could not list the containers of run %s (%s: %s); run `rollhub sandbox gc` later", run_id, exc.__class__.__name__, exc)
+        return 0
+    return remove_containers(api, [record.id for record in records])
 
 
 def collect_garbage(api: Any, remove_all: bool = False) -> list[ContainerRecord]:

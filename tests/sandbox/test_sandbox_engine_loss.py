@@ -1,0 +1,100 @@
+"""An engine that goes away mid-run: every call raises SandboxError, closing never raises.
+
+The backend reaches the real engine through DOCKER_HOST pointing at a socket relay that the
+test owns; shutting the relay down is exactly what a dead or unreachable engine looks like
+from the client (connection refused / reset)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import pytest
+
+from rollhub.sandbox.base import SandboxError
+from rollhub.sandbox.reaper import list_rollhub_containers, remove_run
+
+from conftest import new_test_run_id
+
+pytestmark = pytest.mark.docker
+IMAGE = "rollhub/base:bookworm"
+ENGINE_SOCKET = "/var/run/docker.sock"
+
+
+class SocketRelay:
+    """Relays a unix socket to the engine's socket, byte for byte, until `stop()`."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        self.listener.listen(64)
+        self.connections: list[socket.socket] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            engine = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            engine.connect(ENGINE_SOCKET)
+            with self.lock:
+                self.connections += [client, engine]
+            threading.Thread(target=self._pipe, args=(client, engine), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(engine, client), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, dest: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                dest.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, dest):
+                try:
+                    end.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def stop(self) -> None:
+        self.listener.close()
+        os.unlink(self.path)
+        with self.lock:
+            for connection in self.connections:
+                try:
+                    connection.shutdown(socket.SHUT_RDWR)
+                    connection.close()
+                except OSError:
+                    pass
+
+
+async def test_engine_loss_raises_sandbox_errors_and_close_stays_quiet(docker_client, tmp_path, monkeypatch):
+    if not os.path.exists(ENGINE_SOCKET):
+        pytest.skip(f"the engine is not on {ENGINE_SOCKET}")
+    from rollhub.sandbox.docker_backend import DockerBackend
+
+    relay = SocketRelay(str(tmp_path / "engine.sock"))
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{relay.path}")
+    backend = DockerBackend(run_id=new_test_run_id(), max_threads=8)
+    try:
+        box = await backend.start(IMAGE)
+        assert (await box.exec("echo through-the-relay", timeout_s=10)).output == "through-the-relay\n"
+        assert len(list_rollhub_containers(docker_client.api, backend.run_id)) == 1  # on the real engine
+        relay.stop()
+        with pytest.raises(SandboxError):
+            await box.exec("echo lost", timeout_s=10)
+        with pytest.raises(SandboxError):
+            await box.write_file("/tmp/x", "y")
+        with pytest.raises(SandboxError):
+            await backend.start(IMAGE)
+        await box.close()  # must not raise
+        await backend.close()  # must not raise either; the container is left for gc
+        assert len(list_rollhub_containers(docker_client.api, backend.run_id)) == 1
+    finally:
+        remove_run(docker_client.api, backend.run_id)
+    assert list_rollhub_containers(docker_client.api, backend.run_id) == []
