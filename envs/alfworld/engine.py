@@ -22,37 +22,65 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-_TRANSLATION_CACHE_SIZE = 256
+_CACHE_SIZE = 256
 
 
-def install_translation_cache(max_entries: int = _TRANSLATION_CACHE_SIZE) -> dict[str, int]:
-    """Wrap `fast_downward.pddl2sas` with an LRU keyed by (domain, problem, optimize).
-
-    Returns the live hit/miss counters. The translated task object is only read by
-    TextWorld (actions, types, objects, initial facts), so sharing it between sessions is safe;
-    the tests replay every walkthrough through the cache to keep that true.
-    """
-    import fast_downward
-
-    original = getattr(fast_downward.pddl2sas, "__wrapped__", fast_downward.pddl2sas)
-    cache: OrderedDict[tuple[str, str, bool], Any] = OrderedDict()
+def _memoised(function: Any, max_entries: int) -> tuple[Any, dict[str, int]]:
+    """`function` behind an LRU keyed by its arguments; returns (wrapper, live hit/miss counters)."""
+    cache: OrderedDict[tuple, Any] = OrderedDict()
     stats = {"hits": 0, "misses": 0}
 
-    @functools.wraps(original)
-    def cached_pddl2sas(domain: str, problem: str, verbose: bool = False, optimize: bool = False) -> Any:
-        key = (domain, problem, bool(optimize))
+    def lookup(key: tuple, compute: Any) -> Any:
         if key in cache:
             cache.move_to_end(key)
             stats["hits"] += 1
             return cache[key]
         stats["misses"] += 1
-        result = original(domain, problem, verbose=verbose, optimize=optimize)
-        cache[key] = result
+        cache[key] = value = compute()
         if len(cache) > max_entries:
             cache.popitem(last=False)
-        return result
+        return value
+
+    return lookup, stats
+
+
+def install_translation_cache(max_entries: int = _CACHE_SIZE) -> dict[str, int]:
+    """Wrap `fast_downward.pddl2sas` with an LRU keyed by (domain, problem, optimize).
+
+    Returns the live hit/miss counters. The translated task object is only read by
+    TextWorld (actions, types, objects, initial facts), so sharing it between sessions is safe;
+    the tests replay walkthroughs through the cache to keep that true.
+    """
+    import fast_downward
+
+    original = getattr(fast_downward.pddl2sas, "__wrapped__", fast_downward.pddl2sas)
+    lookup, stats = _memoised(original, max_entries)
+
+    @functools.wraps(original)
+    def cached_pddl2sas(domain: str, problem: str, verbose: bool = False, optimize: bool = False) -> Any:
+        return lookup((domain, problem, bool(optimize)), lambda: original(domain, problem, verbose=verbose, optimize=optimize))
 
     fast_downward.pddl2sas = cached_pddl2sas
+    return stats
+
+
+def install_logic_cache(max_entries: int = _CACHE_SIZE) -> dict[str, int]:
+    """Memoise TextWorld's `GameLogic` (the TatSu parse of a game's grammar, ~0.5 s) by text.
+
+    Every member of a group loads the same game into its own engine object; with this they
+    share one parsed logic. Sharing is safe: after parsing, TextWorld only reads the logic
+    (`derive` deep-copies the rules it expands) and re-adds the domain's types idempotently.
+    """
+    from textworld.envs.pddl import logic as pddl_logic
+
+    original = getattr(pddl_logic.GameLogic, "__wrapped__", pddl_logic.GameLogic)
+    lookup, stats = _memoised(original, max_entries)
+
+    def cached_game_logic(domain: str, grammar: str) -> Any:
+        return lookup((domain, grammar), lambda: original(domain=domain, grammar=grammar))
+
+    cached_game_logic.__wrapped__ = original  # type: ignore[attr-defined]
+    pddl_logic.GameLogic = cached_game_logic
     return stats
 
 

@@ -27,9 +27,10 @@ class WorkerState:
     """Sessions by client slot id, plus the free sessions kept for reuse."""
 
     def __init__(self) -> None:
-        from rollhub.envs.alfworld.engine import install_translation_cache
+        from rollhub.envs.alfworld.engine import install_logic_cache, install_translation_cache
 
         self.cache_stats = install_translation_cache()
+        self.logic_cache_stats = install_logic_cache()
         self.sessions: dict[int, Any] = {}
         self.free: list[Any] = []
 
@@ -71,6 +72,7 @@ class WorkerState:
                 "sessions": len(self.sessions),
                 "free_sessions": len(self.free),
                 "translation_cache": dict(self.cache_stats),
+                "logic_cache": dict(self.logic_cache_stats),
             }
         raise ValueError(f"unknown op {op!r}")
 

@@ -66,3 +66,18 @@ def test_alfworld_data_points_at_another_download(monkeypatch, tmp_path):
     games = list_games("valid_seen")
     assert [g.name for g in games] == [source.name]
     assert list_game_dir(tmp_path)[0].task_type == "pick_two_obj_and_place"
+
+
+def test_missing_engine_is_a_one_line_user_error(monkeypatch, capsys):
+    import importlib.util
+
+    from rollhub.cli import main
+    from rollhub.envs.alfworld import env as env_module
+    from rollhub.errors import MissingExtraError
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "textworld" else real_find_spec(name, *a))
+    with pytest.raises(MissingExtraError, match=r"pip install -e '\.\[alfworld\]'"):
+        env_module.ALFWorldEnv()
+    assert main(["alfworld", "make-games", "--n", "1", "--out", "unused"]) == 2
+    assert "alfworld" in capsys.readouterr().err
