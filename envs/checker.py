@@ -8,7 +8,7 @@ It checks message and info types, determinism under a seed (two fresh resets and
 actions give the same observations, rewards and anchors), that an unparseable action is
 rejected without raising and leaves the state unchanged, that episodes end by
 `terminated` or `truncated` within the step limit, and that `close()` is idempotent
-(also on an env that was never reset). `missing_requirements(spec)` tells whether an env
+(and, when given an id, safe on an env that was never reset). `missing_requirements(spec)` tells whether an env
 can run here at all (Docker engine, optional extras).
 """
 
@@ -92,8 +92,8 @@ def docker_available() -> bool:
 async def check_env(env_or_id: Env | str, *, seed: int = 0, env_kwargs: dict[str, Any] | None = None) -> list[str]:
     """Validate the env contract; returns warnings, raises EnvCheckError on errors.
 
-    With an id, fresh instances are built for the determinism check. With an instance,
-    the same instance is reset twice instead.
+    With an id, fresh instances are built (one is closed without a reset; two play the
+    same seeded episode). With an instance, the same instance plays the episode twice.
     """
     problems: list[str] = []
     warnings: list[str] = []
@@ -101,14 +101,17 @@ async def check_env(env_or_id: Env | str, *, seed: int = 0, env_kwargs: dict[str
     def build() -> Env:
         return make(env_or_id, **(env_kwargs or {})) if isinstance(env_or_id, str) else env_or_id
 
+    fresh_instances = isinstance(env_or_id, str)
     env = build()
     if not isinstance(env, Env):
         raise EnvCheckError(f"{type(env).__name__} does not subclass rollhub.envs.Env")
-    name = env_or_id if isinstance(env_or_id, str) else type(env).__name__
+    name = env_or_id if fresh_instances else type(env).__name__
     try:
-        await env.close()  # closing before any reset must be safe
+        if fresh_instances:
+            await env.close()  # closing an env that was never reset must be safe
+            env = build()
         first = await _play(env, seed, problems, warnings)
-        if isinstance(env_or_id, str):
+        if fresh_instances:
             await env.close()
             env = build()
         second = await _play(env, seed, problems, warnings)

@@ -19,7 +19,7 @@ AGENTS = ("random", "expert", "human")
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("envs", help="list and try environments")
     commands = parser.add_subparsers(dest="envs_command", metavar="{list,try}", parser_class=type(parser))
-    parser.set_defaults(func=lambda args: _missing_command(parser))
+    parser.set_defaults(func=_missing_command)
 
     listing = commands.add_parser("list", help="registered env ids, what each needs")
     listing.add_argument("--json", action="store_true", help="one JSON object per env")
@@ -35,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     trying.set_defaults(func=try_env)
 
 
-def _missing_command(parser: argparse.ArgumentParser) -> int:
+def _missing_command(args: argparse.Namespace) -> int:
     raise UserError("envs needs a command: 'rollhub envs list' or 'rollhub envs try ID'")
 
 

@@ -123,3 +123,23 @@ def test_missing_requirements(monkeypatch):
     spec = EnvSpec(id="t/Extra-v0", entry_point="x:y", extra="alfworld")
     assert "pip install -e '.[alfworld]'" in missing_requirements(spec)[0]
     assert missing_requirements(EnvSpec(id="t/Plain-v0", entry_point="x:y")) == []
+
+
+class CloseBeforeResetEnv(GuessEnv):
+    async def close(self):
+        if not hasattr(self, "steps"):
+            raise RuntimeError("close() before reset() crashed")
+
+
+async def test_close_before_reset_is_checked_for_registered_ids():
+    from rollhub.envs.registry import _REGISTRY, register
+
+    register("test/CloseEarly-v0", CloseBeforeResetEnv, gymnasium_compat=False)
+    register("test/Guess-v0", GuessEnv, gymnasium_compat=False)
+    try:
+        with pytest.raises(EnvCheckError, match="close\\(\\) before reset\\(\\) crashed"):
+            await check_env("test/CloseEarly-v0")
+        assert await check_env("test/Guess-v0") == []
+    finally:
+        _REGISTRY.pop("test/CloseEarly-v0", None)
+        _REGISTRY.pop("test/Guess-v0", None)
