@@ -104,7 +104,10 @@ async def _play(env, args: argparse.Namespace) -> int:
     limit = args.max_steps or int(getattr(env, "max_steps", 50))
     steps, total, success = 0, 0.0, False
     try:
-        obs, info = await env.reset(seed=args.seed)
+        try:
+            obs, info = await env.reset(seed=args.seed)
+        except ValueError as exc:  # e.g. a room that cannot hold the requested boxes
+            raise UserError(f"{args.env_id} could not start an episode: {exc}") from None
         _print_messages(obs)
         for _ in range(limit):
             action = _next_action(env, args.agent, rng)

@@ -93,6 +93,8 @@ def test_unknown_id_in_a_fresh_process():
         (["envs", "try", "rollhub/Sokoban-v0", "--set", "colour=red"], ["bad arguments", "colour"]),
         (["envs", "try", "rollhub/Sokoban-v0", "--set", "dim=2"], ["bad arguments", "4x4"]),
         (["envs", "try", "rollhub/Sokoban-v0", "--set", "reward=dense"], ["sparse"]),
+        (["envs", "try", "rollhub/Sokoban-v0", "--set", "num_boxes=40"], ["do not fit"]),
+        (["envs", "try", "rollhub/Sokoban-v0", "--set", "num_boxes=5", "--set", "max_steps=2"], ["could not start", "fewer boxes"]),
         (["envs", "try", "rollhub/Math-v0", "--set", "difficulty=9"], ["difficulty must be 1..5"]),
         (["envs", "try", "rollhub/Math-v0", "--set", "dataset_path=/no/such.jsonl"], ["not found"]),
         (["envs", "list", "--colour"], ["unrecognized arguments"]),

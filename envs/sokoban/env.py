@@ -86,6 +86,9 @@ class SokobanEnv(Env):
             raise ValueError(f"dim must be at least 4x4 (walls included), got {self.dim}")
         if num_boxes < 1 or max_steps < 1 or search_depth < 1:
             raise ValueError("num_boxes, max_steps and search_depth must all be >= 1")
+        interior = (self.dim[0] - 2) * (self.dim[1] - 2)
+        if num_boxes + 1 > interior:
+            raise ValueError(f"{num_boxes} boxes and a player do not fit a {self.dim[0]}x{self.dim[1]} room ({interior} inner cells)")
         self.num_boxes = num_boxes
         self.max_steps = max_steps
         self.search_depth = search_depth

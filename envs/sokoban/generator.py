@@ -66,8 +66,9 @@ _STEP_DIRECTIONS = ((-1, 0), (1, 0), (0, -1), (0, 1))
 _TURN_PROBABILITY = 0.35
 
 
-class RoomGenerationError(RuntimeError):
-    """No usable room came out of the allowed number of tries."""
+class RoomGenerationError(ValueError):
+    """No usable room came out of the allowed number of tries: the parameters ask for
+    more than the room can hold (a ValueError, so callers report it as bad input)."""
 
 
 @dataclass(frozen=True)
@@ -203,5 +204,5 @@ def generate_room(
         logger.debug("room attempt %d had no movable box; retrying", attempt)
     raise RoomGenerationError(
         f"no solvable {height}x{width} room with {num_boxes} boxes in {tries} tries; "
-        "use fewer boxes, a bigger room or a larger search_depth"
+        "use fewer boxes, a bigger room, a larger search_depth or more max_steps"
     )
