@@ -281,6 +281,7 @@ def _rollout_metrics(manager: Any, buffer: Any) -> dict[str, Any]:
     for key in ("generation_tokens_per_s", "generated_tokens", "wasted_tokens", "redundant_cancelled", "infra_failures"):
         if key in summary:
             out[f"rollout/{key}"] = summary[key]
+    out.update({k: v for k, v in summary.items() if k.startswith(("cluster/", "router/")) and isinstance(v, (int, float))})  # Ray backend
     if buffer is not None:
         for key, value in buffer.metrics().items():
             if isinstance(value, (int, float)):

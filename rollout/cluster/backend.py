@@ -35,6 +35,7 @@ import itertools
 import logging
 import shutil
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -118,6 +119,7 @@ class RayRollout:
         seeds: Iterator[int] | None = None,
         run_dir: str | Path = "runs/ray",
         weight_version: int = 0,
+        name_prefix: str | None = None,
     ) -> None:
         self.model_path = str(model_path)
         self.config = manager_config
@@ -129,6 +131,7 @@ class RayRollout:
         self.weight_version = weight_version
         self._latest_weights = self.model_path
         self.ledger = ClusterLedger()
+        self.name_prefix = name_prefix or f"rollhub-{uuid.uuid4().hex[:8]}"  # actors are named PREFIX.slot.incarnation
         self.weight_updates: list[dict[str, float]] = []
         self._shards = [_Slot(f"shard-{k}") for k in range(cluster.num_env_shards)]
         self._engines = [_Slot(f"engine-{m}") for m in range(cluster.num_engines)]
@@ -170,6 +173,9 @@ class RayRollout:
         self._monitor = asyncio.ensure_future(self._watch_engines())
         logger.info("ray rollout up in %.1f s: %d engines, %d env shards", time.perf_counter() - started, len(self._engines), len(self._shards))
 
+    def _actor_name(self, slot: _Slot) -> str:
+        return f"{self.name_prefix}.{slot.slot_id}.{slot.incarnation}"
+
     def _engine_urls(self) -> dict[str, str]:
         return {slot.slot_id: slot.info["url"] for slot in self._engines if slot.ready.is_set()}
 
@@ -177,7 +183,7 @@ class RayRollout:
         from rollhub.rollout.cluster.engine_server import EngineServer
 
         c = self.cluster
-        options: dict[str, Any] = {"num_cpus": c.engine_num_cpus, "num_gpus": c.engine_num_gpus, "scheduling_strategy": "SPREAD", "max_concurrency": 1000}
+        options: dict[str, Any] = {"name": self._actor_name(slot), "num_cpus": c.engine_num_cpus, "num_gpus": c.engine_num_gpus, "scheduling_strategy": "SPREAD", "max_concurrency": 1000}
         actor = self._ray.remote(EngineServer).options(**options).remote(
             slot.slot_id, c.engine, self._latest_weights, self.weight_version,
             threads=c.engine_threads, max_batch_size=c.engine_max_batch_size, extra_args=c.engine_extra_args, startup_timeout_s=c.startup_timeout_s,
@@ -191,7 +197,7 @@ class RayRollout:
         from rollhub.rollout.cluster.env_shard import EnvShard
 
         c = self.cluster
-        options: dict[str, Any] = {"num_cpus": c.shard_num_cpus, "resources": dict(c.shard_resources), "scheduling_strategy": "SPREAD", "max_concurrency": 10_000}
+        options: dict[str, Any] = {"name": self._actor_name(slot), "num_cpus": c.shard_num_cpus, "resources": dict(c.shard_resources), "scheduling_strategy": "SPREAD", "max_concurrency": 10_000}
         urls, version = self._engine_urls(), self.weight_version
         actor = self._ray.remote(EnvShard).options(**options).remote(f"{slot.slot_id}.{slot.incarnation}", self.model_path, self.config, urls, version)
         slot.handle = actor  # recorded before it is up, so close() can kill it whatever happens
@@ -395,6 +401,17 @@ class RayRollout:
         for slot, result in zip(ready, results):
             if isinstance(result, BaseException):
                 logger.warning("%s.%s failed: %r", slot.slot_id, method, result)
+
+    def kill_shard(self, index: int) -> int:
+        """Fault injection: kill shard `index` now; returns how many groups it was running."""
+        slot = self._shards[index]
+        running = slot.running if slot.ready.is_set() else 0
+        self._ray.kill(slot.handle)
+        return running
+
+    def kill_engine(self, index: int) -> None:
+        """Fault injection: kill engine server `index` now (its requests get re-routed)."""
+        self._ray.kill(self._engines[index].handle)
 
     # --- weights --------------------------------------------------------------------------
 
