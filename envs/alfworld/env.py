@@ -176,7 +176,7 @@ class ALFWorldEnv(Env):
             except (WorkerCrashed, EngineCallFailed) as exc:
                 failure = str(exc)
                 logger.warning("ALFWorld reset of %s failed (%s); retrying", game.name, exc)
-                self._slot = None
+                await self._release()
         if reply is None:
             self._done = True
             self._infra_failure = failure
@@ -222,8 +222,8 @@ class ALFWorldEnv(Env):
             reply = await self.pool.call(self._slot, "step", command=command, want_plan=want_plan)
         except (WorkerCrashed, EngineCallFailed) as exc:
             self._done = True
-            self._slot = None
             self._infra_failure = str(exc)
+            await self._release()  # frees the route; a lost worker slot needs no goodbye
             return self._infra_failure_result(self._infra_failure)
         self._absorb(reply)
         self._last_text = reply["feedback"]
