@@ -17,16 +17,16 @@ import hashlib
 import json
 import logging
 from collections import OrderedDict
-from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
-_CACHE_SIZE = 256
+#: entries per cache and worker; a worker holds at most a few dozen games in flight (groups share one)
+_CACHE_SIZE = 64
 
 
-def _memoised(function: Any, max_entries: int) -> tuple[Any, dict[str, int]]:
-    """`function` behind an LRU keyed by its arguments; returns (wrapper, live hit/miss counters)."""
+def _memoised(max_entries: int) -> tuple[Any, dict[str, int]]:
+    """An LRU: `lookup(key, compute)` returns the cached value or stores `compute()`; plus live hit/miss counters."""
     cache: OrderedDict[tuple, Any] = OrderedDict()
     stats = {"hits": 0, "misses": 0}
 
@@ -54,7 +54,7 @@ def install_translation_cache(max_entries: int = _CACHE_SIZE) -> dict[str, int]:
     import fast_downward
 
     original = getattr(fast_downward.pddl2sas, "__wrapped__", fast_downward.pddl2sas)
-    lookup, stats = _memoised(original, max_entries)
+    lookup, stats = _memoised(max_entries)
 
     @functools.wraps(original)
     def cached_pddl2sas(domain: str, problem: str, verbose: bool = False, optimize: bool = False) -> Any:
@@ -74,7 +74,7 @@ def install_logic_cache(max_entries: int = _CACHE_SIZE) -> dict[str, int]:
     from textworld.envs.pddl import logic as pddl_logic
 
     original = getattr(pddl_logic.GameLogic, "__wrapped__", pddl_logic.GameLogic)
-    lookup, stats = _memoised(original, max_entries)
+    lookup, stats = _memoised(max_entries)
 
     def cached_game_logic(domain: str, grammar: str) -> Any:
         return lookup((domain, grammar), lambda: original(domain=domain, grammar=grammar))
@@ -238,7 +238,3 @@ def _is_state_fact(name: str) -> bool:
 def _is_observation_only(command: str) -> bool:
     """Commands that never change the state, so they do not take the expert off track."""
     return command in ("look", "inventory", "help") or command.startswith("examine ")
-
-
-def game_task_type(game_path: str | Path) -> str:
-    return Path(game_path).parent.parent.name.split("-", 1)[0]
