@@ -39,7 +39,7 @@ class MathEnv(Env):
         dataset_path: str | None = None,
         question_key: str | None = None,
         answer_key: str | None = None,
-        kinds: tuple[str, ...] | list[str] = KINDS,
+        kinds: str | tuple[str, ...] | list[str] = KINDS,
         difficulty: int | None = None,
         answer_length: AnswerLength = "any",
         max_attempts: int = 1,
@@ -49,7 +49,7 @@ class MathEnv(Env):
     ):
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
-        self.kinds = tuple(kinds)
+        self.kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
         self.difficulty = difficulty
         self.answer_length = answer_length
         self.max_steps = max_attempts

@@ -81,6 +81,8 @@ class SokobanEnv(Env):
         solvable_within_max_steps: bool = True,
         max_reverse_states: int = 300_000,
     ):
+        if not isinstance(dim, int) and len(dim) != 2:
+            raise ValueError(f"dim must be one int or (rows, cols), got {dim!r}")
         self.dim = (dim, dim) if isinstance(dim, int) else (int(dim[0]), int(dim[1]))
         if min(self.dim) < 4:
             raise ValueError(f"dim must be at least 4x4 (walls included), got {self.dim}")
