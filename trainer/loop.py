@@ -322,6 +322,10 @@ async def run_training(config: RunConfig, *, resume: bool = False, progress: boo
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(config.model.threads)
     check_env_registered(config.env.id)
+    if config.cluster.backend == "ray":  # fail before the warm-start, not after it
+        from rollhub.rollout.cluster.backend import import_ray
+
+        import_ray()
     checkpoint = latest_checkpoint(run_dir) if resume else None
     if resume and checkpoint is None and (run_dir / "metrics.jsonl").exists():
         logger.warning("no complete checkpoint in %s; starting the run over", run_dir)

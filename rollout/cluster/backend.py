@@ -121,6 +121,7 @@ class RayRollout:
         weight_version: int = 0,
         name_prefix: str | None = None,
     ) -> None:
+        cluster.validate()  # load_config validates too; this covers direct construction
         self.model_path = str(model_path)
         self.config = manager_config
         self.cluster = cluster
@@ -199,7 +200,9 @@ class RayRollout:
         c = self.cluster
         options: dict[str, Any] = {"name": self._actor_name(slot), "num_cpus": c.shard_num_cpus, "resources": dict(c.shard_resources), "scheduling_strategy": "SPREAD", "max_concurrency": 10_000}
         urls, version = self._engine_urls(), self.weight_version
-        actor = self._ray.remote(EnvShard).options(**options).remote(f"{slot.slot_id}.{slot.incarnation}", self.model_path, self.config, urls, version)
+        actor = self._ray.remote(EnvShard).options(**options).remote(
+            f"{slot.slot_id}.{slot.incarnation}", self.model_path, self.config, urls, version, reap_orphan_sandboxes=c.reap_orphan_sandboxes
+        )
         slot.handle = actor  # recorded before it is up, so close() can kill it whatever happens
         slot.info = await asyncio.wait_for(actor.start.remote(), timeout=c.startup_timeout_s)
         if urls != self._engine_urls():  # an engine was replaced while this shard started

@@ -26,6 +26,7 @@ class ClusterConfig:
     engine_extra_args: list[str] = field(default_factory=list)  # extra sglang.launch_server flags
     shard_num_cpus: float = 0.25  # Ray scheduling resources of one env shard
     shard_resources: dict[str, float] = field(default_factory=dict)  # custom resources, e.g. {"sandbox_host": 1}
+    reap_orphan_sandboxes: bool = False  # a starting shard removes its Docker host's containers whose owner died (a killed shard's)
     weights_dir: str | None = None  # shared path all engine nodes can read; default RUN_DIR/weights
     keep_weight_versions: int = 2  # older pushed weight folders are deleted
     health_interval_s: float = 1.0  # how often the driver checks that engines are alive
@@ -49,6 +50,3 @@ class ClusterConfig:
             raise ValueError("cluster.health_interval_s must be > 0")
         if self.max_replacements < 0:
             raise ValueError("cluster.max_replacements must be >= 0")
-
-    def __post_init__(self) -> None:
-        self.validate()

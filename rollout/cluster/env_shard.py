@@ -9,6 +9,7 @@ all engine servers; the driver drives its client-side gate during weight pushes.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 import logging
@@ -43,13 +44,14 @@ class _SeedFeed:
 class EnvShard:
     """Construct through `ray.remote(...)(EnvShard)`; `start()` once, then `run_group(seed)`."""
 
-    def __init__(self, shard_id: str, model_path: str, manager_config: Any, engine_urls: dict[str, str], weight_version: int = 0) -> None:
+    def __init__(self, shard_id: str, model_path: str, manager_config: Any, engine_urls: dict[str, str], weight_version: int = 0, *, reap_orphan_sandboxes: bool = False) -> None:
         self.shard_id = shard_id
         self.model_path = model_path
         # one group per call; the driver's buffer owns batching, and the driver writes the JSONL log
         self.manager_config = dataclasses.replace(manager_config, batch_redundancy=0, jsonl_path=None)
         self.engine_urls = dict(engine_urls)
         self.weight_version = weight_version
+        self.reap_orphan_sandboxes = reap_orphan_sandboxes
         self.router: Any = None
         self.manager: Any = None
         self._seeds = _SeedFeed()
@@ -64,6 +66,8 @@ class EnvShard:
         from rollhub.rollout.cluster.router import EngineRouter
         from rollhub.rollout.manager import EnvManager
 
+        if self.reap_orphan_sandboxes:
+            await asyncio.to_thread(_reap_orphan_sandboxes)
         tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.router = EngineRouter(self.engine_urls)
         self.router.set_weight_version(self.weight_version)
@@ -107,3 +111,23 @@ class EnvShard:
         if self.router is not None:
             await self.router.close()
         return self.summary()
+
+
+def _reap_orphan_sandboxes() -> None:
+    """Remove this Docker host's rollhub containers whose owner process is gone.
+
+    A shard killed by a node or process failure never runs its exit cleanup; its
+    containers carry its pid and start time (sandbox/ownership.py), so its replacement,
+    or any later shard on the host, removes them.
+    """
+    from rollhub.sandbox.base import SandboxError
+    from rollhub.sandbox.docker_backend import connect
+    from rollhub.sandbox.reaper import collect_garbage
+
+    try:
+        removed = collect_garbage(connect().api)
+    except SandboxError as exc:
+        logger.warning("orphan sandbox sweep skipped: %s", exc)
+        return
+    if removed:
+        logger.warning("removed %d orphaned sandbox container(s) on this host", len(removed))

@@ -34,6 +34,19 @@ async def servers(tiny_model_dir):
         await runner.cleanup()
 
 
+def test_cluster_config_rejects_bad_values_as_user_errors():
+    from rollhub.config import load_config
+    from rollhub.errors import UserError
+    from rollhub.trainer.config import RunConfig
+
+    config = load_config(RunConfig, None, ["cluster.backend=ray", "cluster.num_env_shards=4", "cluster.shard_resources={sandbox_host: 1}"])
+    assert config.cluster.num_env_shards == 4 and config.cluster.shard_resources == {"sandbox_host": 1.0}
+    assert load_config(RunConfig, None, []).cluster.backend == "local"
+    for bad in ("cluster.backend=k8s", "cluster.num_engines=0", "cluster.engine=vllm", "cluster.keep_weight_versions=0"):
+        with pytest.raises(UserError, match="cluster"):
+            load_config(RunConfig, None, [bad])
+
+
 def test_affinity_key_is_the_trajectory_id():
     assert affinity_key("g3-abc123-1-7", [1, 2]) == "g3-abc123-1"
     assert affinity_key(None, [1, 2, 3]) == affinity_key(None, [1, 2, 3])
