@@ -3,12 +3,10 @@ and the process backend, plus a guard that no test leaves a rollhub container be
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
+from sandbox_testing import TEST_RUN_PREFIX, new_test_run_id
 
 BASE_IMAGE = "rollhub/base:bookworm"
-TEST_RUN_PREFIX = "pytest-"
 
 
 def _docker_client_or_reason():
@@ -37,10 +35,6 @@ def docker_client():
     leftovers = [r for r in list_rollhub_containers(client.api) if r.run_id.startswith(TEST_RUN_PREFIX)]
     client.api.close()
     assert not leftovers, f"tests leaked containers: {[r.id[:12] for r in leftovers]}"
-
-
-def new_test_run_id() -> str:
-    return f"{TEST_RUN_PREFIX}{uuid.uuid4().hex[:12]}"
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 from rollhub.sandbox.base import SandboxError
 from rollhub.sandbox.reaper import list_rollhub_containers, remove_run
 
-from conftest import new_test_run_id
+from sandbox_testing import new_test_run_id
 
 pytestmark = pytest.mark.docker
 IMAGE = "rollhub/base:bookworm"

@@ -13,7 +13,7 @@ import pytest
 
 from rollhub.sandbox.reaper import list_rollhub_containers
 
-from conftest import new_test_run_id
+from sandbox_testing import new_test_run_id
 
 pytestmark = pytest.mark.docker
 
