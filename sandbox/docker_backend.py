@@ -343,9 +343,14 @@ class DockerBackend(SandboxBackend):
         base_url: str | None = None,
         labels: dict[str, str] | None = None,
         collect_orphans: bool = False,
+        max_concurrent_starts: int = 16,
     ):
         """`collect_orphans=True` first removes containers left by dead runs on this host
-        (the start-up sweep; the same as `rollhub sandbox gc`)."""
+        (the start-up sweep; the same as `rollhub sandbox gc`). `max_concurrent_starts`
+        caps creates in flight on this backend, whoever calls it: dockerd gets slower, not
+        faster, when flooded with starts (a `SandboxPool` can throttle further)."""
+        if max_concurrent_starts < 1:
+            raise ValueError(f"max_concurrent_starts must be at least 1, got {max_concurrent_starts}")
         self.client = connect(base_url, api_timeout_s, max_connections=max_threads)
         self.api = self.client.api
         self.base_url = base_url
@@ -358,6 +363,7 @@ class DockerBackend(SandboxBackend):
         self._live: dict[str, DockerSandbox] = {}
         self._lock = threading.Lock()
         self._starts_in_flight = 0
+        self._start_slots = threading.BoundedSemaphore(max_concurrent_starts)  # works across event loops
         self._closed = False
         exit_cleanup.register(self)
         if collect_orphans:
@@ -387,7 +393,8 @@ class DockerBackend(SandboxBackend):
         with self._lock:
             self._starts_in_flight += 1
         try:
-            return self._create_and_start(image, limits, labels)
+            with self._start_slots:
+                return self._create_and_start(image, limits, labels)
         finally:
             with self._lock:
                 self._starts_in_flight -= 1

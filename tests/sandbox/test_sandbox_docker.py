@@ -95,3 +95,35 @@ async def test_closing_a_sandbox_during_a_long_exec_ends_it_as_an_infra_failure(
     with pytest.raises(SandboxError):
         await running
     assert time.monotonic() - began < 30  # not the 60 s sleep, nor the 120 s timeout
+
+
+async def test_backend_caps_starts_in_flight(docker_client):
+    import asyncio
+    import threading
+
+    from rollhub.sandbox.docker_backend import DockerBackend
+    from sandbox_testing import new_test_run_id
+
+    backend = DockerBackend(run_id=new_test_run_id(), max_threads=16, max_concurrent_starts=2)
+    inside, peak = 0, 0
+    lock = threading.Lock()
+    create = backend._create_and_start
+
+    def counting_create(*args):
+        nonlocal inside, peak
+        with lock:
+            inside += 1
+            peak = max(peak, inside)
+        try:
+            return create(*args)
+        finally:
+            with lock:
+                inside -= 1
+
+    backend._create_and_start = counting_create
+    try:
+        boxes = await asyncio.gather(*(backend.start(IMAGE) for _ in range(4)))
+        assert len({box.id for box in boxes}) == 4
+    finally:
+        await backend.close()
+    assert peak == 2  # four starts requested at once, two at a time on the engine
