@@ -161,7 +161,9 @@ class Policy:
         batch = batch.to(self.device)
         decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
         head = self.model.get_output_embeddings()
-        if decoder is None or head is None:  # unusual architecture: project everything
+        if self.fsdp or decoder is None or head is None:
+            # FSDP2 unshards parameters in the root module's forward hooks, so call the whole
+            # model there (and for unusual architectures): all positions are projected
             out = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
             logp, entropy = token_logprobs_from_logits(out.logits, batch.input_ids, self.temperature, with_entropy)
             return logp * batch.response_mask, entropy
