@@ -18,9 +18,6 @@ import functools
 import logging
 import os
 import re
-import select
-import socket
-import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +25,7 @@ from typing import Any, Callable, TypeVar
 
 from rollhub.sandbox import exit_cleanup, ownership, reaper
 from rollhub.sandbox.base import ExecResult, Limits, Sandbox, SandboxBackend, SandboxError
+from rollhub.sandbox.exec_stream import open_exec_stream
 from rollhub.sandbox.output_buffer import HeadTailBuffer
 from rollhub.sandbox.tar_archives import directory_tar, first_file_from_tar, require_absolute, single_file_tar
 
@@ -164,14 +162,14 @@ class DockerSandbox(Sandbox):
         started = time.monotonic()
         try:
             exec_id = api.exec_create(self.id, argv, stdout=True, stderr=True, workdir=workdir, environment=env)["Id"]
-            sock, early_bytes = _open_exec_stream(api, exec_id)
+            stream = open_exec_stream(api, exec_id)
         except errors.APIError as exc:
             raise SandboxError(f"exec in {self!r} failed to start: {exc}") from exc
         except Exception as exc:
             raise SandboxError(f"docker engine error starting exec in {self!r}: {exc}") from exc
         buffer = HeadTailBuffer(self.backend.output_limit_chars)
         try:
-            _pump_multiplexed(sock, buffer, deadline=started + timeout_s + self.backend.exec_grace_s, early_bytes=early_bytes)
+            stream.read_until_eof(buffer, deadline=started + timeout_s + self.backend.exec_grace_s)
         except TimeoutError:
             # The in-container `timeout` should have ended it long ago: the container or the
             # engine is wedged. Remove it so the blocked read (and the thread) is released.
@@ -183,7 +181,7 @@ class DockerSandbox(Sandbox):
         except OSError as exc:
             raise SandboxError(f"lost the exec stream of {self!r}: {exc}") from exc
         finally:
-            _close_quietly(sock)
+            stream.close()
         duration_s = time.monotonic() - started
         if self._closed:
             raise SandboxError(f"{self!r} was closed while a command ran in it")
@@ -240,92 +238,6 @@ class DockerSandbox(Sandbox):
         new_kill = count > self._oom_kills_seen
         self._oom_kills_seen = count
         return new_kill
-
-
-def _open_exec_stream(api: Any, exec_id: str) -> tuple[Any, bytes]:
-    """Start an exec and take over its hijacked connection: (socket, bytes already read).
-
-    Like the SDK's `exec_start(socket=True)`, plus one fix: http.client reads the upgrade
-    response through a buffered reader that may have read past the headers into the first
-    output frames (a quick command on a loaded host). Those bytes would be lost if we read
-    only the raw socket, so they are drained from the buffer here without blocking.
-    """
-    response = api._post_json(
-        api._url("/exec/{0}/start", exec_id),
-        headers={"Connection": "Upgrade", "Upgrade": "tcp"},
-        data={"Tty": False, "Detach": False},
-        stream=True,
-    )
-    sock = api._get_raw_response_socket(response)
-    return sock, _drain_read_ahead(response, sock)
-
-
-def _drain_read_ahead(response: Any, sock: Any) -> bytes:
-    buffered = getattr(getattr(response.raw, "_fp", None), "fp", None)
-    raw = _raw_socket(sock)
-    if buffered is None or not hasattr(buffered, "peek") or not hasattr(raw, "setblocking"):
-        return b""
-    previous_timeout = raw.gettimeout()
-    raw.setblocking(False)  # peek on an empty buffer then returns b"" instead of waiting
-    try:
-        ahead = buffered.peek(1 << 16)
-        return buffered.read(len(ahead)) if ahead else b""
-    except (BlockingIOError, OSError, ValueError):
-        return b""
-    finally:
-        raw.settimeout(previous_timeout)
-
-
-def _raw_socket(sock: Any) -> Any:
-    return getattr(sock, "_sock", sock)
-
-
-def _close_quietly(sock: Any) -> None:
-    for candidate in (sock, _raw_socket(sock)):
-        try:
-            candidate.close()
-        except Exception:
-            pass
-
-
-def _pump_multiplexed(sock: Any, buffer: HeadTailBuffer, deadline: float, early_bytes: bytes = b"") -> None:
-    """Read Docker's multiplexed exec stream (8-byte frame headers: stream id, size) into
-    `buffer` until EOF; TimeoutError if `deadline` (monotonic) passes first. The SDK's own
-    reader blocks without a deadline, hence this one."""
-    raw = _raw_socket(sock)
-    pending = bytearray(early_bytes)
-
-    def receive() -> bytes:
-        while True:
-            ready_now = getattr(raw, "pending", lambda: 0)()  # TLS may hold decrypted bytes
-            if not ready_now:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError
-                readable, _, _ = select.select([raw], [], [], remaining)
-                if not readable:
-                    raise TimeoutError
-            try:
-                if hasattr(raw, "recv"):
-                    return raw.recv(65536)
-                return sock.read(65536) or b""
-            except (InterruptedError, BlockingIOError, socket.timeout):
-                continue
-
-    def take_complete_frames() -> None:
-        while len(pending) >= 8:
-            _stream, size = struct.unpack(">BxxxL", pending[:8])
-            if len(pending) < 8 + size:
-                return
-            buffer.append(bytes(pending[8 : 8 + size]))
-            del pending[: 8 + size]
-
-    take_complete_frames()
-    while chunk := receive():
-        pending += chunk
-        take_complete_frames()
-    if pending:  # a truncated frame at EOF: keep what arrived
-        buffer.append(bytes(pending[8:]))
 
 
 class DockerBackend(SandboxBackend):

@@ -1,0 +1,148 @@
+"""The hijacked connection of a `docker exec`: opening it, and reading its multiplexed
+frames (8-byte header: stream id, payload size) with deadlines.
+
+The SDK's own reader blocks without a deadline and reads only until EOF; the shell server
+(`shell_server.py`) also needs to read a line or an exact byte count from a stream that
+stays open, and to write requests into it.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import struct
+import time
+from typing import Any
+
+
+def open_exec_stream(api: Any, exec_id: str) -> "ExecStream":
+    """Start an exec and take over its connection.
+
+    Like the SDK's `exec_start(socket=True)`, plus one fix: http.client reads the upgrade
+    response through a buffered reader that may have read past the headers into the first
+    output frames (a quick command on a loaded host). Those bytes would be lost if we read
+    only the raw socket, so they are drained from the buffer here without blocking.
+    """
+    response = api._post_json(
+        api._url("/exec/{0}/start", exec_id),
+        headers={"Connection": "Upgrade", "Upgrade": "tcp"},
+        data={"Tty": False, "Detach": False},
+        stream=True,
+    )
+    sock = api._get_raw_response_socket(response)
+    stream = ExecStream(sock, _drain_read_ahead(response, sock))
+    stream.response = response  # keeps TLS sockets from being closed by garbage collection
+    return stream
+
+
+def _raw_socket(sock: Any) -> Any:
+    return getattr(sock, "_sock", sock)
+
+
+def _drain_read_ahead(response: Any, sock: Any) -> bytes:
+    buffered = getattr(getattr(response.raw, "_fp", None), "fp", None)
+    raw = _raw_socket(sock)
+    if buffered is None or not hasattr(buffered, "peek") or not hasattr(raw, "setblocking"):
+        return b""
+    previous_timeout = raw.gettimeout()
+    raw.setblocking(False)  # peek on an empty buffer then returns b"" instead of waiting
+    try:
+        ahead = buffered.peek(1 << 16)
+        return buffered.read(len(ahead)) if ahead else b""
+    except (BlockingIOError, OSError, ValueError):
+        return b""
+    finally:
+        raw.settimeout(previous_timeout)
+
+
+class ExecStream:
+    """Reads payload bytes out of the frames; `TimeoutError` past a deadline (monotonic),
+    `EOFError` when the exec ended before the bytes asked for arrived."""
+
+    def __init__(self, sock: Any, early_bytes: bytes = b""):
+        self.sock = sock
+        self.raw = _raw_socket(sock)
+        self.response: Any = None
+        self._frames = bytearray(early_bytes)  # undecoded frame bytes
+        self._payload = bytearray()  # decoded, not yet consumed
+        self.eof = False
+        self._decode()
+
+    def _decode(self) -> None:
+        while len(self._frames) >= 8:
+            _stream, size = struct.unpack(">BxxxL", self._frames[:8])
+            if len(self._frames) < 8 + size:
+                return
+            self._payload += self._frames[8 : 8 + size]
+            del self._frames[: 8 + size]
+
+    def _receive(self, deadline: float) -> None:
+        """Read one chunk from the socket into the frame buffer (sets `eof` at the end)."""
+        while True:
+            if not getattr(self.raw, "pending", lambda: 0)():  # TLS may hold decrypted bytes
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError
+                readable, _, _ = select.select([self.raw], [], [], remaining)
+                if not readable:
+                    raise TimeoutError
+            try:
+                chunk = self.raw.recv(65536) if hasattr(self.raw, "recv") else (self.sock.read(65536) or b"")
+            except (InterruptedError, BlockingIOError, socket.timeout):
+                continue
+            if not chunk:
+                self.eof = True
+                if len(self._frames) > 8:  # a truncated last frame: keep what arrived
+                    self._payload += self._frames[8:]
+                self._frames.clear()
+            else:
+                self._frames += chunk
+                self._decode()
+            return
+
+    def take_available(self) -> bytes:
+        data = bytes(self._payload)
+        self._payload.clear()
+        return data
+
+    def read_until_eof(self, sink: Any, deadline: float) -> None:
+        """Feed every payload byte to `sink.append` until the exec closes its output."""
+        while True:
+            if self._payload:
+                sink.append(self.take_available())
+            if self.eof:
+                return
+            self._receive(deadline)
+
+    def read_line(self, deadline: float, max_bytes: int = 4096) -> bytes:
+        while b"\n" not in self._payload:
+            if self.eof or len(self._payload) > max_bytes:
+                raise EOFError("stream ended before a full line")
+            self._receive(deadline)
+        line, _, rest = bytes(self._payload).partition(b"\n")
+        self._payload[:] = rest
+        return line
+
+    def read_exact(self, size: int, deadline: float) -> bytes:
+        while len(self._payload) < size:
+            if self.eof:
+                raise EOFError(f"stream ended {size - len(self._payload)} bytes short")
+            self._receive(deadline)
+        data = bytes(self._payload[:size])
+        del self._payload[:size]
+        return data
+
+    def send(self, data: bytes) -> None:
+        self.raw.sendall(data)
+
+    def close(self) -> None:
+        for candidate in (self.sock, self.raw):
+            try:
+                candidate.close()
+            except Exception:
+                pass
+        if self.response is not None:
+            try:
+                self.response.close()
+            except Exception:
+                pass
