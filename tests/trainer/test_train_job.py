@@ -162,3 +162,12 @@ def test_killed_run_resumes_without_losing_or_double_counting(tiny_model_dir, tm
     step3_twin = torch.load(twin / "checkpoints" / "step-000003" / "state.pt", weights_only=False)["model"]
     for name, tensor in step3_twin.items():
         assert torch.equal(tensor, step3_run[name]), name
+
+
+def test_rollhub_sft_learns_the_answer_format(tiny_model_dir, tmp_path, capsys):
+    recipe = _recipe(tmp_path, tiny_model_dir, sft={"enabled": True, "episodes": 6, "epochs": 3.0, "batch_size": 4, "lr": 3e-3}, eval={"episodes": 1})
+    assert main(["sft", str(recipe), "--out", str(tmp_path / "sft")]) == 0
+    assert "held-out success" in capsys.readouterr().out
+    losses = [r["sft/loss"] for r in read_jsonl(tmp_path / "sft_metrics.jsonl")]
+    assert len(losses) >= 4 and losses[-1] < losses[0]  # likelihood of the demonstrations went up
+    assert (tmp_path / "sft" / "config.json").is_file()

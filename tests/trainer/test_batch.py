@@ -1,0 +1,54 @@
+"""Groups -> token batch: advantages land on the right response tokens; infra failures are excluded."""
+
+import pytest
+
+from rollhub.rollout.types import Group, Trajectory, TrajectoryStatus, Turn
+from rollhub.trainer.batch import build_training_batch
+
+
+def _turn(prompt, response, reward, anchor, valid=True):
+    return Turn(prompt_ids=prompt, response_ids=response, behaviour_logprobs=[-1.0] * len(response), token_versions=[0] * len(response),
+                reward=reward, anchor=anchor, action_valid=valid)
+
+
+def _trajectory(rewards, anchors, status=TrajectoryStatus.COMPLETED):
+    turns, prompt = [], [1, 2]
+    for k, (r, a) in enumerate(zip(rewards, anchors)):
+        response = [10 + k, 20 + k]
+        turns.append(_turn(list(prompt), response, r, a))
+        prompt = prompt + response + [3]  # full history: the next prompt extends this one
+    return Trajectory(env_id="e", seed=0, turns=turns, status=status)
+
+
+def test_gigpo_batch_broadcasts_turn_advantages():
+    group = Group("g", "e", 0, [_trajectory([0.0, 1.0], ["s", "t"]), _trajectory([0.0, 0.0], ["s", "u"])])
+    batch, stats = build_training_batch([group], pad_token_id=0, estimator="gigpo", omega=1.0, gamma=1.0, normalize_std=False,
+                                        episode_baseline="trajectory", invalid_action_penalty=0.0)
+    assert stats.sequences == 2 and stats.trajectories == 2
+    # trajectory 0: episode +0.5; at anchor "s" returns 1 vs 0 -> +0.5; so turn 0 gets 1.0, turn 1 gets 0.5
+    row = batch.advantages[0][batch.response_mask[0] > 0].tolist()
+    assert row == pytest.approx([1.0, 1.0, 0.5, 0.5])
+    assert batch.advantages[1][batch.response_mask[1] > 0].tolist() == pytest.approx([-1.0, -1.0, -0.5, -0.5])
+    assert float(batch.advantages[batch.response_mask == 0].abs().sum()) == 0.0
+    assert stats.singleton_anchor_fraction == pytest.approx(2 / 4)
+
+
+def test_infra_failures_are_not_scored_and_equal_groups_can_be_dropped():
+    failed = _trajectory([0.0], ["s"], status=TrajectoryStatus.INFRA_FAILED)
+    group = Group("g", "e", 0, [_trajectory([1.0], ["s"]), _trajectory([0.0], ["s"]), failed])
+    batch, stats = build_training_batch([group], 0, estimator="grpo", omega=1.0, gamma=1.0, normalize_std=False,
+                                        episode_baseline="trajectory", invalid_action_penalty=0.0)
+    assert stats.excluded_trajectories == 1 and len(batch) == 2
+    assert batch.advantages[0][batch.response_mask[0] > 0].tolist() == pytest.approx([0.5, 0.5])
+    flat = Group("f", "e", 1, [_trajectory([1.0], ["s"]), _trajectory([1.0], ["s"])])
+    batch, stats = build_training_batch([flat], 0, drop_zero_advantage_groups=True, estimator="grpo", omega=1.0, gamma=1.0,
+                                        normalize_std=False, episode_baseline="trajectory", invalid_action_penalty=0.0)
+    assert batch is None and stats.zero_advantage_groups == 1
+
+
+def test_invalid_action_penalty_lowers_that_trajectory():
+    group = Group("g", "e", 0, [_trajectory([0.0], ["s"]), _trajectory([0.0], ["t"])])
+    group.trajectories[0].turns[0].action_valid = False
+    batch, _ = build_training_batch([group], 0, estimator="grpo", omega=1.0, gamma=1.0, normalize_std=False,
+                                    episode_baseline="trajectory", invalid_action_penalty=-0.2)
+    assert batch.advantages[0][batch.response_mask[0] > 0].tolist() == pytest.approx([-0.1, -0.1])
