@@ -26,13 +26,38 @@ def _options(args: Any) -> dict[str, str]:
     return {k: v for k, v in pairs}
 
 
+class _NoNetworkContainers:
+    """`client.containers` whose `create` adds network_mode="none" (grading needs no network,
+    and engines without a bridge, like these machines', cannot attach the default one)."""
+
+    def __init__(self, containers: Any):
+        self._containers = containers
+
+    def create(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("network_mode", "none")
+        return self._containers.create(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._containers, name)
+
+
+class _NoNetworkClient:
+    def __init__(self, client: Any):
+        self._client = client
+        self.containers = _NoNetworkContainers(client.containers)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
 def official_verdicts(tasks: list[SweTask], patches: dict[str, dict[str, str]], workdir: Path, max_workers: int = 2) -> dict[tuple[str, str], bool | None]:
     """(instance_id, patch name) -> resolved per swebench's `run_instance` (None = error)."""
     import docker
     from swebench.harness.run_evaluation import run_instance
     from swebench.harness.utils import make_test_spec
 
-    client = docker.from_env(timeout=600)
+    raw_client = docker.from_env(timeout=600)
+    client = _NoNetworkClient(raw_client)  # everything else is swebench's own run_instance
     jobs = []
     for task in tasks:
         for name, patch in patches[task.instance_id].items():
@@ -54,7 +79,7 @@ def official_verdicts(tasks: list[SweTask], patches: dict[str, dict[str, str]], 
             return dict(pool.map(one, jobs))
     finally:
         os.chdir(cwd)
-        client.close()
+        raw_client.close()
 
 
 async def _ours(tasks: list[SweTask], patches: dict[str, dict[str, str]]) -> tuple[dict[tuple[str, str], float], dict[str, list[float]]]:

@@ -330,7 +330,7 @@ async def make_tasks(requirement: str, backend: SandboxBackend, client: Any, opt
     gold_failed = 0
     for candidate, record in tqdm(accept.accepted, desc=f"task images {repo.slug}", unit="task"):
         instance_id = instance_id_for(repo, candidate.key)
-        tag, base_commit = await build_instance_image(backend, client, image, instance_id, candidate.bug_patch)
+        tag, base_commit = await build_instance_image(client, image, instance_id, candidate.bug_patch)
         row = make_row(repo, candidate, record, tag, base_commit)
         # the last gate: the gold patch must resolve the task in a fresh container of its own image
         outcome = await evaluate_patch(backend, SweTask.from_row(row), row["patch"], limits=SUITE_LIMITS, timeout_s=timeout_s + 60)
@@ -380,7 +380,7 @@ async def build_images(rows: list[dict[str, Any]], backend: SandboxBackend, clie
         for row in tqdm(missing, desc=f"task images {repo.slug}", unit="task"):
             bug = _reverse(repo, row["patch"])
             expected = row["image"]
-            tag, base_commit = await build_instance_image(backend, client, image, row["instance_id"], bug)
+            tag, base_commit = await build_instance_image(client, image, row["instance_id"], bug)
             if tag != expected:
                 client.api.tag(tag, *expected.rsplit(":", 1))
             if base_commit != row["base_commit"]:

@@ -12,13 +12,18 @@ reproducible (`build-images` checks it against the row's base_commit).
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import re
 import shlex
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from rollhub.envs.swe.package_repo import GIT_ENV, PackageRepo, normalize_name
 from rollhub.envs.swe.tasks import WORKDIR
-from rollhub.sandbox.base import Limits, SandboxBackend, SandboxError
+from rollhub.sandbox.base import SandboxError
 
 logger = logging.getLogger(__name__)
 
@@ -29,9 +34,9 @@ _SQUASH = (
 )
 
 
-#: SIGKILL as stop signal: harnesses that `docker stop` a container whose PID 1 ignores
-#: SIGTERM (the official one runs `tail -f /dev/null`) would otherwise wait 15 s each time
-_INSTANCE_CONFIG = {"Cmd": ["sleep", "infinity"], "StopSignal": "SIGKILL", "WorkingDir": WORKDIR}
+#: STOPSIGNAL SIGKILL: harnesses that `docker stop` a container whose PID 1 ignores SIGTERM
+#: (the official one runs `tail -f /dev/null`) would otherwise wait 15 s each time
+_COMMIT_MARKER = "ROLLHUB_BASE_COMMIT="
 
 
 def instance_image_name(instance_id: str, namespace: str = IMAGE_NAMESPACE) -> str:
@@ -52,21 +57,41 @@ def build_package_image(client: Any, repo: PackageRepo) -> str:
     return build_python_image(client, repo.requirements, f"{IMAGE_NAMESPACE}/swe-pkg-{normalize_name(repo.name)}-{repo.version}", files={WORKDIR: str(repo.root)}, run=run)
 
 
-async def build_instance_image(backend: SandboxBackend, client: Any, package_image: str, instance_id: str, bug_patch: str) -> tuple[str, str]:
-    """Apply `bug_patch` in a container of the package image, squash history, commit.
+def _build_instance_blocking(client: Any, package_image: str, instance_id: str, bug_patch: str) -> tuple[str, str]:
+    import docker.errors
+
+    tag = instance_image_name(instance_id)
+    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in GIT_ENV.items())
+    dockerfile = "\n".join(
+        [
+            f"FROM {package_image}",
+            "COPY bug.diff /tmp/bug.diff",
+            f"RUN cd {WORKDIR} && git apply /tmp/bug.diff && rm /tmp/bug.diff && export {exports} && "
+            f"echo {_COMMIT_MARKER}$({_SQUASH})",
+            f"LABEL rollhub.swe.instance={json.dumps(instance_id)}",
+            "STOPSIGNAL SIGKILL",
+            f"WORKDIR {WORKDIR}",
+            'CMD ["sleep", "infinity"]',
+        ]
+    )
+    with tempfile.TemporaryDirectory(prefix="rollhub-swe-task-") as context:
+        Path(context, "Dockerfile").write_text(dockerfile + "\n")
+        Path(context, "bug.diff").write_text(bug_patch)
+        try:
+            _, log = client.images.build(path=context, tag=tag, network_mode="none", pull=False, rm=True, forcerm=True)
+        except docker.errors.BuildError as exc:
+            text = "".join(str(e.get("stream", e.get("error", ""))) for e in exc.build_log)[-1500:]
+            raise SandboxError(f"building the image of {instance_id} on {package_image} failed: {text}") from exc
+    text = "".join(str(entry.get("stream", "")) for entry in log)
+    match = re.search(rf"^{_COMMIT_MARKER}([0-9a-f]{{40}})$", text, flags=re.M)
+    if not match:
+        raise SandboxError(f"building {tag}: no commit hash in the build log:\n{text[-1000:]}")
+    return tag, match.group(1)
+
+
+async def build_instance_image(client: Any, package_image: str, instance_id: str, bug_patch: str) -> tuple[str, str]:
+    """The package image + the bug + a squashed one-commit history, built with the network off
+    (a build, not `docker commit`, so no container labels leak into the image).
 
     Returns (image tag, base_commit)."""
-    tag = instance_image_name(instance_id)
-    async with await backend.start(package_image, Limits(cpus=1.0, memory_mb=1024), labels={"rollhub.role": "swe-build"}) as box:
-        await box.write_file("/tmp/bug.diff", bug_patch)
-        applied = await box.exec("git apply /tmp/bug.diff && rm /tmp/bug.diff", timeout_s=60, workdir=WORKDIR)
-        if applied.exit_code != 0:
-            raise SandboxError(f"the bug patch of {instance_id} does not apply to {package_image}: {applied.output[-500:]}")
-        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in GIT_ENV.items())
-        squashed = await box.exec(f"export {exports}; {_SQUASH}", timeout_s=60, workdir=WORKDIR)
-        if squashed.exit_code != 0:
-            raise SandboxError(f"squashing the history of {instance_id} failed: {squashed.output[-500:]}")
-        base_commit = squashed.output.strip().splitlines()[-1]
-        repository, _, image_tag = tag.rpartition(":")
-        client.api.commit(box.id, repository=repository, tag=image_tag, message=f"rollhub swe task {instance_id}", conf=_INSTANCE_CONFIG | {"Labels": {"rollhub.swe.instance": instance_id}})
-    return tag, base_commit
+    return await asyncio.to_thread(_build_instance_blocking, client, package_image, instance_id, bug_patch)
