@@ -46,6 +46,7 @@ class _Request:
     versions: list[int] = field(default_factory=list)
     aborted: bool = False
     finish_reason: str | None = None
+    weights_epoch: int = -1  # weight load counter when its KV was computed (prefix-cache safety)
     submitted_at: float = field(default_factory=time.perf_counter)
 
 
@@ -115,6 +116,47 @@ class PrefixCache:
         self.tokens = 0
 
 
+def _growing_layer_class() -> type:
+    """A DynamicLayer that appends into spare capacity instead of torch.cat every step.
+
+    The stock layer copies the whole cache on every decoded token (O(T) per step); this one
+    over-allocates and writes in place, reallocating only when full or when the engine
+    replaced `keys`/`values` (row selection, merges).
+    """
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingLayer(DynamicLayer):
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+                self._key_store = self._value_store = None
+            used = self.keys.shape[-2] if self.keys.numel() else 0
+            needed = used + key_states.shape[-2]
+            store = getattr(self, "_key_store", None)
+            fits = (
+                store is not None
+                and store.shape[:2] == key_states.shape[:2]
+                and store.shape[-2] >= needed
+                and used > 0
+                and self.keys.data_ptr() == store.data_ptr()
+            )
+            if not fits:
+                capacity = needed + max(64, needed // 2)
+                shape = (*key_states.shape[:2], capacity, key_states.shape[-1])
+                self._key_store = key_states.new_empty(shape)
+                self._value_store = value_states.new_empty(shape)
+                if used:
+                    self._key_store[:, :, :used] = self.keys
+                    self._value_store[:, :, :used] = self.values
+            self._key_store[:, :, used:needed] = key_states
+            self._value_store[:, :, used:needed] = value_states
+            self.keys = self._key_store[:, :, :needed]
+            self.values = self._value_store[:, :, :needed]
+            return self.keys, self.values
+
+    return GrowingLayer
+
+
 class _Batch:
     """The running batch: a left-padded KV cache plus one row of state per request."""
 
@@ -182,6 +224,8 @@ class HFEngine(InferenceEngine):
         self.weight_version = 0
         self.stats = EngineStats()
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        self._weights_epoch = 0  # bumped by every weight load
+        self._layer_class = _growing_layer_class()
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine", initializer=torch.set_num_threads, initargs=(threads,))
         self._seed_counter = itertools.count(seed * 1_000_003)
         self._waiting: list[_Request] = []
@@ -413,8 +457,8 @@ class HFEngine(InferenceEngine):
             return
         length = int(self._batch.lengths[row])
         ids = request.prompt_ids + request.output_ids[:-1]
-        if len(ids) != length:  # defensive: never cache KV whose ids we cannot vouch for
-            return
+        if len(ids) != length or request.weights_epoch != self._weights_epoch:
+            return  # never cache KV whose ids or weights we cannot vouch for
         keys = [layer.keys[row : row + 1, :, -length:].clone() for layer in self._batch.cache.layers]
         values = [layer.values[row : row + 1, :, -length:].clone() for layer in self._batch.cache.layers]
         self.prefix_cache.store(ids, keys, values)
@@ -447,6 +491,14 @@ class HFEngine(InferenceEngine):
         if newcomers:
             self._prefill(newcomers, version)
 
+    def _new_cache(self) -> Any:
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        cache = DynamicCache(config=self.model.config)
+        cache.layers = [self._layer_class() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+        return cache
+
     def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
         cache_kwarg = {self._cache_argument: cache}
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1, **cache_kwarg)
@@ -464,10 +516,8 @@ class HFEngine(InferenceEngine):
             self._prefill_batch(misses, version)
 
     def _prefill_from_prefix(self, request: _Request, hit: tuple[int, list[torch.Tensor], list[torch.Tensor]], version: int) -> None:
-        from transformers import DynamicCache
-
         cached, keys, values = hit
-        cache = DynamicCache(config=self.model.config)
+        cache = self._new_cache()
         for index, (k, v) in enumerate(zip(keys, values)):
             cache.update(k.clone(), v.clone(), index)
         suffix = request.prompt_ids[cached:]
@@ -477,12 +527,11 @@ class HFEngine(InferenceEngine):
         positions = torch.arange(cached, total, dtype=torch.long).unsqueeze(0)
         logits = self._forward(ids, mask, positions, cache)
         self.stats.prefill_tokens += len(suffix)
+        request.weights_epoch = self._weights_epoch
         tokens = self._sample([request], logits, version)
         self._merge([request], cache, mask, torch.tensor([total]), tokens)
 
     def _prefill_batch(self, requests: list[_Request], version: int) -> None:
-        from transformers import DynamicCache
-
         longest = max(len(r.prompt_ids) for r in requests)
         ids = torch.full((len(requests), longest), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(requests), longest), dtype=torch.long)
@@ -491,10 +540,12 @@ class HFEngine(InferenceEngine):
             ids[row, longest - n :] = torch.tensor(request.prompt_ids, dtype=torch.long)
             mask[row, longest - n :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
+        cache = self._new_cache()
         logits = self._forward(ids, mask, positions, cache)
         self.stats.prefill_tokens += int(mask.sum())
         lengths = mask.sum(-1)
+        for request in requests:
+            request.weights_epoch = self._weights_epoch
         tokens = self._sample(requests, logits, version)
         self._merge(requests, cache, mask, lengths, tokens)
 
@@ -555,6 +606,7 @@ class HFEngine(InferenceEngine):
             for name, tensor in source.items():
                 own[name].copy_(tensor.detach().to(own[name].dtype))
         self.prefix_cache.clear()
+        self._weights_epoch += 1
         self.weight_version = int(version)
         logger.info("engine weights updated to version %d (%d tensors)", version, len(source))
 
