@@ -15,7 +15,6 @@ thread between steps, so every token is stamped with the exact version that prod
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import inspect
 import itertools
@@ -29,6 +28,7 @@ from typing import Any
 import torch
 
 from rollhub.rollout.engines.base import Generation, InferenceEngine, SamplingParams
+from rollhub.rollout.engines.kv_cache import PrefixCache, growing_layer_class, pad_left
 from rollhub.rollout.engines.sampling import sample_tokens
 
 logger = logging.getLogger(__name__)
@@ -67,96 +67,6 @@ class EngineStats:
         return self.batch_size_sum / self.decode_steps if self.decode_steps else 0.0
 
 
-class PrefixCache:
-    """KV of finished requests, reused when a new prompt starts with the same ids.
-
-    Multi-turn prompts repeat the whole history (and the N members of a group share their
-    opening), so without this every turn re-prefills the full context, which dominates
-    CPU time. Exact-prefix match, LRU eviction by total cached tokens; cleared on every
-    weight update (the cached keys/values were computed by the old weights).
-    """
-
-    def __init__(self, max_tokens: int) -> None:
-        self.max_tokens = max_tokens
-        self._entries: collections.OrderedDict[tuple[int, ...], tuple[list[torch.Tensor], list[torch.Tensor]]] = collections.OrderedDict()
-        self.tokens = 0
-        self.hits = 0
-        self.hit_tokens = 0
-
-    def store(self, ids: list[int], keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
-        if self.max_tokens <= 0 or len(ids) < 2 or len(ids) > self.max_tokens:
-            return
-        key = tuple(ids)
-        if key in self._entries:
-            self._entries.move_to_end(key)
-            return
-        self._entries[key] = (keys, values)
-        self.tokens += len(key)
-        while self.tokens > self.max_tokens:
-            old, _ = self._entries.popitem(last=False)
-            self.tokens -= len(old)
-
-    def lookup(self, prompt: list[int]) -> tuple[int, list[torch.Tensor], list[torch.Tensor]] | None:
-        """Longest cached prefix strictly shorter than `prompt` (>= 1 token left to prefill)."""
-        best: tuple[int, ...] | None = None
-        for key in self._entries:
-            n = len(key)
-            if n < len(prompt) and (best is None or n > len(best)) and prompt[:n] == list(key):
-                best = key
-        if best is None:
-            return None
-        self._entries.move_to_end(best)
-        self.hits += 1
-        self.hit_tokens += len(best)
-        keys, values = self._entries[best]
-        return len(best), keys, values
-
-    def clear(self) -> None:
-        self._entries.clear()
-        self.tokens = 0
-
-
-def _growing_layer_class() -> type:
-    """A DynamicLayer that appends into spare capacity instead of torch.cat every step.
-
-    The stock layer copies the whole cache on every decoded token (O(T) per step); this one
-    over-allocates and writes in place, reallocating only when full or when the engine
-    replaced `keys`/`values` (row selection, merges).
-    """
-    from transformers.cache_utils import DynamicLayer
-
-    class GrowingLayer(DynamicLayer):
-        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-                self._key_store = self._value_store = None
-            used = self.keys.shape[-2] if self.keys.numel() else 0
-            needed = used + key_states.shape[-2]
-            store = getattr(self, "_key_store", None)
-            fits = (
-                store is not None
-                and store.shape[:2] == key_states.shape[:2]
-                and store.shape[-2] >= needed
-                and used > 0
-                and self.keys.data_ptr() == store.data_ptr()
-            )
-            if not fits:
-                capacity = needed + max(64, needed // 2)
-                shape = (*key_states.shape[:2], capacity, key_states.shape[-1])
-                self._key_store = key_states.new_empty(shape)
-                self._value_store = value_states.new_empty(shape)
-                if used:
-                    self._key_store[:, :, :used] = self.keys
-                    self._value_store[:, :, :used] = self.values
-            self._key_store[:, :, used:needed] = key_states
-            self._value_store[:, :, used:needed] = value_states
-            self.keys = self._key_store[:, :, :needed]
-            self.values = self._value_store[:, :, :needed]
-            return self.keys, self.values
-
-    return GrowingLayer
-
-
 class _Batch:
     """The running batch: a left-padded KV cache plus one row of state per request."""
 
@@ -169,15 +79,6 @@ class _Batch:
 
     def __len__(self) -> int:
         return len(self.requests)
-
-
-def _pad_left(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
-    missing = length - tensor.shape[dim]
-    if missing <= 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = missing
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
 
 
 class HFEngine(InferenceEngine):
@@ -225,7 +126,7 @@ class HFEngine(InferenceEngine):
         self.stats = EngineStats()
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self._weights_epoch = 0  # bumped by every weight load
-        self._layer_class = _growing_layer_class()
+        self._layer_class = growing_layer_class()
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine", initializer=torch.set_num_threads, initargs=(threads,))
         self._seed_counter = itertools.count(seed * 1_000_003)
         self._waiting: list[_Request] = []
@@ -585,11 +486,11 @@ class HFEngine(InferenceEngine):
             batch.requests, batch.next_tokens = list(requests), list(tokens)
             return
         width = max(batch.mask.shape[1], mask.shape[1])
-        batch.mask = torch.cat([_pad_left(batch.mask, width, 1), _pad_left(mask, width, 1)], dim=0)
+        batch.mask = torch.cat([pad_left(batch.mask, width, 1), pad_left(mask, width, 1)], dim=0)
         batch.lengths = torch.cat([batch.lengths, lengths])
         for old, new in zip(batch.cache.layers, cache.layers):
-            old.keys = torch.cat([_pad_left(old.keys, width, 2), _pad_left(new.keys, width, 2)], dim=0)
-            old.values = torch.cat([_pad_left(old.values, width, 2), _pad_left(new.values, width, 2)], dim=0)
+            old.keys = torch.cat([pad_left(old.keys, width, 2), pad_left(new.keys, width, 2)], dim=0)
+            old.values = torch.cat([pad_left(old.values, width, 2), pad_left(new.values, width, 2)], dim=0)
         batch.requests.extend(requests)
         batch.next_tokens.extend(tokens)
 
