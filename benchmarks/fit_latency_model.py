@@ -6,8 +6,10 @@ real engine. This script measures HFEngine on the tiny CPU model:
 1. runs c identical-length requests for several concurrencies c and prompt lengths, and
    times every model step on the engine thread (CPU time, so neighbours on a shared
    machine do not leak into the numbers);
-2. least-squares fits `iteration_s(b) = decode_base_s + decode_per_request_s * (b - 1)`
-   on the decode-only steps and `prefill_s(p) = prefill_base_s + prefill_per_token_s * p`
+2. keeps the median decode iteration per batch size as a table (interpolated between
+   points; the curve is concave, so one straight line misses batch 1 by ~15%), plus a
+   least-squares line `decode_base_s + decode_per_request_s * (b - 1)` for reference, and
+   fits `prefill_s(p) = prefill_base_s + prefill_per_token_s * p`
    on the steps that admitted requests;
 3. validates on workloads the fit never saw (mixed lengths, staggered arrivals, one long
    straggler): the real engine's makespan (process CPU time; wall time is reported too) vs the
@@ -183,6 +185,7 @@ def fit(records: list[StepRecord], max_batch: int, source: str) -> tuple[Any, li
         decode_base_s=float(intercept),
         decode_per_request_s=max(0.0, float(slope)),
         max_batch=max_batch,
+        iteration_table=tuple((int(b), float(t)) for b, t in zip(batches, iteration)),
         source=source,
     )
     rows = [

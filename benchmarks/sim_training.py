@@ -65,6 +65,7 @@ class SimRun:
     output_lengths: OutputLengths = OutputLengths(kind="lognormal", mean_tokens=100, sigma=0.6)
     max_new_tokens: int = 1024
     resume_mode: str = "partial"
+    routing: str = "least_loaded"  # or "prompt_affinity": all samples of a prompt on one replica
     seed: int = 0
 
     def validate(self) -> None:
@@ -110,10 +111,48 @@ class SimResult:
     dropped_stale: int
     mean_staleness: float
     engine_utilisation: float
+    env_calls: int
     summary: dict[str, Any]
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+class TimedEnv:
+    """Wraps an env to record, on the loop's clock, when its episode started and ended."""
+
+    def __init__(self, env: Any):
+        self.env = env
+        self.started_at: float | None = None
+        self.finished_at: float | None = None
+        self.env_calls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.env, name)
+
+    async def reset(self, **kwargs: Any) -> Any:
+        self.started_at, self.finished_at = asyncio.get_running_loop().time(), None
+        return await self.env.reset(**kwargs)
+
+    async def step(self, action: str) -> Any:
+        result = await self.env.step(action)
+        self.env_calls += 1
+        if result[2] or result[3]:
+            self.finished_at = asyncio.get_running_loop().time()
+        return result
+
+    async def close(self) -> None:
+        await self.env.close()
+
+
+def measured_speedup_bound(sync_run: "SimResult", alpha: float) -> float:
+    """Prop. 2 S(α) with the workload measured in a sync env-async run: a = mean trajectory
+    time + training time (under processor sharing the mean latency is the balanced share
+    N·μ_gen/K) and L_gen = the batch's longest trajectory."""
+    from rollhub.benchmarks import theory
+
+    a = sync_run.mean_trajectory_s + sync_run.train_step_s
+    return theory.speedup_bound_from_ratio(sync_run.mean_longest_trajectory_s / a, alpha)
 
 
 def make_tokenizer(kind: str = "sim") -> Any:
@@ -142,11 +181,13 @@ async def simulate(run: SimRun, tokenizer: Any | None = None) -> SimResult:
     if hasattr(tokenizer, "cpu_s"):
         tokenizer.cpu_s = 0.0
     loop = asyncio.get_running_loop()
-    engine = LatencyModelEngine(run.latency, output_lengths=run.output_lengths, replicas=run.replicas, vocab_size=len(tokenizer), seed=run.seed)
+    engine = LatencyModelEngine(run.latency, output_lengths=run.output_lengths, replicas=run.replicas, vocab_size=len(tokenizer), seed=run.seed, routing=run.routing)
     envs: list[Any] = []
 
     def env_factory(env_id: str, **kwargs: Any) -> Any:
-        env = make(env_id, **{**kwargs, "latency_seed": run.seed * 1_000_003 + len(envs)})
+        if env_id.startswith("bench/"):
+            kwargs = {**kwargs, "latency_seed": run.seed * 1_000_003 + len(envs), "time_scale": 1.0}
+        env = TimedEnv(make(env_id, **kwargs))
         envs.append(env)
         return env
 
@@ -154,7 +195,7 @@ async def simulate(run: SimRun, tokenizer: Any | None = None) -> SimResult:
     concurrency = (run.groups + run.extra_groups) * (run.group_size + run.extra_per_group) * (1 if sync else int(run.alpha + 2))
     config = EnvManagerConfig(
         env_id=run.env_id,
-        env_kwargs={**run.env_kwargs, "time_scale": 1.0},
+        env_kwargs=dict(run.env_kwargs),
         group_size=run.group_size,
         group_redundancy=run.extra_per_group,
         batch_redundancy=run.extra_groups if sync else 0,
@@ -232,6 +273,7 @@ async def simulate(run: SimRun, tokenizer: Any | None = None) -> SimResult:
         dropped_stale=int(summary.get("buffer/dropped_stale", 0)),
         mean_staleness=float(summary.get("staleness/mean", 0.0)),
         engine_utilisation=engine.utilisation(loop.time() - start),
+        env_calls=sum(e.env_calls for e in envs),
         summary={k: v for k, v in summary.items() if not isinstance(v, (dict, list))},
     )
 

@@ -16,7 +16,8 @@ Timing model, per replica (one replica = one simulated GPU / server):
 * output length: drawn per request from `OutputLengths` (fixed, lognormal or Pareto),
   capped by `max_new_tokens` (finish "length"); callers may force a length through
   `meta_length` (see `generate`).
-Requests go to the least-loaded replica. The engine is event-driven (one timer per replica,
+Requests go to the least-loaded replica (or, with `routing="prompt_affinity"`, to the
+replica that got the first request with the same prompt, as ROLL pins a prompt's samples). The engine is event-driven (one timer per replica,
 re-armed on every arrival/finish/abort), so cost is per event, not per token.
 
 `time_scale` multiplies every duration: 0.01 makes a simulated second last 10 ms of wall
@@ -87,9 +88,16 @@ class LatencyParams:
     max_batch: int = 64
     weight_update_s: float = 0.0
     prefill_blocks_decode: bool = True
+    # measured (batch, seconds) points; when given, iteration_s interpolates them (and
+    # extends the last segment) instead of using the straight line above
+    iteration_table: tuple[tuple[int, float], ...] = ()
     source: str = "defaults"  # where the numbers came from (fit file, hand-set)
 
     def __post_init__(self) -> None:
+        table = tuple(sorted((int(b), float(t)) for b, t in self.iteration_table))
+        object.__setattr__(self, "iteration_table", table)
+        if any(t <= 0 for _, t in table) or len({b for b, _ in table}) != len(table):
+            raise ValueError("iteration_table needs distinct batch sizes with positive times")
         if min(self.prefill_base_s, self.prefill_per_token_s, self.decode_per_request_s, self.weight_update_s) < 0:
             raise ValueError("latency parameters must be >= 0")
         if self.decode_base_s <= 0 or self.max_batch < 1:
@@ -100,7 +108,16 @@ class LatencyParams:
 
     def iteration_s(self, batch: int) -> float:
         """Wall time of one decode iteration with `batch` running requests."""
-        return self.decode_base_s + self.decode_per_request_s * max(0, batch - 1)
+        table = self.iteration_table
+        if not table:
+            return self.decode_base_s + self.decode_per_request_s * max(0, batch - 1)
+        if batch <= table[0][0] or len(table) == 1:
+            return table[0][1] if batch <= table[0][0] else table[0][1] + self.decode_per_request_s * (batch - table[0][0])
+        for (b0, t0), (b1, t1) in zip(table, table[1:]):
+            if batch <= b1:
+                return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
+        (b0, t0), (b1, t1) = table[-2], table[-1]
+        return t1 + max(0.0, (t1 - t0) / (b1 - b0)) * (batch - b1)
 
     def to_json(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2))
@@ -276,11 +293,16 @@ class LatencyModelEngine(InferenceEngine):
         time_scale: float = 1.0,
         vocab_size: int = 1000,
         seed: int = 0,
+        routing: str = "least_loaded",
     ):
         if replicas < 1:
             raise ValueError("replicas must be >= 1")
         if time_scale <= 0:
             raise ValueError("time_scale must be > 0")
+        if routing not in ("least_loaded", "prompt_affinity"):
+            raise ValueError("routing must be 'least_loaded' or 'prompt_affinity'")
+        self.routing = routing
+        self._affinity: dict[int, _Replica] = {}
         self.params = params or LatencyParams()
         self.output_lengths = output_lengths or OutputLengths()
         self.time_scale = time_scale
@@ -325,7 +347,7 @@ class LatencyModelEngine(InferenceEngine):
         if wanted >= sampling.max_new_tokens:
             wanted, finish = sampling.max_new_tokens, "length"
         version = self.weight_version
-        replica = min(self._replicas, key=lambda r: (r.load, r.index))
+        replica = self._route(input_ids)
         self._where[request_id] = replica
         self.stats.requests += 1
         self.stats.prompt_tokens += len(input_ids)
@@ -413,6 +435,14 @@ class LatencyModelEngine(InferenceEngine):
             await self.abort_all()
 
     # -- helpers --------------------------------------------------------------------------
+    def _route(self, input_ids: list[int]) -> _Replica:
+        """Least-loaded replica; with "prompt_affinity" every request whose first 256 prompt
+        tokens match goes where the first one went (ROLL's PromptAffinityRouter)."""
+        least = min(self._replicas, key=lambda r: (r.load, r.index))
+        if self.routing == "least_loaded":
+            return least
+        return self._affinity.setdefault(hash(tuple(input_ids[:256])), least)
+
     def in_flight(self) -> int:
         return sum(r.load for r in self._replicas)
 

@@ -146,3 +146,14 @@ def test_params_round_trip(tmp_path):
     assert LatencyParams.from_json(tmp_path / "p.json") == PARAMS
     with pytest.raises(ValueError):
         LatencyParams(decode_base_s=0)
+
+
+def test_iteration_table_interpolates_and_extends():
+    params = LatencyParams(decode_base_s=1.0, iteration_table=((1, 0.010), (4, 0.016), (8, 0.020)))
+    assert params.iteration_s(1) == pytest.approx(0.010)
+    assert params.iteration_s(2) == pytest.approx(0.012)
+    assert params.iteration_s(6) == pytest.approx(0.018)
+    assert params.iteration_s(12) == pytest.approx(0.024)  # last segment's slope continues
+    assert LatencyParams(iteration_table=[[2, 0.5], [1, 0.25]]).iteration_table == ((1, 0.25), (2, 0.5))
+    with pytest.raises(ValueError):
+        LatencyParams(iteration_table=((1, 0.0),))
