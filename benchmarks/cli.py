@@ -23,6 +23,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "e2e-cpu": ("rollhub.benchmarks.e2e_cpu:run", "real tiny-model Sokoban training, sync vs async: s/step, trainer idle, time-to-score"),
     "fit-latency": ("rollhub.benchmarks.fit_latency_model:run", "fit the SIMULATED latency-model engine to the real HFEngine and validate it"),
     "sandbox": ("rollhub.benchmarks.sandbox_bench:run", "Docker sandbox start/exec latency, throughput at 1/8/32/64 concurrent, idle memory, leaks"),
+    "rollout-engine": ("rollhub.rollout.bench:run", "real HFEngine on CPU: decode tok/s at 1/8/32 concurrent, prefix-cache and lockstep effects on Sokoban"),
     "swe": ("rollhub.envs.swe.benchmark:run", "SWE-v0 reset/tool/eval latencies; gold and empty patches graded by us and by the official swebench harness"),
 }
 
