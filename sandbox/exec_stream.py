@@ -1,9 +1,8 @@
 """The hijacked connection of a `docker exec`: opening it, and reading its multiplexed
-frames (8-byte header: stream id, payload size) with deadlines.
+frames (8-byte header: stream id, payload size) with a deadline.
 
-The SDK's own reader blocks without a deadline and reads only until EOF; the shell server
-(`shell_server.py`) also needs to read a line or an exact byte count from a stream that
-stays open, and to write requests into it.
+The SDK's own reader blocks without a deadline, so a wedged engine would hang a worker
+thread forever; this one raises TimeoutError and lets the caller remove the container.
 """
 
 from __future__ import annotations
@@ -56,8 +55,7 @@ def _drain_read_ahead(response: Any, sock: Any) -> bytes:
 
 
 class ExecStream:
-    """Reads payload bytes out of the frames; `TimeoutError` past a deadline (monotonic),
-    `EOFError` when the exec ended before the bytes asked for arrived."""
+    """Reads payload bytes out of the frames; `TimeoutError` past a deadline (monotonic)."""
 
     def __init__(self, sock: Any, early_bytes: bytes = b""):
         self.sock = sock
@@ -66,6 +64,10 @@ class ExecStream:
         self._frames = bytearray(early_bytes)  # undecoded frame bytes
         self._payload = bytearray()  # decoded, not yet consumed
         self.eof = False
+        # poll, not select: select fails on descriptors above 1024, which a large trainer
+        # process with hundreds of sandboxes can reach.
+        self._poller = select.poll()
+        self._poller.register(self.raw, select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR)
         self._decode()
 
     def _decode(self) -> None:
@@ -83,8 +85,7 @@ class ExecStream:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError
-                readable, _, _ = select.select([self.raw], [], [], remaining)
-                if not readable:
+                if not self._poller.poll(max(1, int(remaining * 1000))):
                     raise TimeoutError
             try:
                 chunk = self.raw.recv(65536) if hasattr(self.raw, "recv") else (self.sock.read(65536) or b"")
@@ -100,40 +101,15 @@ class ExecStream:
                 self._decode()
             return
 
-    def take_available(self) -> bytes:
-        data = bytes(self._payload)
-        self._payload.clear()
-        return data
-
     def read_until_eof(self, sink: Any, deadline: float) -> None:
         """Feed every payload byte to `sink.append` until the exec closes its output."""
         while True:
             if self._payload:
-                sink.append(self.take_available())
+                sink.append(bytes(self._payload))
+                self._payload.clear()
             if self.eof:
                 return
             self._receive(deadline)
-
-    def read_line(self, deadline: float, max_bytes: int = 4096) -> bytes:
-        while b"\n" not in self._payload:
-            if self.eof or len(self._payload) > max_bytes:
-                raise EOFError("stream ended before a full line")
-            self._receive(deadline)
-        line, _, rest = bytes(self._payload).partition(b"\n")
-        self._payload[:] = rest
-        return line
-
-    def read_exact(self, size: int, deadline: float) -> bytes:
-        while len(self._payload) < size:
-            if self.eof:
-                raise EOFError(f"stream ended {size - len(self._payload)} bytes short")
-            self._receive(deadline)
-        data = bytes(self._payload[:size])
-        del self._payload[:size]
-        return data
-
-    def send(self, data: bytes) -> None:
-        self.raw.sendall(data)
 
     def close(self) -> None:
         for candidate in (self.sock, self.raw):

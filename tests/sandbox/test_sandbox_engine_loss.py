@@ -1,4 +1,4 @@
-"""An engine that goes away mid-run: every call raises SandboxError, closing never raises.
+"""An engine that goes away or wedges mid-run: calls raise SandboxError, closing never raises.
 
 The backend reaches the real engine through DOCKER_HOST pointing at a socket relay that the
 test owns; shutting the relay down is exactly what a dead or unreachable engine looks like
@@ -31,6 +31,7 @@ class SocketRelay:
         self.listener.bind(path)
         self.listener.listen(64)
         self.connections: list[socket.socket] = []
+        self.frozen: set[int] = set()  # ids of client sockets whose traffic is held back
         self.lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -44,22 +45,30 @@ class SocketRelay:
             engine.connect(ENGINE_SOCKET)
             with self.lock:
                 self.connections += [client, engine]
-            threading.Thread(target=self._pipe, args=(client, engine), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(engine, client), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(client, engine, id(client)), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(engine, client, id(client)), daemon=True).start()
 
-    @staticmethod
-    def _pipe(source: socket.socket, dest: socket.socket) -> None:
+    def _pipe(self, source: socket.socket, dest: socket.socket, key: int) -> None:
         try:
             while data := source.recv(65536):
+                if key in self.frozen:
+                    continue  # swallowed: the peer sees an open connection that says nothing
                 dest.sendall(data)
         except OSError:
             pass
         finally:
+            if key in self.frozen:
+                return  # a wedged engine does not even close the connection
             for end in (source, dest):
                 try:
                     end.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+
+    def freeze_open_connections(self) -> None:
+        """Connections open now go silent (a wedged engine); new ones still work."""
+        with self.lock:
+            self.frozen.update(id(connection) for connection in self.connections[::2])
 
     def stop(self) -> None:
         self.listener.close()
@@ -98,3 +107,31 @@ async def test_engine_loss_raises_sandbox_errors_and_close_stays_quiet(docker_cl
     finally:
         remove_run(docker_client.api, backend.run_id)
     assert list_rollhub_containers(docker_client.api, backend.run_id) == []
+
+
+async def test_wedged_exec_stream_hits_the_outer_deadline(docker_client, tmp_path, monkeypatch):
+    if not os.path.exists(ENGINE_SOCKET):
+        pytest.skip(f"the engine is not on {ENGINE_SOCKET}")
+    import asyncio
+    import time
+
+    from rollhub.sandbox.docker_backend import DockerBackend
+
+    relay = SocketRelay(str(tmp_path / "engine.sock"))
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{relay.path}")
+    backend = DockerBackend(run_id=new_test_run_id(), max_threads=8, exec_grace_s=1.0)
+    try:
+        box = await backend.start(IMAGE)
+        running = asyncio.ensure_future(box.exec("echo start; sleep 2; echo end", timeout_s=1))
+        await asyncio.sleep(0.5)  # the exec's stream is open by now
+        relay.freeze_open_connections()
+        began = time.monotonic()
+        with pytest.raises(SandboxError, match="outlived"):
+            await running
+        assert time.monotonic() - began < 10
+        # The wedged sandbox was removed through a fresh connection.
+        assert list_rollhub_containers(docker_client.api, backend.run_id) == []
+        await backend.close()
+    finally:
+        relay.stop()
+        remove_run(docker_client.api, backend.run_id)
