@@ -119,7 +119,10 @@ class DockerSandbox(Sandbox):
         if self._closed:
             return
         self._closed = True
-        await self.backend._run_blocking(self.backend._remove, self.id)
+        try:
+            await self.backend._run_blocking(self.backend._remove, self.id)
+        except SandboxError:
+            pass  # the backend is closed, and closing it removed every container it had
 
     # ----------------------------------------------------------------- blocking parts
     def _check_open(self) -> None:

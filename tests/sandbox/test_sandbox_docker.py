@@ -74,11 +74,13 @@ async def test_container_removed_underneath_is_an_infra_failure(docker_backend, 
 async def test_backend_close_removes_everything_it_started(docker_backend, docker_client):
     from rollhub.sandbox.reaper import list_rollhub_containers
 
-    for _ in range(3):
-        await docker_backend.start(IMAGE)
+    boxes = [await docker_backend.start(IMAGE) for _ in range(3)]
     assert len(list_rollhub_containers(docker_client.api, docker_backend.run_id)) == 3
     await docker_backend.close()
     assert list_rollhub_containers(docker_client.api, docker_backend.run_id) == []
+    await boxes[0].close()  # a sandbox outliving its backend still closes quietly
+    with pytest.raises(SandboxError):
+        await boxes[1].exec("true", timeout_s=5)
     with pytest.raises(SandboxError):
         await docker_backend.start(IMAGE)
 
