@@ -108,7 +108,8 @@ class ProcessSandbox(Sandbox):
         self._check_open()
         workdir = workdir or "/"
         host_workdir = self.host_path(workdir)
-        host_workdir.mkdir(parents=True, exist_ok=True)
+        if not host_workdir.is_dir():  # what Docker answers for a missing workdir, too
+            return ExecResult(126, f"chdir to {workdir} failed: no such directory\n")
         full_env = {**_BASE_ENV, "HOME": "/" if self.backend.use_bubblewrap else str(self.root), **(env or {})}
         started = time.monotonic()
         try:

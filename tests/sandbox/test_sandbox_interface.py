@@ -93,3 +93,11 @@ async def test_no_network_inside_by_default(any_backend, request):
     # Only the loopback device exists.
     devices = [line.split(":")[0].strip() for line in interfaces.output.splitlines()[2:]]
     assert devices == ["lo"]
+
+
+async def test_missing_workdir_is_the_commands_failure(any_backend):
+    async with await any_backend.start(IMAGE) as box:
+        result = await box.exec("pwd", timeout_s=10, workdir="/no/such/dir")
+        assert result.exit_code == 126
+        assert "/no/such/dir" in result.output
+        assert (await box.exec("echo fine", timeout_s=10)).ok
