@@ -31,6 +31,15 @@ _installed = False
 _previous_handlers: dict[int, object] = {}
 
 
+def _forget_in_child() -> None:
+    """A forked child (multiprocessing, a worker pool) inherits the registry and the signal
+    handlers; it must never remove its parent's sandboxes when it exits or is terminated."""
+    _registered.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def register(backend: _Cleanable) -> None:
     """Remember `backend` for cleanup at exit; installs the hooks on first use."""
     with _lock:

@@ -88,3 +88,28 @@ def test_sigkill_leaves_orphans_that_gc_removes_without_touching_live_runs(docke
     finally:
         asyncio.run(live_backend.close())
     assert containers_of(docker_client, live_backend.run_id) == []
+
+
+def test_a_forked_child_does_not_remove_its_parents_sandboxes(docker_client):
+    """Children inherit the exit hooks; a SIGTERM to a forked worker must leave the parent's
+    containers alone."""
+    import asyncio
+
+    from rollhub.sandbox.docker_backend import DockerBackend
+
+    async def start():
+        backend = DockerBackend(run_id=new_test_run_id(), max_threads=4)
+        await backend.start("rollhub/base:bookworm")
+        return backend
+
+    backend = asyncio.run(start())
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: terminated by the default-chained SIGTERM handler
+            os.kill(os.getpid(), signal.SIGTERM)
+            os._exit(0)  # not reached
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
+        assert len(containers_of(docker_client, backend.run_id)) == 1
+    finally:
+        asyncio.run(backend.close())
