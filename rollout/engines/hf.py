@@ -215,7 +215,7 @@ class HFEngine(InferenceEngine):
         self._closed = True
         for request in list(self._by_id.values()):
             self._abort_request(request)
-        if self._task is not None:
+        if self._task is not None and not self._task.done() and self._task.get_loop() is asyncio.get_running_loop():
             if self._wakeup is not None:
                 self._wakeup.set()
             try:
@@ -248,16 +248,26 @@ class HFEngine(InferenceEngine):
         return 0
 
     def _ensure_started(self) -> None:
-        if self._task is not None and not self._task.done():
+        """Start the scheduler on the running loop (again, if an earlier loop went away,
+        e.g. a caller that uses asyncio.run() once per phase)."""
+        loop = asyncio.get_running_loop()
+        if self._task is not None and not self._task.done() and self._task.get_loop() is loop:
             return
         if self._closed:
             return
+        if self._task is not None and self._task.get_loop() is not loop:
+            for request in list(self._by_id.values()):  # their loop is gone; nobody awaits them
+                self._by_id.pop(request.rid, None)
+            self._waiting.clear()
+            self._batch = _Batch()
+        paused = self._paused
         self._wakeup = asyncio.Event()
         self._resumed = asyncio.Event()
         self._drained = asyncio.Event()
-        self._resumed.set()
+        if not paused:
+            self._resumed.set()
         self._drained.set()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="hf-engine-scheduler")
+        self._task = loop.create_task(self._run(), name="hf-engine-scheduler")
 
     def _abort_request(self, request: _Request) -> None:
         if request.future.done():

@@ -137,3 +137,13 @@ async def test_close_aborts_and_rejects(tiny_model_and_tokenizer):
     assert (await task).finish_reason == "abort"
     with pytest.raises(RuntimeError, match="closed"):
         await eng.generate(PROMPTS[0], SamplingParams(max_new_tokens=1))
+
+
+def test_engine_survives_successive_event_loops(tiny_model_and_tokenizer):
+    """Callers that use asyncio.run() per phase (eval, then training) share one engine."""
+    model, tokenizer = tiny_model_and_tokenizer
+    eng = HFEngine(model, tokenizer)
+    first = asyncio.run(eng.generate(PROMPTS[0], SamplingParams(max_new_tokens=3, seed=1, stop_token_ids=NO_STOP)))
+    second = asyncio.run(eng.generate(PROMPTS[0], SamplingParams(max_new_tokens=3, seed=1, stop_token_ids=NO_STOP)))
+    assert first.token_ids == second.token_ids
+    asyncio.run(eng.close())
