@@ -300,9 +300,26 @@ class DockerBackend(SandboxBackend):
         return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
 
     async def start(self, image: str, limits: Limits = Limits(), *, labels: dict[str, str] | None = None) -> DockerSandbox:
-        if self._closed:
+        if self._closed or self._executor is None:
             raise SandboxError(f"{self!r} is closed")
-        return await self._run_blocking(self._start_blocking, image, limits, labels or {})
+        loop = asyncio.get_running_loop()
+        starting = loop.run_in_executor(self._executor, functools.partial(self._start_blocking, image, limits, labels or {}))
+        try:
+            return await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            # The caller gave up (e.g. a straggler cancelled), but the worker thread keeps
+            # starting the container: remove it as soon as it exists, not at the end of the run.
+            starting.add_done_callback(self._remove_abandoned)
+            raise
+
+    def _remove_abandoned(self, starting: "asyncio.Future[DockerSandbox]") -> None:
+        if starting.cancelled() or starting.exception() is not None:
+            return
+        box = starting.result()
+        box._closed = True
+        executor = self._executor
+        if executor is not None:  # else close() has removed it with everything else
+            executor.submit(self._remove, box.id)
 
     def _start_blocking(self, image: str, limits: Limits, labels: dict[str, str]) -> DockerSandbox:
         with self._lock:

@@ -129,3 +129,26 @@ async def test_backend_caps_starts_in_flight(docker_client):
     finally:
         await backend.close()
     assert peak == 2  # four starts requested at once, two at a time on the engine
+
+
+async def test_a_cancelled_start_does_not_leave_its_container_running(docker_backend, docker_client):
+    import asyncio
+
+    from rollhub.sandbox.reaper import list_rollhub_containers
+
+    starting = asyncio.ensure_future(docker_backend.start(IMAGE))
+    await asyncio.sleep(0.05)  # the worker thread is creating the container now
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    for _ in range(300):  # the worker thread finishes the start regardless
+        if docker_backend._starts_in_flight == 0:
+            break
+        await asyncio.sleep(0.1)
+    assert docker_backend._starts_in_flight == 0
+    for _ in range(100):  # then its container is removed in the background
+        if not list_rollhub_containers(docker_client.api, docker_backend.run_id):
+            break
+        await asyncio.sleep(0.1)
+    assert list_rollhub_containers(docker_client.api, docker_backend.run_id) == []
+    assert docker_backend.live_count == 0
