@@ -189,7 +189,7 @@ def build_layered_image(
             else:
                 staged.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source, staged)
-            lines.append(f"COPY inputs/{index} {json.dumps(dest)}" if " " not in dest else f"COPY [\"inputs/{index}\", {json.dumps(dest)}]")
+            lines.append(f"COPY {json.dumps([f'inputs/{index}', dest])}")  # JSON form: any dest path
         for key, value in sorted(env.items()):
             lines.append(f"ENV {key}={json.dumps(value)}")
         if workdir:
