@@ -3,6 +3,8 @@ and the process backend, plus a guard that no test leaves a rollhub container be
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from sandbox_testing import TEST_RUN_PREFIX, new_test_run_id
 
@@ -32,7 +34,13 @@ def docker_client():
     yield client
     from rollhub.sandbox.reaper import list_rollhub_containers
 
-    leftovers = [r for r in list_rollhub_containers(client.api) if r.run_id.startswith(TEST_RUN_PREFIX)]
+    # Ours: started by this process, or by a test's child process that is gone by now (a
+    # concurrent pytest elsewhere on the machine has live owners and is left alone).
+    leftovers = [
+        r
+        for r in list_rollhub_containers(client.api)
+        if r.run_id.startswith(TEST_RUN_PREFIX) and (r.labels.get("rollhub.owner_pid") == str(os.getpid()) or not r.owner_alive)
+    ]
     client.api.close()
     assert not leftovers, f"tests leaked containers: {[r.id[:12] for r in leftovers]}"
 
