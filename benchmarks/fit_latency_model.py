@@ -197,6 +197,7 @@ def fit(records: list[StepRecord], max_batch: int, source: str) -> tuple[Any, li
 
 def validation_workloads(rng: np.random.Generator, long_tokens: int) -> dict[str, list[Request]]:
     """Workloads unlike the fitting ones: mixed lengths, staggered arrivals, a long tail."""
+    long_tokens = max(long_tokens, 24)
     mixed = [Request(0.0, int(rng.integers(16, 128)), int(rng.integers(8, long_tokens + 1))) for _ in range(12)]
     staggered = [Request(0.05 * i, int(rng.integers(16, 96)), int(rng.integers(16, long_tokens + 1))) for i in range(10)]
     tail = [Request(0.0, 48, 12) for _ in range(7)] + [Request(0.0, 48, 3 * long_tokens)]
@@ -243,8 +244,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         "error": predicted / measured["cpu_s"] - 1,
                     }
                 )
-            loop.run_until_complete(engine.close())
         finally:
+            loop.run_until_complete(engine.close())
             loop.close()
     params.to_json(out / "latency_params.json")
     if cfg.save_to:
