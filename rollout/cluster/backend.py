@@ -222,26 +222,28 @@ class RayRollout:
             self._monitor.cancel()
             await asyncio.gather(self._monitor, return_exceptions=True)
         if self._started:
-            for slot in self._shards:
-                if slot.handle is not None:
-                    try:
-                        self._shard_summaries[slot.slot_id] = await asyncio.wait_for(slot.handle.stop.remote(), timeout=30)
-                    except Exception as exc:  # a dead shard: keep its last known counters
-                        logger.warning("stopping %s failed: %s", slot.slot_id, exc)
-                    self._ray.kill(slot.handle)
-            for slot in self._engines:
-                if slot.handle is not None:
-                    try:
-                        await asyncio.wait_for(slot.handle.stop.remote(), timeout=30)
-                    except Exception as exc:
-                        logger.warning("stopping %s failed: %s", slot.slot_id, exc)
-                    self._ray.kill(slot.handle)
+            shards = [s for s in self._shards if s.handle is not None]
+            finals = await asyncio.gather(*(self._stop_actor(s) for s in shards))
+            for slot, final in zip(shards, finals):
+                if final is not None:  # a dead shard keeps its last known counters
+                    self._shard_summaries[slot.slot_id] = final
+            await asyncio.gather(*(self._stop_actor(s) for s in self._engines if s.handle is not None))
             if self._router is not None:
                 await self._router.close()
         if self._writer is not None:
             self._writer.close()
         if self._owns_ray:
             self._ray.shutdown()
+
+    async def _stop_actor(self, slot: _Slot) -> Any:
+        """Graceful stop (envs and sandboxes closed, final counters), then kill."""
+        try:
+            return await asyncio.wait_for(slot.handle.stop.remote(), timeout=30)
+        except Exception as exc:
+            logger.warning("stopping %s failed: %s", slot.slot_id, str(exc).splitlines()[0] if str(exc) else repr(exc))
+            return None
+        finally:
+            self._ray.kill(slot.handle)
 
     # --- rollout (EnvManager surface) ----------------------------------------------------
 
@@ -311,7 +313,8 @@ class RayRollout:
             if slot.incarnation == incarnation:
                 slot.running -= 1
         self.ledger.groups_completed += 1
-        self._shard_summaries[slot.slot_id] = shard_summary
+        if shard_summary is not None:
+            self._shard_summaries[slot.slot_id] = shard_summary
         if self._writer is not None:
             self._writer.write_group(group)
         if ticket is not None:

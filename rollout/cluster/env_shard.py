@@ -13,6 +13,7 @@ import asyncio
 import collections
 import dataclasses
 import logging
+import time
 from typing import Any, Iterator
 
 logger = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class EnvShard:
         self.manager: Any = None
         self._seeds = _SeedFeed()
         self._info: dict[str, Any] = {}
+        self._summary_sent_at = float("-inf")
 
     async def start(self) -> dict[str, Any]:
         if self.manager is not None:
@@ -76,11 +78,22 @@ class EnvShard:
         self._info = {"shard_id": self.shard_id, "node_id": context.get_node_id(), "node_ip": ray.util.get_node_ip_address(), "pid": __import__("os").getpid()}
         return self._info
 
-    async def run_group(self, seed: int) -> tuple[Any, dict[str, Any]]:
-        """One group of the shard's env; returns it with the shard's counters after it."""
+    async def run_group(self, seed: int) -> tuple[Any, dict[str, Any] | None]:
+        """One group of the shard's env, its trajectories tagged with shard and node.
+
+        The shard's counters ride along at most once a second (the summary sorts latency
+        lists, too much work to repeat for every group of a busy shard).
+        """
         self._seeds.push(seed)
-        groups = await self.manager.collect_batch(1)
-        return groups[0], self.summary()
+        group = (await self.manager.collect_batch(1))[0]
+        for trajectory in group.trajectories:
+            trajectory.info["cluster_shard"] = self.shard_id
+            trajectory.info["cluster_node"] = self._info.get("node_ip")
+        now = time.monotonic()
+        if now - self._summary_sent_at < 1.0:
+            return group, None
+        self._summary_sent_at = now
+        return group, self.summary()
 
     def summary(self) -> dict[str, Any]:
         data = self.manager.summary() if self.manager is not None else {}

@@ -57,6 +57,7 @@ def test_rollhub_train_with_ray_backend_survives_a_shard_kill(ray_cluster, tiny_
         "train", str(REPO / "configs" / "sokoban_tiny.yaml"), "--no-progress",
         "--set", f"run_dir={run_dir}", "--set", f"model.path={tiny_model_dir}", "--set", "sft.enabled=false",
         "--set", f"train.steps={STEPS}", "--set", "train.checkpoint_every=0", "--set", "eval.episodes=2",
+        "--set", "env.kwargs={dim: 6, num_boxes: 1, max_steps: 4}", "--set", "agent.max_new_tokens=8",
         "--set", f"rollout.group_size={GROUP_SIZE}", "--set", f"rollout.groups_per_batch={BATCH}", "--set", f"rollout.async_ratio={ALPHA}",
         "--set", "cluster.backend=ray", "--set", "cluster.num_env_shards=2", "--set", "cluster.num_engines=2",
     ])
@@ -146,6 +147,8 @@ async def test_ray_accounting_matches_single_process_with_faults(ray_cluster, ti
 
     remote = await _consume(rollout, ray_buffer, weights, faults)
     _check_consumed(remote, ray_buffer)
+    trajectories = [t for _, batch in remote for g in batch for t in g.trajectories]
+    assert all(t.info["cluster_shard"].startswith("shard-") and t.info["cluster_node"] for t in trajectories)
     ledger = rollout.ledger
     assert ledger.groups_completed == ray_buffer.put_groups
     assert ledger.groups_dispatched == ledger.groups_completed + ledger.groups_lost + ledger.groups_failed + ledger.groups_cancelled
