@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollhub.benchmarks.report import print_table, save_json
+from rollhub.benchmarks.report import print_table, save_json, save_plot
 
 logger = logging.getLogger(__name__)
 
@@ -245,6 +245,17 @@ async def _bench(cfg: SandboxBenchConfig) -> dict:
     return results
 
 
+def _draw_throughput(axes, rows: list[dict]) -> None:
+    concurrency = [row["concurrency"] for row in rows]
+    axes[0].plot(concurrency, [row["sandboxes_per_s"] for row in rows], marker="o")
+    axes[0].set(xlabel="concurrent sandboxes", ylabel="sandboxes / s (start + execs + close)", title="throughput")
+    axes[1].plot(concurrency, [row["exec_p50_ms"] for row in rows], marker="o", label="exec p50")
+    axes[1].plot(concurrency, [row["exec_p95_ms"] for row in rows], marker="o", label="exec p95")
+    axes[1].plot(concurrency, [row["start_p50_ms"] for row in rows], marker="s", label="start p50")
+    axes[1].set(xlabel="concurrent sandboxes", ylabel="ms", title="latency under load", yscale="log")
+    axes[1].legend()
+
+
 def run(args: argparse.Namespace) -> dict:
     from rollhub.config import load_config
     from rollhub.errors import UserError
@@ -259,7 +270,8 @@ def run(args: argparse.Namespace) -> dict:
     print_table("sandbox throughput", results["throughput"])
     print_table("idle memory and leaks", [{**results["memory"], "leaked_containers": results["leaked_containers"], "load_avg_1m": results["load_avg_1m_before"]}])
     path = save_json(Path(args.out) / "sandbox.json", results)
-    print(f"wrote {path}")
+    plot = save_plot(Path(args.out) / "sandbox.png", _draw_throughput, results["throughput"], panels=2)
+    print(f"wrote {path} and {plot}")
     if results["leaked_containers"]:
         raise RuntimeError(f"{results['leaked_containers']} containers leaked after the benchmark")
     return results
