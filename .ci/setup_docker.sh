@@ -6,7 +6,8 @@
 #     with the overlay2 storage driver, falling back to fuse-overlayfs and then vfs when
 #     the kernel / filesystem refuses overlay2;
 #  3. waits until `docker info` works (timeout $ROLLHUB_DOCKER_WAIT_S, default 60 s);
-#  4. builds the base image with debootstrap (no registry) when it is missing.
+#  4. builds the base image with debootstrap (no registry) when it is missing;
+#  5. removes rollhub containers whose owner process is gone (`rollhub sandbox gc`).
 # Fails loudly on any step. Set ROLLHUB_ALLOW_NO_DOCKER=1 to continue without an engine
 # (the docker tests then skip with the reason printed here).
 # DOCKER_HOST pointing at a remote engine skips steps 1-2.
@@ -70,3 +71,5 @@ if ! docker image inspect rollhub/base:bookworm >/dev/null 2>&1; then
     python3 -m rollhub.cli sandbox build-base || fail "building the base image failed"
 fi
 say "rollhub/base:bookworm present"
+# Start-up sweep: containers left by runs that died (SIGKILL, crashed CI jobs) on this host.
+python3 -m rollhub.cli sandbox gc | sed 's/^/== setup_docker: /'
