@@ -4,6 +4,7 @@ and the process backend, plus a guard that no test leaves a rollhub container be
 from __future__ import annotations
 
 import os
+import warnings
 
 import pytest
 from sandbox_testing import TEST_RUN_PREFIX, new_test_run_id
@@ -30,6 +31,8 @@ def _docker_client_or_reason():
 def docker_client():
     client, reason = _docker_client_or_reason()
     if client is None:
+        # A warning shows in pytest's default summary; a skip reason alone needs -rs.
+        warnings.warn(f"Docker sandbox tests skipped: {reason}", stacklevel=1)
         pytest.skip(reason)
     yield client
     from rollhub.sandbox.reaper import list_rollhub_containers
