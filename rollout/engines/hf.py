@@ -370,8 +370,9 @@ class HFEngine(InferenceEngine):
         ids = request.prompt_ids + request.output_ids[:-1]
         if len(ids) != length or request.weights_epoch != self._weights_epoch:
             return  # never cache KV whose ids or weights we cannot vouch for
-        keys = [layer.keys[row : row + 1, :, -length:].clone() for layer in self._batch.cache.layers]
-        values = [layer.values[row : row + 1, :, -length:].clone() for layer in self._batch.cache.layers]
+        columns = self._batch.mask[row].nonzero().squeeze(-1)  # real tokens (rows may have holes)
+        keys = [layer.keys[row : row + 1].index_select(2, columns) for layer in self._batch.cache.layers]
+        values = [layer.values[row : row + 1].index_select(2, columns) for layer in self._batch.cache.layers]
         self.prefix_cache.store(ids, keys, values)
 
     def _select_rows(self, keep: list[int]) -> None:
@@ -416,31 +417,49 @@ class HFEngine(InferenceEngine):
         return out.logits[:, -1, :]
 
     def _prefill(self, requests: list[_Request], version: int) -> None:
-        misses = []
+        misses, hits = [], []
         for request in requests:
             hit = self.prefix_cache.lookup(request.prompt_ids)
             if hit is None:
                 misses.append(request)
             else:
-                self._prefill_from_prefix(request, hit, version)
+                hits.append((request, hit))
+        if hits:
+            self._prefill_from_prefixes(hits, version)
         if misses:
             self._prefill_batch(misses, version)
 
-    def _prefill_from_prefix(self, request: _Request, hit: tuple[int, list[torch.Tensor], list[torch.Tensor]], version: int) -> None:
-        cached, keys, values = hit
+    def _prefill_from_prefixes(self, hits: list[tuple[_Request, tuple[int, list[torch.Tensor], list[torch.Tensor]]]], version: int) -> None:
+        """One forward for all cache hits: row = [pad | cached prefix KV | pad | new suffix].
+
+        Rows have different prefix and suffix lengths, so each is right-aligned in both
+        parts; the hole between them is masked out and positions count real tokens only,
+        so the math is the same as an unpadded forward.
+        """
+        prefix_width = max(cached for _, (cached, _, _) in hits)
+        suffix_width = max(len(request.prompt_ids) - cached for request, (cached, _, _) in hits)
+        rows = len(hits)
         cache = self._new_cache()
-        for index, (k, v) in enumerate(zip(keys, values)):
-            cache.update(k.clone(), v.clone(), index)
-        suffix = request.prompt_ids[cached:]
-        total = len(request.prompt_ids)
-        ids = torch.tensor([suffix], dtype=torch.long)
-        mask = torch.ones((1, total), dtype=torch.long)
-        positions = torch.arange(cached, total, dtype=torch.long).unsqueeze(0)
+        for index in range(len(hits[0][1][1])):
+            keys = torch.cat([pad_left(hit[1][index], prefix_width, 2) for _, hit in hits], dim=0)
+            values = torch.cat([pad_left(hit[2][index], prefix_width, 2) for _, hit in hits], dim=0)
+            cache.update(keys, values, index)
+        ids = torch.full((rows, suffix_width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((rows, prefix_width + suffix_width), dtype=torch.long)
+        positions = torch.zeros((rows, suffix_width), dtype=torch.long)
+        requests = []
+        for row, (request, (cached, _, _)) in enumerate(hits):
+            suffix = request.prompt_ids[cached:]
+            ids[row, suffix_width - len(suffix) :] = torch.tensor(suffix, dtype=torch.long)
+            mask[row, prefix_width - cached : prefix_width] = 1
+            mask[row, prefix_width + suffix_width - len(suffix) :] = 1
+            positions[row, suffix_width - len(suffix) :] = torch.arange(cached, cached + len(suffix))
+            self.stats.prefill_tokens += len(suffix)
+            request.weights_epoch = self._weights_epoch
+            requests.append(request)
         logits = self._forward(ids, mask, positions, cache)
-        self.stats.prefill_tokens += len(suffix)
-        request.weights_epoch = self._weights_epoch
-        tokens = self._sample([request], logits, version)
-        self._merge([request], cache, mask, torch.tensor([total]), tokens)
+        tokens = self._sample(requests, logits, version)
+        self._merge(requests, cache, mask, mask.sum(-1), tokens)
 
     def _prefill_batch(self, requests: list[_Request], version: int) -> None:
         longest = max(len(r.prompt_ids) for r in requests)

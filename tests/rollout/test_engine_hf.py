@@ -44,6 +44,22 @@ async def test_prefix_cache_hit_keeps_logprobs_exact(engine: HFEngine):
     assert second.logprobs == pytest.approx(direct_logprobs(engine.model, follow_up, second.token_ids), abs=1e-4)
 
 
+async def test_concurrent_prefix_hits_of_different_lengths_batch_exactly(engine: HFEngine):
+    """Hits are prefilled together with holes between prefix and suffix; still exact."""
+    firsts = await asyncio.gather(*(engine.generate(PROMPTS[k], SamplingParams(max_new_tokens=3 + 2 * k, seed=k, stop_token_ids=NO_STOP)) for k in range(4)))
+    follow_ups = [PROMPTS[k] + g.token_ids + [9] * (1 + 3 * k) for k, g in enumerate(firsts)]
+    hits_before = engine.prefix_cache.hits
+    seconds = await asyncio.gather(*(engine.generate(f, SamplingParams(max_new_tokens=10, seed=10 + k, stop_token_ids=NO_STOP)) for k, f in enumerate(follow_ups)))
+    assert engine.prefix_cache.hits == hits_before + 4
+    for follow_up, second in zip(follow_ups, seconds):
+        assert second.logprobs == pytest.approx(direct_logprobs(engine.model, follow_up, second.token_ids), abs=1e-4)
+    # the KV stored from rows with holes is reusable too
+    third_prompt = follow_ups[2] + seconds[2].token_ids + [4, 4]
+    third = await engine.generate(third_prompt, SamplingParams(max_new_tokens=5, seed=3, stop_token_ids=NO_STOP))
+    assert engine.prefix_cache.hits == hits_before + 5
+    assert third.logprobs == pytest.approx(direct_logprobs(engine.model, third_prompt, third.token_ids), abs=1e-4)
+
+
 async def test_same_seed_same_tokens_and_greedy_is_argmax(engine: HFEngine):
     a = await engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=6, seed=7, stop_token_ids=NO_STOP))
     b = await engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=6, seed=7, stop_token_ids=NO_STOP))
