@@ -7,6 +7,7 @@ the engine lives in worker processes, so this benchmark reads the workers themse
   repeat reset of the same game (what the other members of a group pay), with the
   translation cache's speed-up measured against the cold resets in the same run;
 * step latency of the walkthrough's commands;
+* for each, the workers' CPU time per operation, which a busy machine does not inflate;
 * memory: worker RSS per live env, for distinct games and for one game shared by a group;
 * throughput: `concurrent` envs (groups of `group_size`) on all workers at once, expert and
   random agents mixed, steps/s over the whole run.
@@ -52,6 +53,11 @@ async def _worker_rss_mb(pool: Any, index: int) -> float:
     return float(stats[index]["rss_mb"])
 
 
+async def _worker_cpu_s(pool: Any) -> float:
+    """CPU seconds the workers have used: unlike wall time, not inflated by a busy machine."""
+    return float(sum(s.get("cpu_s", 0.0) for s in await pool.worker_stats()))
+
+
 async def measure_latency(cfg: ALFWorldBenchConfig) -> dict[str, Any]:
     from rollhub.envs.alfworld.env import ALFWorldEnv
     from rollhub.envs.alfworld.pool import WorkerPool
@@ -59,27 +65,32 @@ async def measure_latency(cfg: ALFWorldBenchConfig) -> dict[str, Any]:
     pool = WorkerPool(1)
     env = ALFWorldEnv(pool=pool)
     cold, warm, steps = [], [], []
+    cpu = {"cold": 0.0, "warm": 0.0, "steps": 0.0}
+
+    async def timed(kind: str, samples: list[float], call: Any) -> Any:
+        cpu_before, start = await _worker_cpu_s(pool), time.perf_counter()
+        result = await call
+        samples.append(time.perf_counter() - start)
+        cpu[kind] += await _worker_cpu_s(pool) - cpu_before
+        return result
+
     try:
         for i in range(cfg.games):
             seed = cfg.seed + i * 11
-            start = time.perf_counter()
-            await env.reset(seed=seed)
-            cold.append(time.perf_counter() - start)
+            await timed("cold", cold, env.reset(seed=seed))
             for _ in range(2):
-                start = time.perf_counter()
-                await env.reset(seed=seed)
-                warm.append(time.perf_counter() - start)
+                await timed("warm", warm, env.reset(seed=seed))
             while True:
-                action = env.expert_action()
-                start = time.perf_counter()
-                _, _, terminated, truncated, _ = await env.step(action)
-                steps.append(time.perf_counter() - start)
+                _, _, terminated, truncated, _ = await timed("steps", steps, env.step(env.expert_action()))
                 if terminated or truncated:
                     break
         await env.close()
     finally:
         pool.close()
     return {
+        "reset_cold_cpu_ms": 1000.0 * cpu["cold"] / len(cold),
+        "reset_cached_cpu_ms": 1000.0 * cpu["warm"] / len(warm),
+        "step_cpu_ms": 1000.0 * cpu["steps"] / len(steps),
         "reset_cold_p50_ms": _pct(cold, 50),
         "reset_cold_p90_ms": _pct(cold, 90),
         "reset_cached_p50_ms": _pct(warm, 50),
@@ -143,11 +154,14 @@ async def measure_concurrency(cfg: ALFWorldBenchConfig) -> dict[str, Any]:
         stats = await pool.worker_stats()
     finally:
         pool.close()
+    worker_cpu_s = sum(s.get("cpu_s", 0.0) for s in stats)
     return {
         "concurrent_envs": cfg.concurrent,
         "workers": cfg.workers,
         "seconds": elapsed,
         "steps_per_s": counts["steps"] / elapsed,
+        "worker_cpu_s": worker_cpu_s,
+        "steps_per_cpu_s": counts["steps"] / worker_cpu_s if worker_cpu_s else float("nan"),
         "restarts": sum(s["restarts"] for s in stats),
         **counts,
     }

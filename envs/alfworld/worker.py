@@ -67,6 +67,7 @@ class WorkerState:
             usage = resource.getrusage(resource.RUSAGE_SELF)
             return {
                 "pid": os.getpid(),
+                "cpu_s": usage.ru_utime + usage.ru_stime,
                 "max_rss_mb": usage.ru_maxrss / 1024.0,
                 "rss_mb": _current_rss_mb(),
                 "sessions": len(self.sessions),
