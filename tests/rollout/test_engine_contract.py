@@ -151,3 +151,28 @@ async def test_server_speaks_sglang_shapes(served):
             assert response.status == 400 and (await response.json())["success"] is False
         async with http.post(f"{url}/update_weight_version", json={"new_version": "9"}) as response:
             assert (await response.json())["new_version"] == "9"
+
+
+async def test_env_manager_over_the_http_client_with_a_state_dict_update(served, tiny_model_and_tokenizer):
+    """The full rollout stack on the SGLang client path: groups, then pause -> update -> resume."""
+    from rollhub.rollout.agent import AgentConfig
+    from rollhub.rollout.manager import EnvManager, EnvManagerConfig
+
+    from conftest import CountdownEnv
+
+    backend, url = served
+    model, tokenizer = tiny_model_and_tokenizer
+    client = SGLangEngine(url)
+    config = EnvManagerConfig(env_id="test/Countdown-v0", group_size=2, agent=AgentConfig(max_new_tokens=4), env_kwargs={"max_steps": 2})
+    manager = EnvManager(client, tokenizer, config, env_factory=lambda env_id, **kw: CountdownEnv(**kw))
+    try:
+        before = await manager.collect_batch(2)
+        await manager.update_weights({k: v.clone() for k, v in model.state_dict().items()}, version=2)
+        after = await manager.collect_batch(1)
+    finally:
+        await manager.close()
+        await client.close()
+    assert all(v == 0 for g in before for t in g.trajectories for turn in t.turns for v in turn.token_versions)
+    assert all(v == 2 for g in after for t in g.trajectories for turn in t.turns for v in turn.token_versions)
+    assert backend.weight_version == 2 and client.num_in_flight == 0
+    await backend.update_weights({k: v.clone() for k, v in model.state_dict().items()}, version=0)
