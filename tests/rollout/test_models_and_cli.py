@@ -106,3 +106,46 @@ async def test_smollm2_export_answers_a_question(tmp_path):
     finally:
         await engine.close()
     assert "Paris" in engine.tokenizer.decode(generation.token_ids)
+
+
+def test_rollout_command_over_sglang_client(tmp_path, tiny_model_dir, capsys):
+    """`rollhub rollout --engine sglang --url ...` against the serve app running in a thread."""
+    import threading
+
+    from aiohttp import web
+
+    from rollhub.rollout.engines.hf import HFEngine
+    from rollhub.rollout.server import build_app
+
+    port = _free_port()
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    runner_box: dict = {}
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+
+        async def start() -> None:
+            runner = web.AppRunner(build_app(HFEngine(tiny_model_dir)))
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+            runner_box["runner"] = runner
+
+        loop.run_until_complete(start())
+        ready.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert ready.wait(60)
+    try:
+        code = main(["rollout", "--env", "rollhub/Sokoban-v0", "--engine", "sglang", "--url", f"http://127.0.0.1:{port}", "--model", str(tiny_model_dir),
+                     "--groups", "1", "--group-size", "2", "--max-new-tokens", "3", "--out", str(tmp_path), "--json", "--set", "agent.max_turns=2"])
+        assert code == 0
+        summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert summary["engine"] == "sglang" and summary["trajectories"] == 2 and summary["generated_tokens"] > 0
+        assert main(["rollout", "--env", "rollhub/Sokoban-v0", "--engine", "sglang", "--url", "http://127.0.0.1:1", "--model", str(tiny_model_dir), "--out", str(tmp_path)]) == 2
+    finally:
+        asyncio.run_coroutine_threadsafe(runner_box["runner"].cleanup(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
