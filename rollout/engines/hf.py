@@ -86,7 +86,8 @@ class HFEngine(InferenceEngine):
 
     `model` is an HF checkpoint dir or a loaded causal LM; `stop_token_ids` default to the
     tokenizer/model eos ids. `max_batch_size` caps concurrent requests in the batch;
-    `prefix_cache_tokens` bounds the KV kept for prefix reuse (0 disables it).
+    `prefix_cache_tokens` bounds the KV kept for prefix reuse (0 disables it); `device`
+    places a model loaded from a path (a passed-in model stays where it is).
     """
 
     def __init__(
@@ -101,6 +102,7 @@ class HFEngine(InferenceEngine):
         seed: int = 0,
         dtype: Any = None,
         prefix_cache_tokens: int = 32768,
+        device: str = "cpu",
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
@@ -108,11 +110,12 @@ class HFEngine(InferenceEngine):
             from rollhub.rollout.models import load_model_and_tokenizer
 
             self.model_path: str | None = str(model)
-            model, loaded_tokenizer = load_model_and_tokenizer(model, dtype=dtype)
+            model, loaded_tokenizer = load_model_and_tokenizer(model, dtype=dtype, device=device)
             tokenizer = tokenizer or loaded_tokenizer
         else:
             self.model_path = getattr(getattr(model, "config", None), "_name_or_path", None)
         self.model = model.eval()
+        self.device = next(model.parameters()).device  # KV lives here; ids, masks and sampling on the CPU
         self.tokenizer = tokenizer
         self.threads = threads
         self.max_batch_size = max_batch_size
@@ -370,7 +373,7 @@ class HFEngine(InferenceEngine):
         ids = request.prompt_ids + request.output_ids[:-1]
         if len(ids) != length or request.weights_epoch != self._weights_epoch:
             return  # never cache KV whose ids or weights we cannot vouch for
-        columns = self._batch.mask[row].nonzero().squeeze(-1)  # real tokens (rows may have holes)
+        columns = self._batch.mask[row].nonzero().squeeze(-1).to(self.device)  # real tokens (rows may have holes)
         keys = [layer.keys[row : row + 1].index_select(2, columns) for layer in self._batch.cache.layers]
         values = [layer.values[row : row + 1].index_select(2, columns) for layer in self._batch.cache.layers]
         self.prefix_cache.store(ids, keys, values)
@@ -385,6 +388,7 @@ class HFEngine(InferenceEngine):
         first_real = int((mask.sum(0) > 0).nonzero()[0]) if mask.numel() else 0  # drop all-padding columns
         batch.mask = mask[:, first_real:]
         batch.lengths = batch.lengths.index_select(0, index)
+        index = index.to(self.device)
         for layer in batch.cache.layers:
             layer.keys = layer.keys.index_select(0, index)[:, :, first_real:]
             layer.values = layer.values.index_select(0, index)[:, :, first_real:]
@@ -413,8 +417,9 @@ class HFEngine(InferenceEngine):
 
     def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
         cache_kwarg = {self._cache_argument: cache}
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1, **cache_kwarg)
-        return out.logits[:, -1, :]
+        device = self.device
+        out = self.model(input_ids=input_ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device), use_cache=True, logits_to_keep=1, **cache_kwarg)
+        return out.logits[:, -1, :].float().cpu()  # bookkeeping and sampling stay on the CPU
 
     def _prefill(self, requests: list[_Request], version: int) -> None:
         misses, hits = [], []
