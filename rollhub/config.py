@@ -98,6 +98,11 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         return {k: _coerce(v, val_tp, f"{path}.{k}") for k, v in value.items()}
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
     if tp is Path and isinstance(value, str):
         return Path(value)
     if isinstance(tp, type):
