@@ -166,7 +166,7 @@ class _Replica:
         self._prefill_free_at = 0.0
         self.busy_s = 0.0  # simulated seconds with at least one running request
         self.tokens_generated = 0.0
-        self.sim_cpu_s = 0.0  # real CPU this simulation spent (so benchmarks can subtract it)
+        self.sim_wall_s = 0.0  # real time spent simulating (perf_counter: cheap), for benchmarks to subtract
 
     @property
     def load(self) -> int:
@@ -223,11 +223,11 @@ class _Replica:
 
     def settle(self) -> None:
         """Bring progress up to now, finish what is done, admit waiters, re-arm the timer."""
-        cpu = time.process_time()
+        started = time.perf_counter()
         try:
             self._settle()
         finally:
-            self.sim_cpu_s += time.process_time() - cpu
+            self.sim_wall_s += time.perf_counter() - started
 
     def _settle(self) -> None:
         loop = asyncio.get_running_loop()
@@ -317,12 +317,12 @@ class LatencyModelEngine(InferenceEngine):
         self._running_gate.set()
         self._prefill_tasks: dict[str, asyncio.Future] = {}
         self._closed = False
-        self._fake_cpu_s = 0.0
+        self._fake_wall_s = 0.0
 
     @property
-    def sim_cpu_s(self) -> float:
-        """Real CPU spent simulating (timing model and fake tokens), not serving requests."""
-        return self._fake_cpu_s + sum(r.sim_cpu_s for r in self._replicas)
+    def sim_wall_s(self) -> float:
+        """Real time spent simulating (timing model and fake tokens), not serving requests."""
+        return self._fake_wall_s + sum(r.sim_wall_s for r in self._replicas)
 
     # -- the InferenceEngine contract ---------------------------------------------------
     async def generate(
@@ -382,9 +382,9 @@ class LatencyModelEngine(InferenceEngine):
         produced = int(math.floor(request.done_tokens + 1e-9)) if aborted else request.target_tokens
         self.stats.tokens += produced
         self.stats.aborted += int(aborted)
-        cpu = time.process_time()
+        started = time.perf_counter()
         token_ids, logprobs = self._fake_tokens(rng, produced, sampling, stop=(not aborted and finish == "stop"))
-        self._fake_cpu_s += time.process_time() - cpu
+        self._fake_wall_s += time.perf_counter() - started
         return Generation(
             token_ids=token_ids,
             logprobs=logprobs,
