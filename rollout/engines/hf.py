@@ -157,8 +157,10 @@ class HFEngine(InferenceEngine):
         self._ensure_started()
         if self._closed:
             raise RuntimeError("engine is closed")
-        while self._paused:
+        while self._paused and not self._closed:
             await self._resumed.wait()
+        if self._closed:
+            raise RuntimeError("engine is closed")
         rid = request_id or uuid.uuid4().hex
         if rid in self._by_id:
             raise ValueError(f"request id {rid} is already in flight")

@@ -155,6 +155,17 @@ async def test_close_aborts_and_rejects(tiny_model_and_tokenizer):
         await eng.generate(PROMPTS[0], SamplingParams(max_new_tokens=1))
 
 
+async def test_close_releases_callers_blocked_by_pause(tiny_model_and_tokenizer):
+    model, tokenizer = tiny_model_and_tokenizer
+    eng = HFEngine(model, tokenizer)
+    await eng.pause()
+    blocked = asyncio.create_task(eng.generate(PROMPTS[0], SamplingParams(max_new_tokens=1)))
+    await asyncio.sleep(0.05)
+    await eng.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        await asyncio.wait_for(blocked, 5)
+
+
 def test_engine_survives_successive_event_loops(tiny_model_and_tokenizer):
     """Callers that use asyncio.run() per phase (eval, then training) share one engine."""
     model, tokenizer = tiny_model_and_tokenizer
