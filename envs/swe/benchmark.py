@@ -70,7 +70,9 @@ def official_verdicts(tasks: list[SweTask], patches: dict[str, dict[str, str]], 
 
         def one(job: tuple[SweTask, str, dict[str, str]]) -> tuple[tuple[str, str], bool | None]:
             task, name, prediction = job
-            result = run_instance(make_test_spec(task.row), prediction, client, run_id, timeout=900)
+            # one run id per patch kind: run_instance names its container by (instance, run id) and
+            # removes a same-named "ghost", which would kill a concurrent job on the same instance
+            result = run_instance(make_test_spec(task.row), prediction, client, f"{run_id}-{name}", timeout=900)
             if not result:
                 return (task.instance_id, name), None
             return (task.instance_id, name), bool(result[1][task.instance_id]["resolved"])
@@ -82,7 +84,7 @@ def official_verdicts(tasks: list[SweTask], patches: dict[str, dict[str, str]], 
         raw_client.close()
 
 
-async def _ours(tasks: list[SweTask], patches: dict[str, dict[str, str]]) -> tuple[dict[tuple[str, str], float], dict[str, list[float]]]:
+async def _ours(tasks: list[SweTask], patches: dict[str, dict[str, str]]) -> tuple[dict[tuple[str, str], float], dict[str, list[float]], list[str]]:
     from rollhub.envs.swe.env import SWEEnv
     from rollhub.envs.swe.evaluate import evaluate_patch
     from rollhub.envs.swe.tools import ToolCall
@@ -91,11 +93,15 @@ async def _ours(tasks: list[SweTask], patches: dict[str, dict[str, str]]) -> tup
     backend = DockerBackend()
     timings: dict[str, list[float]] = {"reset_s": [], "tool_call_s": [], "eval_s": [], "close_s": []}
     rewards = {}
+    infra_failures: list[str] = []
     try:
         env = SWEEnv(tasks, backend=backend)
         for task in tasks:
             started = time.monotonic()
-            await env.reset(options={"instance_id": task.instance_id})
+            _, info = await env.reset(options={"instance_id": task.instance_id})
+            if info.get("infra_failure"):
+                infra_failures.append(f"{task.instance_id}: {info['infra_failure']}")
+                continue
             timings["reset_s"].append(time.monotonic() - started)
             started = time.monotonic()
             await env.step(ToolCall("bash", {"command": "git status --short"}).to_text())
@@ -105,12 +111,15 @@ async def _ours(tasks: list[SweTask], patches: dict[str, dict[str, str]]) -> tup
             timings["close_s"].append(time.monotonic() - started)
             for name, patch in patches[task.instance_id].items():
                 outcome = await evaluate_patch(backend, task, patch)
+                if outcome.infra_failure:
+                    infra_failures.append(f"{task.instance_id}/{name}: {outcome.infra_failure}")
+                    continue
                 timings["eval_s"].append(outcome.duration_s)
                 rewards[(task.instance_id, name)] = outcome.reward
         await env.close()
     finally:
         await backend.close()
-    return rewards, timings
+    return rewards, timings, infra_failures
 
 
 def run(args: Any) -> dict[str, Any]:
@@ -119,22 +128,24 @@ def run(args: Any) -> dict[str, Any]:
     if args.quick:
         tasks = tasks[:3]
     patches = {t.instance_id: {"gold": t.patch, "empty": ""} for t in tasks}
-    rewards, timings = asyncio.run(_ours(tasks, patches))
+    rewards, timings, infra_failures = asyncio.run(_ours(tasks, patches))
     official = official_verdicts(tasks, patches, Path(args.out) / "official", int(options.get("workers", 2)))
-    agree = sum(1 for key, resolved in official.items() if resolved is not None and resolved == (rewards[key] == 1.0))
+    compared = [key for key, resolved in official.items() if resolved is not None and key in rewards]
+    agree = sum(1 for key in compared if official[key] == (rewards[key] == 1.0))
     summary: dict[str, Any] = {
         "tasks": len(tasks),
-        "gold_resolved_ours": sum(rewards[(t.instance_id, "gold")] == 1.0 for t in tasks),
-        "empty_resolved_ours": sum(rewards[(t.instance_id, "empty")] == 1.0 for t in tasks),
+        "gold_resolved_ours": sum(rewards.get((t.instance_id, "gold")) == 1.0 for t in tasks),
+        "empty_resolved_ours": sum(rewards.get((t.instance_id, "empty")) == 1.0 for t in tasks),
+        "infra_failures_ours": len(infra_failures),
         "gold_resolved_official": sum(bool(official[(t.instance_id, "gold")]) for t in tasks),
         "empty_resolved_official": sum(bool(official[(t.instance_id, "empty")]) for t in tasks),
         "official_errors": sum(v is None for v in official.values()),
-        "agreement": f"{agree}/{len(official)}",
+        "agreement": f"{agree}/{len(compared)}",
         **{f"{name}_p50": round(statistics.median(values), 3) for name, values in timings.items() if values},
         **{f"{name}_max": round(max(values), 3) for name, values in timings.items() if values},
     }
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "swe.json").write_text(json.dumps({"summary": summary, "rewards": {f"{k[0]}:{k[1]}": v for k, v in rewards.items()}, "official": {f"{k[0]}:{k[1]}": v for k, v in official.items()}}, indent=2))
+    (Path(args.out) / "swe.json").write_text(json.dumps({"summary": summary, "infra_failures": infra_failures, "rewards": {f"{k[0]}:{k[1]}": v for k, v in rewards.items()}, "official": {f"{k[0]}:{k[1]}": v for k, v in official.items()}}, indent=2))
     width = max(len(k) for k in summary)
     for key, value in summary.items():
         print(f"{key:{width}s}  {value}")
