@@ -171,3 +171,14 @@ def test_rollhub_sft_learns_the_answer_format(tiny_model_dir, tmp_path, capsys):
     losses = [r["sft/loss"] for r in read_jsonl(tmp_path / "sft_metrics.jsonl")]
     assert len(losses) >= 4 and losses[-1] < losses[0]  # likelihood of the demonstrations went up
     assert (tmp_path / "sft" / "config.json").is_file()
+
+
+def test_missing_model_is_built_or_explained(tmp_path):
+    from rollhub.errors import UserError
+    from rollhub.trainer.loop import ensure_model
+
+    config = load_config(RunConfig, None, [f"model.path={tmp_path / 'tiny'}", "model.init_tiny=5m"])
+    assert (ensure_model(config) / "config.json").is_file()
+    config = load_config(RunConfig, None, [f"model.path={tmp_path / 'absent'}", "model.init_tiny=null"])
+    with pytest.raises(UserError, match="init_tiny"):
+        ensure_model(config)
