@@ -44,7 +44,7 @@ class EnvManagerConfig:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     group_size: int = 4  # N
     group_redundancy: int = 0  # r: start N+r per group, keep the first N
-    batch_redundancy: int = 0  # g: collect_batch starts G+g groups, keeps the first G
+    batch_redundancy: int = 0  # g: collect_batch starts G+g groups, keeps the first G (in run() the buffer paces groups)
     max_concurrent_trajectories: int = 256
     env_concurrency: dict[str, int] = field(default_factory=dict)  # per env id cap on live envs
     seed_start: int = 0
