@@ -23,12 +23,10 @@ import argparse
 import logging
 import time
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
-from rollhub.benchmarks.report import print_table, save_json, save_plot
-from rollhub.benchmarks.sim_training import GPU_REPLICA, SimResult, SimRun, make_tokenizer, measured_speedup_bound, simulate_virtual
-from rollhub.config import load_config
+from rollhub.benchmarks.report import bench_setup, print_table, save_json, save_plot
+from rollhub.benchmarks.sim_training import GPU_REPLICA, SimResult, SimRun, best_train_share, make_tokenizer, measured_speedup_bound, simulate_virtual
 
 logger = logging.getLogger(__name__)
 
@@ -102,16 +100,6 @@ def pipeline_floor_s(result: SimResult, env_async: SimResult, alpha: float) -> f
     return max(result.train_step_s + GPU_REPLICA.weight_update_s, env_async.mean_trajectory_s / (alpha + 1))
 
 
-def _best_share(base: SimRun, shares: list[float], tokenizer: Any) -> tuple[SimResult, float]:
-    best: tuple[SimResult, float] | None = None
-    for share in shares:
-        result = simulate_virtual(replace(base, train_share=share), tokenizer)
-        if best is None or result.step_s < best[0].step_s:
-            best = (result, share)
-    assert best is not None
-    return best
-
-
 def sweep_workload(cfg: AgenticBenchConfig, env_id: str, env_kwargs: dict[str, Any], gpus: int, tokenizer: Any, *, full: bool) -> dict[str, Any]:
     """Run (a)-(d) for one workload; `full=False` runs only (a), (b) and the headline (d)."""
     base = SimRun(
@@ -131,7 +119,7 @@ def sweep_workload(cfg: AgenticBenchConfig, env_id: str, env_kwargs: dict[str, A
     results = {"lockstep": lockstep.as_dict(), "env_async": env_async.as_dict()}
     if full:
         for alpha in cfg.alphas:
-            result, share = _best_share(replace(base, name=f"async-a{alpha:g}", alpha=alpha), cfg.train_shares, tokenizer)
+            result, share = best_train_share(replace(base, name=f"async-a{alpha:g}", alpha=alpha), cfg.train_shares, tokenizer)
             rows.append(_row(f"(c) async α={alpha:g} β={share:g}", result, lockstep, env_async, alpha))
             results[f"async_a{alpha:g}"] = result.as_dict()
     redundancy = cfg.redundancy if full else cfg.redundancy[-1:]
@@ -149,17 +137,14 @@ def sweep_workload(cfg: AgenticBenchConfig, env_id: str, env_kwargs: dict[str, A
             extra_groups=started_groups - cfg.groups,
             extra_per_group=started_size - cfg.group_size,
         )
-        result, share = _best_share(run, cfg.train_shares, tokenizer)
+        result, share = best_train_share(run, cfg.train_shares, tokenizer)
         rows.append(_row(f"(d) α={cfg.redundancy_alpha:g} + {started_groups}x{started_size} β={share:g}", result, lockstep, env_async, cfg.redundancy_alpha))
         results[f"redundant_{started_groups}x{started_size}"] = result.as_dict()
     return {"rows": rows, "runs": results}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    overrides = [*QUICK, *args.overrides] if args.quick else list(args.overrides)
-    cfg = load_config(AgenticBenchConfig, None, overrides)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    cfg, out = bench_setup(AgenticBenchConfig, args, QUICK)
     tokenizer = make_tokenizer(cfg.tokenizer)
     started = time.perf_counter()
     report: dict[str, Any] = {"benchmark": "async-agentic", "config": asdict(cfg), "simulation": True, "sokoban_by_sigma": {}, "by_gpus": {}, "swe": None}

@@ -21,12 +21,10 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
-from rollhub.benchmarks.report import print_table, save_json, save_plot
-from rollhub.benchmarks.sim_training import GPU_REPLICA, SimRun, make_tokenizer, measured_speedup_bound, simulate_virtual
-from rollhub.config import load_config
+from rollhub.benchmarks.report import bench_setup, print_table, save_json, save_plot
+from rollhub.benchmarks.sim_training import GPU_REPLICA, SimRun, best_train_share, make_tokenizer, measured_speedup_bound, simulate_virtual
 from rollhub.rollout.engines.latency_model import OutputLengths
 
 ROLL_FLASH_RLVR = 2.24  # best RLVR speedup over sync reported by ROLL Flash
@@ -54,10 +52,7 @@ QUICK = ["prompts=4", "samples_per_prompt=4", "gpus=[16]", "alphas=[2.0]", "trai
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    overrides = [*QUICK, *args.overrides] if args.quick else list(args.overrides)
-    cfg = load_config(RlvrBenchConfig, None, overrides)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    cfg, out = bench_setup(RlvrBenchConfig, args, QUICK)
     tokenizer = make_tokenizer(cfg.tokenizer)
     started = time.perf_counter()
     lengths = OutputLengths(kind="lognormal", mean_tokens=cfg.mean_tokens, sigma=cfg.length_sigma)
@@ -83,13 +78,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             rows.append({"config": label, "step_s": result.step_s, "speedup": pinned.step_s / result.step_s, "idle_frac": result.trainer_idle_fraction, "gen_gpus": result.replicas})
         runs = {"sync_pinned": pinned.as_dict(), "sync_replicated": replicated.as_dict()}
         for alpha in cfg.alphas:
-            best = None
-            for share in cfg.train_shares:
-                result = simulate_virtual(replace(base, name=f"async-a{alpha:g}", alpha=alpha, train_share=share), tokenizer)
-                if best is None or result.step_s < best[0].step_s:
-                    best = (result, share)
-            assert best is not None
-            result, share = best
+            result, share = best_train_share(replace(base, name=f"async-a{alpha:g}", alpha=alpha), cfg.train_shares, tokenizer)
             bound = measured_speedup_bound(replicated, alpha)
             rows.append(
                 {

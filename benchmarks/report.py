@@ -5,7 +5,20 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
+
+
+def bench_setup(cls: type[T], args: Any, quick: list[str]) -> tuple[T, Path]:
+    """The benchmark's typed options (`--quick` presets first, then `--set`) and its output folder."""
+    from rollhub.config import load_config
+
+    overrides = [*quick, *args.overrides] if args.quick else list(args.overrides)
+    config = load_config(cls, None, overrides)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    return config, out
 
 
 def _format(value: Any) -> str:

@@ -16,12 +16,10 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
-from rollhub.benchmarks.report import print_table, save_json, save_plot
+from rollhub.benchmarks.report import bench_setup, print_table, save_json, save_plot
 from rollhub.benchmarks.sim_training import SimResult, SimRun, make_tokenizer, simulate_virtual
-from rollhub.config import load_config
 
 
 @dataclass
@@ -54,10 +52,7 @@ def _row(label: str, result: SimResult) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    overrides = [*QUICK, *args.overrides] if args.quick else list(args.overrides)
-    cfg = load_config(OverheadConfig, None, overrides)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    cfg, out = bench_setup(OverheadConfig, args, QUICK)
     started = time.perf_counter()
     env_kwargs = {"turns": cfg.turns, "step_std_s": cfg.step_std_s}
     base = SimRun(env_kwargs=env_kwargs, group_size=cfg.group_size, gpus=cfg.gpus, train_gpu_s=cfg.train_gpu_s, steps=cfg.steps)

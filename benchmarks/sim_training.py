@@ -289,3 +289,17 @@ def simulate_virtual(run: SimRun, tokenizer: Any | None = None) -> SimResult:
     from rollhub.benchmarks.virtual_clock import run_virtual
 
     return run_virtual(simulate(run, tokenizer))
+
+
+def best_train_share(run: SimRun, shares: list[float], tokenizer: Any | None = None) -> tuple[SimResult, float]:
+    """Run `run` at each training share β and keep the fastest (what an operator would tune)."""
+    from dataclasses import replace
+
+    best: tuple[SimResult, float] | None = None
+    for share in shares:
+        result = simulate_virtual(replace(run, train_share=share), tokenizer)
+        if best is None or result.step_s < best[0].step_s:
+            best = (result, share)
+    if best is None:
+        raise ValueError("train_shares must not be empty")
+    return best
