@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from rollhub.benchmarks.report import bench_setup, print_table, save_json, save_plot
-from rollhub.benchmarks.sim_training import GPU_REPLICA, SimResult, SimRun, best_train_share, make_tokenizer, measured_speedup_bound, simulate_virtual
+from rollhub.benchmarks.sim_training import SimResult, SimRun, best_train_share, make_tokenizer, measured_speedup_bound, pipeline_floor_s, simulate_virtual
 
 logger = logging.getLogger(__name__)
 
@@ -90,14 +90,6 @@ def _row(label: str, result: SimResult, baseline: SimResult, env_async: SimResul
         row["floor_s"] = floor
         row["of_floor"] = floor / result.step_s
     return row
-
-
-def pipeline_floor_s(result: SimResult, env_async: SimResult, alpha: float) -> float:
-    """The best step time any scheduler could reach with this run's GPU split: the trainer
-    cannot step faster than its own compute plus the weight push, and with (α+1)·B
-    trajectories in flight, each lasting the mean trajectory time, B of them finish at
-    most every mean_trajectory / (α+1) seconds."""
-    return max(result.train_step_s + GPU_REPLICA.weight_update_s, env_async.mean_trajectory_s / (alpha + 1))
 
 
 def sweep_workload(cfg: AgenticBenchConfig, env_id: str, env_kwargs: dict[str, Any], gpus: int, tokenizer: Any, *, full: bool) -> dict[str, Any]:

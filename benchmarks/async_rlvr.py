@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from rollhub.benchmarks.report import bench_setup, print_table, save_json, save_plot
-from rollhub.benchmarks.sim_training import GPU_REPLICA, SimRun, best_train_share, make_tokenizer, measured_speedup_bound, simulate_virtual
+from rollhub.benchmarks.sim_training import GPU_REPLICA, SimRun, best_train_share, make_tokenizer, measured_speedup_bound, pipeline_floor_s, simulate_virtual
 from rollhub.rollout.engines.latency_model import OutputLengths
 
 ROLL_FLASH_RLVR = 2.24  # best RLVR speedup over sync reported by ROLL Flash
@@ -88,6 +88,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "speedup_vs_replicated": replicated.step_s / result.step_s,
                     "bound_S": bound,
                     "of_bound": (replicated.step_s / result.step_s) / bound,
+                    "floor_s": pipeline_floor_s(result, replicated, alpha),
+                    "of_floor": pipeline_floor_s(result, replicated, alpha) / result.step_s,
                     "idle_frac": result.trainer_idle_fraction,
                     "gen_gpus": result.replicas,
                     "stale_drops": result.dropped_stale,

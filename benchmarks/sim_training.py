@@ -106,6 +106,7 @@ class SimResult:
     scheduler_cpu_s_per_step: float  # the same minus the simulators (engine model, sim tokenizer)
     peak_trajectories_in_flight: int
     train_step_s: float
+    weight_update_s: float
     replicas: int
     redundant_cancelled: int
     dropped_stale: int
@@ -153,6 +154,14 @@ def measured_speedup_bound(sync_run: "SimResult", alpha: float) -> float:
 
     a = sync_run.mean_trajectory_s + sync_run.train_step_s
     return theory.speedup_bound_from_ratio(sync_run.mean_longest_trajectory_s / a, alpha)
+
+
+def pipeline_floor_s(result: "SimResult", sync_run: "SimResult", alpha: float) -> float:
+    """The best step time any scheduler could reach with this run's GPU split: the trainer
+    cannot step faster than its own compute plus the weight push, and with (α+1)·B
+    trajectories in flight, each lasting the mean trajectory time of the sync run, B of
+    them finish at most every mean_trajectory / (α+1) seconds."""
+    return max(result.train_step_s + result.weight_update_s, sync_run.mean_trajectory_s / (alpha + 1))
 
 
 def make_tokenizer(kind: str = "sim") -> Any:
@@ -274,6 +283,7 @@ async def simulate(run: SimRun, tokenizer: Any | None = None) -> SimResult:
         scheduler_cpu_s_per_step=(cpu - simulator_cpu) / run.steps,
         peak_trajectories_in_flight=peak,
         train_step_s=run.train_step_s,
+        weight_update_s=run.latency.weight_update_s,
         replicas=run.replicas,
         redundant_cancelled=int(summary.get("redundant_cancelled", 0)),
         dropped_stale=int(summary.get("buffer/dropped_stale", 0)),
