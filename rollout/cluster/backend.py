@@ -33,6 +33,7 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+import os
 import shutil
 import time
 import uuid
@@ -64,12 +65,28 @@ def ensure_ray(config: ClusterConfig) -> bool:
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
     if config.address:
         kwargs["address"] = config.address
+        kwargs.pop("include_dashboard")
+        token = Path.home() / ".ray" / "auth_token"
+        if "RAY_AUTH_MODE" not in os.environ and token.exists():
+            # `ray start --head` (Ray >= 2.5x) enables token auth when this file exists; a
+            # connecting driver must opt in explicitly or it retries until it times out
+            os.environ["RAY_AUTH_MODE"] = "token"
+            try:  # Ray caches its config at import; refresh it so this process sees token mode
+                from ray._raylet import Config
+
+                Config.initialize("")
+            except (ImportError, AttributeError):
+                pass
+            logger.info("joining %s with token auth (%s); set RAY_AUTH_MODE=disabled to opt out", config.address, token)
     elif config.local_num_cpus is not None:
         kwargs["num_cpus"] = config.local_num_cpus
     try:
         ray.init(**kwargs)
     except ConnectionError as exc:
-        raise UserError(f"cannot reach the Ray cluster at {config.address!r}: {exc}; start one with 'ray start --head' or set cluster.address") from exc
+        raise UserError(
+            f"cannot reach the Ray cluster at {config.address!r}: {exc}; start one with 'ray start --head', check cluster.address, "
+            "and with token auth copy the head's ~/.ray/auth_token to this machine"
+        ) from exc
     return True
 
 

@@ -78,6 +78,9 @@ class EngineServer:
         from rollhub.rollout.server import build_app
 
         torch.set_num_threads(self.threads)
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()  # one "Loading weights" bar per push would flood the driver's log
         engine = HFEngine(self.model_path, threads=self.threads, max_batch_size=self.max_batch_size)
         engine.weight_version = self.weight_version
         self._runner = web.AppRunner(build_app(engine), access_log=None)
