@@ -343,11 +343,17 @@ class RayRollout:
             self.buffer.release(ticket)
 
     async def _pick_shard(self) -> _Slot:
+        """The ready shard with the fewest groups running; waits while all are being replaced."""
         while True:
+            if self._fatal is not None and self._fatal.done():
+                raise self._fatal.result()
             ready = [s for s in self._shards if s.ready.is_set()]
             if ready:
                 return min(ready, key=lambda s: s.running)
-            await asyncio.wait([asyncio.ensure_future(s.ready.wait()) for s in self._shards], return_when=asyncio.FIRST_COMPLETED)
+            waiters = {asyncio.ensure_future(s.ready.wait()) for s in self._shards}
+            _, pending = await asyncio.wait(waiters | {self._fatal}, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in pending - {self._fatal}:
+                waiter.cancel()
 
     # --- faults ---------------------------------------------------------------------------
 
