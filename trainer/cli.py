@@ -22,6 +22,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sft.add_argument("--out", default=None, help="where to write the fine-tuned model (default RUN_DIR/sft_model)")
     sft.set_defaults(func=_cmd_sft)
 
+    evaluate = subparsers.add_parser("eval", help="success rate of a model dir on a recipe's held-out seeds")
+    evaluate.add_argument("config", help="recipe YAML (env, agent and eval sections are used)")
+    evaluate.add_argument("--model", required=True, help="HF checkpoint dir, e.g. RUN/final_model or RUN/sft_model")
+    evaluate.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="e.g. eval.temperature=1.0")
+    evaluate.set_defaults(func=_cmd_eval)
+
     view = subparsers.add_parser("view", help="read a run's trajectories: static HTML (default) or text")
     view.add_argument("run", help="run folder (with trajectories.jsonl) or a trajectories .jsonl file")
     view.add_argument("--out", default=None, help="HTML file to write (default RUN/trajectories.html)")
@@ -66,6 +72,18 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 
     config = load_run_config(args.config, args.overrides, None)
     asyncio.run(run_sft_job(config, out_dir=args.out))
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from rollhub.trainer.evaluate import evaluate_model_dir
+
+    config = load_run_config(args.config, args.overrides, None)
+    result = asyncio.run(evaluate_model_dir(config, Path(args.model)))
+    print(f"success on {config.eval.episodes} held-out seeds (temperature {config.eval.temperature}): {100 * result.success_rate:.1f}%  "
+          f"invalid actions {100 * result.invalid_action_rate:.1f}%  mean turns {result.mean_turns:.1f}")
     return 0
 
 

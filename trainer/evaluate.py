@@ -72,3 +72,23 @@ async def evaluate_policy(
         infra_failures=len(trajectories) - len(scored),
         trajectories=trajectories,
     )
+
+
+async def evaluate_model_dir(config: Any, model_dir: Any) -> EvalResult:
+    """Evaluate an HF checkpoint dir with a RunConfig's env, agent and eval settings."""
+    import torch
+
+    from rollhub.envs.registry import make
+    from rollhub.errors import UserError
+    from rollhub.rollout.engines.hf import HFEngine
+
+    if not (model_dir / "config.json").is_file():
+        raise UserError(f"{model_dir} is not a model dir (no config.json)")
+    torch.set_num_threads(config.model.threads)
+    engine = HFEngine(model_dir, threads=config.rollout.engine_threads, max_batch_size=config.rollout.engine_max_batch_size, seed=config.rollout.seed)
+    try:
+        seeds = list(range(config.eval.seed_offset, config.eval.seed_offset + config.eval.episodes))
+        return await evaluate_policy(engine, engine.tokenizer, lambda: make(config.env.id, **config.env.kwargs), config.agent, seeds,
+                                     temperature=config.eval.temperature, max_concurrent=config.env.max_concurrent, env_id=config.env.id)
+    finally:
+        await engine.close()

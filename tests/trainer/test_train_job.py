@@ -182,3 +182,10 @@ def test_missing_model_is_built_or_explained(tmp_path):
     config = load_config(RunConfig, None, [f"model.path={tmp_path / 'absent'}", "model.init_tiny=null"])
     with pytest.raises(UserError, match="init_tiny"):
         ensure_model(config)
+
+
+def test_rollhub_eval_reports_success(tiny_model_dir, tmp_path, capsys):
+    recipe = _recipe(tmp_path, tiny_model_dir, eval={"episodes": 2})
+    assert main(["eval", str(recipe), "--model", str(tiny_model_dir)]) == 0
+    assert "success on 2 held-out seeds" in capsys.readouterr().out
+    assert main(["eval", str(recipe), "--model", str(tmp_path / "nothing")]) == 2
