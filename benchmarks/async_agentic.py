@@ -191,12 +191,13 @@ def _series(sections: dict[str, Any], prefix: str) -> tuple[list[float], list[fl
 
 def _plot(axes: Any, cfg: AgenticBenchConfig, report: dict[str, Any]) -> None:
     by_sigma, by_gpus = report["sokoban_by_sigma"], report["by_gpus"]
-    for prefix, label in (("(b)", "env-level async"), ("(c)", "+ async training (best α)"), ("(d)", "+ redundancy")):
+    series = (("(b)", "env-level async", "C0", "o-"), ("(c)", "+ async training (best α)", "C1", "s-"), ("(d)", "+ redundancy", "C2", "o--"))
+    for prefix, label, color, style in series:
         xs, ys = _series(by_sigma, prefix)
-        axes[0].plot(xs, ys, "o-", label=label)
+        axes[0].plot(xs, ys, style, color=color, label=label)
         xs, ys = _series(by_gpus, prefix)
         if xs:
-            axes[1].plot(xs, ys, "o-", label=label)
+            axes[1].plot(xs, ys, style, color=color, label=label)
     axes[0].axhline(ROLL_FLASH_AGENTIC, ls="--", c="gray", label="ROLL Flash agentic 2.72x")
     axes[0].set_xlabel("env step latency σ (s), mean 10 s")
     axes[0].set_ylabel("speedup over lockstep (time per step)")
