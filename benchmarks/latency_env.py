@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from rollhub.envs.base import Env, Observation, StepResult
+from rollhub.envs.base import Env, Observation, StepResult, extract_action, invalid_step_info
 
 _instance_counter = itertools.count()
 
@@ -86,7 +86,8 @@ class LatencyEnv(Env):
         self._latency_rng = np.random.default_rng([seed, 0x1A7E])
         self._task_rng = np.random.default_rng(0)
         self._seed: int | None = None
-        self._turn = 0
+        self._turn = 0  # valid actions taken: the state the anchor names
+        self._steps = 0  # every step, valid or not: the step limit counts these
         self.latencies_s: list[float] = []  # what this env actually slept, for reports
         self.started_at: float | None = None  # loop time of reset / of the final step, for reports
         self.finished_at: float | None = None
@@ -101,7 +102,7 @@ class LatencyEnv(Env):
             await asyncio.sleep(delay * self.time_scale)
 
     async def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
-        self._seed, self._turn = seed, 0
+        self._seed, self._turn, self._steps = seed, 0, 0
         self.started_at, self.finished_at = asyncio.get_running_loop().time(), None
         self._task_rng = np.random.default_rng(seed)
         await self._sleep(self.reset_latency)
@@ -112,11 +113,19 @@ class LatencyEnv(Env):
         return obs, {"anchor": self._anchor(), "success": False}
 
     async def step(self, action: str) -> StepResult:
+        """Any `<action>...</action>` is a valid move; text without the tag is rejected
+        (state unchanged) but takes as long and counts toward the step limit, so the
+        timing of a benchmark does not depend on what the simulated engine wrote."""
         await self._sleep(self.step_latency)
-        self._turn += 1
-        done = self._turn >= self.max_steps
+        self._steps += 1
+        done = self._steps >= self.max_steps
         if done:
             self.finished_at = asyncio.get_running_loop().time()
+        if extract_action(action, self.action_tag) is None:
+            info = invalid_step_info(self._anchor(), "no <action>...</action> tag", format_ok=False)
+            obs_invalid: Observation = [{"role": "user", "content": "Invalid: answer with <action>anything</action>."}]
+            return obs_invalid, 0.0, False, done, info
+        self._turn += 1
         success = bool(done and self._task_rng.random() < self.success_prob)
         obs: Observation = [{"role": "user", "content": f"Turn {self._turn} of {self.max_steps}."}]
         info = {"anchor": self._anchor(), "success": success, "action_valid": True, "format_ok": True}
