@@ -159,6 +159,7 @@ class LoopState:
     busy_s: float = 0.0
     groups_trained: int = 0
     warmstart_success: float | None = None
+    wall_s: float = 0.0  # job wall time up to the last checkpoint, across resumes
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -344,6 +345,7 @@ async def run_training(config: RunConfig, *, resume: bool = False, progress: boo
     phases["prepare_s"] = time.perf_counter() - t
     metrics_log = MetricsLog(run_dir)
     state = LoopState()
+    prior_wall_s = 0.0
     make_env = make_env_factory(config)
     eval_seeds = list(range(config.eval.seed_offset, config.eval.seed_offset + config.eval.episodes))
 
@@ -374,6 +376,7 @@ async def run_training(config: RunConfig, *, resume: bool = False, progress: boo
     if checkpoint is not None:
         payload = load_checkpoint(checkpoint, model=policy.model, optimizer=optimizer)
         state = LoopState(**payload["trainer"])
+        prior_wall_s = state.wall_s
         seeds.next_seed = payload["rollout"].get("next_seed", seeds.next_seed)
         if buffer is not None and payload["rollout"].get("buffer"):
             buffer.load_state_dict(payload["rollout"]["buffer"])
@@ -418,6 +421,7 @@ async def run_training(config: RunConfig, *, resume: bool = False, progress: boo
             manager = EnvManager(engine, policy.tokenizer, manager_config, buffer=buffer, seeds=seeds)
 
         def save(loop_state: LoopState) -> None:
+            loop_state.wall_s = prior_wall_s + time.perf_counter() - job_started
             rollout_state = {"next_seed": seeds.next_seed, "buffer": buffer.state_dict() if buffer is not None else None}
             save_checkpoint(run_dir, loop_state.version, model=policy.model, optimizer=optimizer, trainer_state=loop_state.as_dict(),
                             rollout_state=rollout_state, keep_last=config.train.keep_checkpoints)
@@ -453,7 +457,7 @@ async def run_training(config: RunConfig, *, resume: bool = False, progress: boo
         await engine.close()
         metrics_log.close()
 
-    wall = time.perf_counter() - job_started
+    wall = prior_wall_s + time.perf_counter() - job_started  # a resumed run counts its earlier processes too
     before = state.warmstart_success if warmstart is None else warmstart.success_rate
     records = read_jsonl(run_dir / "metrics.jsonl")
     plot_learning_curve(records, run_dir / "learning_curve.png", title=f"{config.env.id}: {config.algorithm.estimator}, alpha={config.rollout.async_ratio}")
