@@ -134,16 +134,20 @@ def _blocks(func: ast.AST) -> Iterator[list[ast.stmt]]:
                 yield block
 
 
+def _operator_site(src: _Source, left: ast.AST, right: ast.AST, swap: tuple[str, str]) -> tuple[int, int, bytes] | None:
+    """Replace the operator token between two operands (old -> new), if it is plainly there."""
+    span = _token_between(src, src.end(left), src.start(right), swap[0])
+    return None if span is None else (*span, swap[1].encode())
+
+
 def _op_flip(src: _Source, func: ast.AST) -> list[bytes | tuple[int, int, bytes]]:
     sites = []
     for node in _own_nodes(func):
         if isinstance(node, ast.BinOp) and type(node.op) in _BINOP_SWAP:
-            old, new = _BINOP_SWAP[type(node.op)]
             if isinstance(node.left, ast.Constant) and isinstance(node.left.value, str):
                 continue  # string concatenation / %-formatting: not a logic bug
-            span = _token_between(src, src.end(node.left), src.start(node.right), old)
-            if span is not None:
-                sites.append((*span, new.encode()))
+            if site := _operator_site(src, node.left, node.right, _BINOP_SWAP[type(node.op)]):
+                sites.append(site)
     return sites
 
 
@@ -151,10 +155,8 @@ def _cmp_flip(src: _Source, func: ast.AST) -> list:
     sites = []
     for node in _own_nodes(func):
         if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _CMP_SWAP:
-            old, new = _CMP_SWAP[type(node.ops[0])]
-            span = _token_between(src, src.end(node.left), src.start(node.comparators[0]), old)
-            if span is not None:
-                sites.append((*span, new.encode()))
+            if site := _operator_site(src, node.left, node.comparators[0], _CMP_SWAP[type(node.ops[0])]):
+                sites.append(site)
     return sites
 
 
@@ -162,10 +164,8 @@ def _bool_flip(src: _Source, func: ast.AST) -> list:
     sites = []
     for node in _own_nodes(func):
         if isinstance(node, ast.BoolOp) and len(node.values) == 2:
-            old, new = _BOOL_SWAP[type(node.op)]
-            span = _token_between(src, src.end(node.values[0]), src.start(node.values[1]), old)
-            if span is not None:
-                sites.append((*span, new.encode()))
+            if site := _operator_site(src, node.values[0], node.values[1], _BOOL_SWAP[type(node.op)]):
+                sites.append(site)
         elif isinstance(node, ast.Constant) and isinstance(node.value, bool):
             old = str(node.value).encode()
             if src.data[src.start(node) : src.end(node)] == old:
