@@ -110,8 +110,11 @@ class GroupBuffer:
             ticket.used = True
             self._in_flight -= 1
             group.created_version = ticket.admitted_version
-        self._groups.append(group)
         self.put_groups += 1
+        if self.is_stale(group, self.trainer_version):
+            self.dropped_stale += 1  # already too old on arrival
+        else:
+            self._groups.append(group)
         self._note_occupancy()
         self._notify()
 
@@ -133,21 +136,27 @@ class GroupBuffer:
             self.consumer_wait_s += time.perf_counter() - started
         self.consumed_groups += len(batch)
         self.last_batch_staleness = collections.Counter()
+        versions: collections.Counter[int] = collections.Counter()
         for group in batch:
             for trajectory in group.trajectories:
                 for turn in trajectory.turns:
-                    for version in turn.token_versions:
-                        self.last_batch_staleness[trainer_version - version] += 1
+                    versions.update(turn.token_versions)  # C-speed counting; hot path at scale
+        for version, count in versions.items():
+            self.last_batch_staleness[trainer_version - version] += count
         self.staleness_histogram.update(self.last_batch_staleness)
         return batch
 
     def set_trainer_version(self, version: int) -> None:
-        """Tell the buffer the trainer's version (drops groups that became too stale)."""
+        """Tell the buffer the trainer's version (drops groups that became too stale).
+
+        Staleness can only change here or when a group arrives (checked in `put`), so the
+        buffered groups are rescanned once per version, never on every wake-up."""
+        changed = version != self.trainer_version
         self.trainer_version = version
-        self._drop_stale()
+        if changed:
+            self._drop_stale()
 
     def _ready(self) -> bool:
-        self._drop_stale()
         return len(self._groups) >= self.batch_size
 
     def _drop_stale(self) -> None:

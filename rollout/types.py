@@ -70,8 +70,8 @@ class Trajectory:
 
     @property
     def oldest_version(self) -> int | None:
-        versions = [v for t in self.turns for v in t.token_versions]
-        return min(versions) if versions else None
+        per_turn = [min(t.token_versions) for t in self.turns if t.token_versions]
+        return min(per_turn) if per_turn else None
 
     def packed_sequences(self) -> list["PackedSequence"]:
         """Merge turns into as few training sequences as possible.
