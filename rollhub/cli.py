@@ -65,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("rollhub: interrupted\n")
         return 130
+    except BrokenPipeError:  # output piped into `head` and friends: not an error
+        sys.stderr.close()
+        return 0
     return int(code or 0)
 
 

@@ -80,6 +80,7 @@ class SokobanEnv(Env):
         invalid_reward: float | None = None,
         solvable_within_max_steps: bool = True,
         max_reverse_states: int = 300_000,
+        observation: Literal["grid", "grid+positions"] = "grid",
     ):
         if not isinstance(dim, int) and len(dim) != 2:
             raise ValueError(f"dim must be one int or (rows, cols), got {dim!r}")
@@ -96,6 +97,9 @@ class SokobanEnv(Env):
         self.search_depth = search_depth
         self.solvable_within_max_steps = solvable_within_max_steps
         self.max_reverse_states = max_reverse_states
+        if observation not in ("grid", "grid+positions"):
+            raise ValueError(f"observation must be 'grid' or 'grid+positions', got {observation!r}")
+        self.observation = observation
         preset = SokobanRewards.preset(reward)
         overrides = {
             "step": step_reward,
@@ -135,7 +139,7 @@ class SokobanEnv(Env):
         self._plan, self._plan_anchor = [], None
         obs: Observation = [
             {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": self._board.render()},
+            {"role": "user", "content": self._show(self._board)},
         ]
         info = {"anchor": self._board.anchor(), "success": False, "boxes_on_target": self._board.boxes_on_target}
         return obs, info
@@ -173,7 +177,7 @@ class SokobanEnv(Env):
             "format_ok": True,
             "boxes_on_target": on_after,
         }
-        return [{"role": "user", "content": new_board.render()}], float(reward), terminated, truncated, info
+        return [{"role": "user", "content": self._show(new_board)}], float(reward), terminated, truncated, info
 
     def _reject(self, board: Board, reason: str, *, format_ok: bool) -> StepResult:
         """Invalid move: state unchanged, penalty, and a one-line reason above the grid."""
@@ -181,8 +185,14 @@ class SokobanEnv(Env):
         self._done = truncated
         info = invalid_step_info(board.anchor(), reason, format_ok=format_ok)
         info["boxes_on_target"] = board.boxes_on_target
-        obs: Observation = [{"role": "user", "content": f"Invalid: {reason}.\n{board.render()}"}]
+        obs: Observation = [{"role": "user", "content": f"Invalid: {reason}.\n{self._show(board)}"}]
         return obs, float(self.rewards.invalid), False, truncated, info
+
+    def _show(self, board: Board) -> str:
+        """The observation text: the grid, plus a positions line when configured."""
+        if self.observation == "grid+positions":
+            return f"{board.render()}\n{board.describe_positions()}"
+        return board.render()
 
     async def close(self) -> None:
         self._board = None

@@ -63,6 +63,32 @@ class Board:
             "".join(SYMBOLS[c] for c in codes[r * self.width : (r + 1) * self.width]) for r in range(self.height)
         )
 
+    def describe_positions(self) -> str:
+        """One line of relative positions and blocked moves, for small models.
+
+        A 2-D grid flattened into text asks a tiny model to count characters to find
+        "the cell above"; this line states the same facts directly (nothing the grid does
+        not already show): where each box is from the player, where the nearest target is
+        from that box, and which moves are impossible right now."""
+
+        def offset(a: int, b: int) -> str:
+            dr, dc = b // self.width - a // self.width, b % self.width - a % self.width
+            vertical = f"down {dr}" if dr > 0 else f"up {-dr}" if dr < 0 else "row 0"
+            horizontal = f"right {dc}" if dc > 0 else f"left {-dc}" if dc < 0 else "col 0"
+            return f"{vertical} {horizontal}"
+
+        def distance(a: int, b: int) -> int:
+            return abs(a // self.width - b // self.width) + abs(a % self.width - b % self.width)
+
+        parts = []
+        for box in sorted(self.boxes):
+            free_targets = [t for t in sorted(self.targets) if t not in self.boxes or t == box]
+            target = min(free_targets or sorted(self.targets), key=lambda t: distance(box, t))
+            parts.append(f"box {offset(self.player, box)}; target from box {offset(box, target)}")
+        blocked = [m for m in MOVES if self.try_move(m)[0] is None]
+        parts.append("blocked " + (" ".join(blocked) if blocked else "none"))
+        return "; ".join(parts)
+
     def try_move(self, move: str) -> tuple["Board | None", str]:
         """Apply a move; returns (new board, "") or (None, why it is impossible)."""
         offset = move_offsets(self.width)[move]

@@ -134,3 +134,16 @@ async def test_anchor_is_the_grid_codes():
     codes = np.frombuffer(info["anchor"][2:], dtype=np.uint8).reshape(5, 6)
     assert codes[2, 2] == 4 and codes[2, 3] == 2 and codes[3, 2] == 5 and codes[0, 0] == 0
     assert Board.from_text(env.render_text()) == env.board
+
+
+async def test_positions_observation_states_what_the_grid_shows():
+    env = SokobanEnv(observation="grid+positions")
+    obs, _ = await env.reset(options={"board": LEVEL})
+    grid, line = obs[1]["content"].rsplit("\n", 1)
+    assert grid == Board.from_text(LEVEL).render()
+    # player (3,2); box (2,2) is straight up; target (2,3) is one right of the box
+    assert line == "box up 1 col 0; target from box row 0 right 1; blocked down"
+    obs, *_ = await env.step("<action>left</action>")  # player (3,1): box up 1 right 1, a wall below
+    assert obs[0]["content"].endswith("box up 1 right 1; target from box row 0 right 1; blocked down left")
+    with pytest.raises(ValueError, match="observation"):
+        SokobanEnv(observation="pixels")
