@@ -10,7 +10,7 @@ from rollhub.rollout.agent import AgentConfig, EpisodeRunner, run_episode
 from rollhub.rollout.engines.base import Generation, InferenceEngine, SamplingParams
 from rollhub.rollout.types import TrajectoryStatus
 
-from conftest import CountdownEnv
+from rollout_testing import CountdownEnv
 
 
 class RecordingEngine(InferenceEngine):

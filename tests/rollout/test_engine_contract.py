@@ -158,7 +158,7 @@ async def test_env_manager_over_the_http_client_with_a_state_dict_update(served,
     from rollhub.rollout.agent import AgentConfig
     from rollhub.rollout.manager import EnvManager, EnvManagerConfig
 
-    from conftest import CountdownEnv
+    from rollout_testing import CountdownEnv
 
     backend, url = served
     model, tokenizer = tiny_model_and_tokenizer

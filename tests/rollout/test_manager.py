@@ -12,7 +12,7 @@ from rollhub.rollout.buffer import GroupBuffer
 from rollhub.rollout.manager import EnvManager, EnvManagerConfig
 from rollhub.rollout.types import TrajectoryStatus
 
-from conftest import CountdownEnv
+from rollout_testing import CountdownEnv
 
 FAST_AGENT = AgentConfig(max_new_tokens=6, max_turns=4, max_context_tokens=1024)
 
