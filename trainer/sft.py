@@ -71,7 +71,8 @@ def sft_epochs(
         raise ValueError("no demonstration sequences to train on")
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=lr, weight_decay=weight_decay)
     rng = random.Random(seed)
-    total = int(round(len(sequences) * epochs))
+    # whole batches only: a final partial batch weighs its few sequences like a full batch
+    total = max(batch_size, int(round(len(sequences) * epochs)) // batch_size * batch_size)
     order: list[int] = []
     while len(order) < total:
         chunk = list(range(len(sequences)))
@@ -79,6 +80,12 @@ def sft_epochs(
         order.extend(chunk)
     order = order[:total]
     history = []
+    num_steps = len(order) // batch_size
+    # Warm up, then decay linearly to zero. With a constant lr of 2e-3 the 5M model's
+    # last steps could undo what it had learned (measured: held-out demo loss 0.18 ->
+    # 2.4 in the final step while the logged pre-step batch loss still read 0.16).
+    warmup = max(1, num_steps // 20)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min((i + 1) / warmup, max(0.0, (num_steps - i) / max(1, num_steps - warmup))))
     policy.model.train()
     for step, start in enumerate(range(0, len(order), batch_size), start=1):
         picked = [sequences[i] for i in order[start : start + batch_size]]
@@ -96,7 +103,8 @@ def sft_epochs(
             correct += float(((logp.detach() > -0.6931) * part.response_mask).sum())  # p > 0.5
         torch.nn.utils.clip_grad_norm_(policy.model.parameters(), max_grad_norm)
         optimizer.step()
-        metrics = {"sft/loss": loss_total, "sft/token_p_gt_half": correct / normaliser.num_tokens}
+        scheduler.step()
+        metrics = {"sft/loss": loss_total, "sft/token_p_gt_half": correct / normaliser.num_tokens, "sft/lr": optimizer.param_groups[0]["lr"]}
         history.append(metrics)
         if on_step is not None:
             on_step(step, metrics)
