@@ -29,6 +29,7 @@ from rollhub.rollout.agent import AgentConfig, EpisodeRunner
 from rollhub.rollout.buffer import GroupBuffer, Ticket
 from rollhub.rollout.engines.base import InferenceEngine
 from rollhub.rollout.prompting import ChatSegments
+from rollhub.rollout.tasks import TaskOwner
 from rollhub.rollout.trajectory_log import TrajectoryWriter
 from rollhub.rollout.types import Group, Trajectory, TrajectoryStatus
 
@@ -116,7 +117,7 @@ class _GroupFailed(Exception):
     """A group could not get N good trajectories (infra failures beyond retries)."""
 
 
-class EnvManager:
+class EnvManager(TaskOwner):
     def __init__(
         self,
         engine: InferenceEngine,
@@ -236,17 +237,6 @@ class EnvManager:
 
     # --- groups ----------------------------------------------------------------------
 
-    def _spawn(self, coroutine: Any) -> asyncio.Task:
-        task = asyncio.ensure_future(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
-
-    async def _cancel(self, tasks: set[asyncio.Task]) -> None:
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _run_group_into(self, ticket: Ticket) -> None:
         try:

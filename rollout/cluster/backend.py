@@ -44,6 +44,7 @@ from typing import Any, Iterator
 from rollhub.errors import MissingExtraError, UserError
 from rollhub.rollout.buffer import GroupBuffer, Ticket
 from rollhub.rollout.cluster.config import ClusterConfig
+from rollhub.rollout.tasks import TaskOwner
 from rollhub.rollout.types import Group
 
 logger = logging.getLogger(__name__)
@@ -125,7 +126,7 @@ class ClusterLedger:
         return self.groups_dispatched - self.groups_completed - self.groups_lost - self.groups_failed - self.groups_cancelled
 
 
-class RayRollout:
+class RayRollout(TaskOwner):
     def __init__(
         self,
         model_path: str | Path,
@@ -518,14 +519,3 @@ class RayRollout:
 
     # --- tasks ---------------------------------------------------------------------------
 
-    def _spawn(self, coroutine: Any) -> asyncio.Task:
-        task = asyncio.ensure_future(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
-
-    async def _cancel(self, tasks: set[asyncio.Task]) -> None:
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
