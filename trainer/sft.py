@@ -102,9 +102,10 @@ def sft_epochs(
             loss_total += float(loss.detach())
             correct += float(((logp.detach() > -0.6931) * part.response_mask).sum())  # p > 0.5
         torch.nn.utils.clip_grad_norm_(policy.model.parameters(), max_grad_norm)
+        lr_used = optimizer.param_groups[0]["lr"]
         optimizer.step()
         scheduler.step()
-        metrics = {"sft/loss": loss_total, "sft/token_p_gt_half": correct / normaliser.num_tokens, "sft/lr": optimizer.param_groups[0]["lr"]}
+        metrics = {"sft/loss": loss_total, "sft/token_p_gt_half": correct / normaliser.num_tokens, "sft/lr": lr_used}
         history.append(metrics)
         if on_step is not None:
             on_step(step, metrics)
