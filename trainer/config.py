@@ -77,13 +77,23 @@ class OptimConfig:
     weight_decay: float = 0.0
     beta1: float = 0.9
     beta2: float = 0.999
+    eps: float = 1e-8  # AdamW epsilon; larger values damp the full-size steps Adam gives near-zero gradients
     max_grad_norm: float = 1.0
     micro_batch_size: int = 16
     warmup_steps: int = 0
+    lr_end_factor: float = 1.0  # lr decays linearly to lr * lr_end_factor at the last RL step (1 = constant)
+    minibatches: int = 1  # PPO mini-batches per batch: each is one optimizer step
+    epochs: int = 1  # PPO passes over each batch
 
     def validate(self) -> None:
         if self.lr <= 0 or self.micro_batch_size < 1:
             raise ValueError("lr must be > 0 and micro_batch_size >= 1")
+        if self.eps <= 0:
+            raise ValueError("optim.eps must be > 0")
+        if not 0 <= self.lr_end_factor <= 1:
+            raise ValueError("lr_end_factor must be in [0, 1]")
+        if self.minibatches < 1 or self.epochs < 1:
+            raise ValueError("optim.minibatches and optim.epochs must be >= 1")
 
 
 @dataclass

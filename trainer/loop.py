@@ -46,7 +46,7 @@ from rollhub.trainer.config import RunConfig
 from rollhub.trainer.evaluate import EvalResult, evaluate_policy
 from rollhub.trainer.metrics import MetricsLog, plot_learning_curve, read_jsonl
 from rollhub.trainer.policy import Policy
-from rollhub.trainer.update import policy_update
+from rollhub.trainer.update import ppo_update
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def ensure_model(config: RunConfig) -> Path:
 
 def make_optimizer(policy: Policy, config: RunConfig) -> torch.optim.Optimizer:
     o = config.optim
-    return torch.optim.AdamW(policy.model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
+    return torch.optim.AdamW(policy.model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
 
 
 def make_env_factory(config: RunConfig) -> Callable[[], Any]:
@@ -191,8 +191,12 @@ async def rl_loop(
     save: Callable[[LoopState], None],
     on_step: Callable[[int, dict[str, Any]], None] | None = None,
     evaluate: Callable[[], Any] | None = None,
+    reference: Policy | None = None,
 ) -> None:
-    """RL steps from `state.version` to `config.train.steps` (see module docstring)."""
+    """RL steps from `state.version` to `config.train.steps` (see module docstring).
+
+    `reference` is the frozen warm-start policy of the optional KL term (loss.kl_coef > 0).
+    """
     sync = config.rollout.lockstep
     started = time.perf_counter()
     step_started = time.perf_counter()
@@ -218,10 +222,12 @@ async def rl_loop(
         step_metrics: dict[str, Any] = {}
         if batch is not None:
             _set_lr(optimizer, config, state.version)
-            prox = await asyncio.to_thread(policy.compute_logprobs, batch)
+            o = config.optim
             step_metrics = await asyncio.to_thread(
-                policy_update, policy, optimizer, batch, prox, config.loss, max_grad_norm=config.optim.max_grad_norm
+                ppo_update, policy, optimizer, batch, config.loss, minibatches=o.minibatches, epochs=o.epochs,
+                max_grad_norm=o.max_grad_norm, seed=config.seed * 1_000_003 + state.version, reference=reference,
             )
+            step_metrics["lr"] = optimizer.param_groups[0]["lr"]
         else:
             logger.warning("step %d: no trainable trajectory in the batch (all groups filtered); skipping the update", state.version + 1)
 
@@ -270,8 +276,11 @@ async def rl_loop(
 
 
 def _set_lr(optimizer: torch.optim.Optimizer, config: RunConfig, version: int) -> None:
-    warmup = config.optim.warmup_steps
-    factor = min(1.0, (version + 1) / warmup) if warmup > 0 else 1.0
+    """Linear warm-up over `warmup_steps`, then linear decay to lr * lr_end_factor at the last step."""
+    o = config.optim
+    factor = min(1.0, (version + 1) / o.warmup_steps) if o.warmup_steps > 0 else 1.0
+    span = max(config.train.steps - 1, 1)
+    factor *= 1.0 - (1.0 - o.lr_end_factor) * min(version / span, 1.0)
     for group in optimizer.param_groups:
         group["lr"] = config.optim.lr * factor
 
@@ -370,6 +379,9 @@ async def run_training(config: RunConfig, *, resume: bool = False, progress: boo
     engine_source = sft_dir if (config.sft.enabled and (sft_dir / "config.json").exists()) else model_dir
     engine = HFEngine(engine_source, threads=config.rollout.engine_threads, max_batch_size=config.rollout.engine_max_batch_size, seed=config.rollout.seed)
     optimizer = make_optimizer(policy, config)
+    # the KL anchor is the warm-start (or the base model without SFT), frozen
+    reference = Policy(engine_source, device=config.model.device, micro_batch_size=config.optim.micro_batch_size,
+                       temperature=policy.temperature) if config.loss.kl_coef > 0 else None
     seeds = SeedCursor(config.env.train_seed_offset)
     buffer = None if config.rollout.lockstep else GroupBuffer(config.rollout.groups_per_batch, config.rollout.async_ratio)
 
@@ -439,7 +451,7 @@ async def run_training(config: RunConfig, *, resume: bool = False, progress: boo
 
             try:
                 await rl_loop(config, policy, optimizer, manager, buffer, state, metrics_log, save=save, on_step=on_step,
-                              evaluate=lambda: evaluate("periodic"))
+                              evaluate=lambda: evaluate("periodic"), reference=reference)
             finally:
                 stop.set()
                 if producer is not None:

@@ -47,6 +47,12 @@ class TokenBatch:
         length = max(length, 1)
         return TokenBatch(*(t[start:stop, :length] for t in self._tensors()))
 
+    def select(self, rows: Sequence[int] | torch.Tensor) -> "TokenBatch":
+        """The given rows (e.g. a shuffled PPO mini-batch), trimmed like `slice`."""
+        index = torch.as_tensor(rows, dtype=torch.long)
+        picked = TokenBatch(*(t[index] for t in self._tensors()))
+        return picked.slice(0, len(index))
+
     def _tensors(self) -> tuple[torch.Tensor, ...]:
         return (self.input_ids, self.attention_mask, self.response_mask, self.behaviour_logprobs, self.advantages, self.token_versions)
 

@@ -89,3 +89,36 @@ def test_checkpoint_roundtrip_is_atomic_and_exact(tiny_model_dir, tmp_path):
     assert all(torch.equal(before[k], v) for k, v in policy.model.state_dict().items())
     policy_update(policy, optimizer, batch, policy.compute_logprobs(batch), LossConfig())
     assert all(torch.equal(after_a[k], v) for k, v in policy.model.state_dict().items())
+
+
+def test_update_without_prox_pass_gives_the_same_gradient(tiny_model_dir):
+    """prox=None (pi_prox = the update's own detached forward) matches a separate recompute."""
+    trajectories = asyncio.run(_sample_trajectories(tiny_model_dir, temperature=1.0))
+    grads = []
+    for reuse in (False, True):
+        policy = Policy(tiny_model_dir, device="cpu", micro_batch_size=2)
+        batch = _batch(trajectories, policy)
+        prox = None if reuse else policy.compute_logprobs(batch)
+        optimizer = torch.optim.SGD(policy.model.parameters(), lr=0.0)
+        policy_update(policy, optimizer, batch, prox, LossConfig(), max_grad_norm=None)
+        grads.append(torch.cat([p.grad.flatten() for p in policy.model.parameters() if p.grad is not None]))
+    assert grads[0].abs().sum() > 0
+    assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
+
+
+def test_ppo_minibatches_take_several_steps_against_one_proximal_policy(tiny_model_dir):
+    from rollhub.trainer.update import ppo_update
+
+    trajectories = asyncio.run(_sample_trajectories(tiny_model_dir, temperature=1.0, n=4))
+    policy = Policy(tiny_model_dir, device="cpu", micro_batch_size=2)
+    batch = _batch(trajectories, policy)
+    before = [p.detach().clone() for p in policy.model.parameters()]
+    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=1e-2)
+    out = ppo_update(policy, optimizer, batch, LossConfig(clip_low=0.01, clip_high=0.01), minibatches=2, epochs=2, seed=3)
+    assert out["optimizer_steps"] == 4
+    assert out["response_tokens"] == float(batch.response_mask.sum())
+    # after the first step pi_theta has left pi_prox: the (tiny) clip must have cut some tokens
+    assert out["offpolicy/ratio_clip_fraction"] > 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, policy.model.parameters()))
+    with pytest.raises(ValueError):
+        ppo_update(policy, optimizer, batch, LossConfig(), minibatches=0)
