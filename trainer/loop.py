@@ -47,6 +47,7 @@ from rollhub.trainer.evaluate import EvalResult, evaluate_policy
 from rollhub.trainer.metrics import MetricsLog, plot_learning_curve, read_jsonl
 from rollhub.trainer.policy import Policy
 from rollhub.trainer.update import ppo_update
+from rollhub.trainer.worker import ComputeThread, release_freed_memory
 
 logger = logging.getLogger(__name__)
 
@@ -198,81 +199,87 @@ async def rl_loop(
     `reference` is the frozen warm-start policy of the optional KL term (loss.kl_coef > 0).
     """
     sync = config.rollout.lockstep
+    compute = ComputeThread()  # one thread, one malloc arena (trainer/worker.py)
     started = time.perf_counter()
     step_started = time.perf_counter()
-    while state.version < config.train.steps:
-        # batch: the buffer drops groups more than ceil(alpha) versions stale
-        wait_started = time.perf_counter()
-        if sync:
-            groups = await manager.collect_batch(config.rollout.groups_per_batch)  # the trainer idles meanwhile
-        else:
-            groups = await buffer.get_batch(state.version)
-        wait_s = time.perf_counter() - wait_started
-        compute_started = time.perf_counter()
+    try:
+        while state.version < config.train.steps:
+            # batch: the buffer drops groups more than ceil(alpha) versions stale
+            wait_started = time.perf_counter()
+            if sync:
+                groups = await manager.collect_batch(config.rollout.groups_per_batch)  # the trainer idles meanwhile
+            else:
+                groups = await buffer.get_batch(state.version)
+            wait_s = time.perf_counter() - wait_started
+            compute_started = time.perf_counter()
 
-        # advantages per group, broadcast to response tokens
-        a = config.algorithm
-        batch, stats = build_training_batch(
-            groups, policy.tokenizer.pad_token_id, drop_zero_advantage_groups=a.drop_zero_advantage_groups,
-            estimator=a.estimator, omega=a.omega, gamma=a.gamma, normalize_std=a.normalize_std,
-            episode_baseline=a.episode_baseline, invalid_action_penalty=a.invalid_action_penalty,
-        )
-
-        # proximal log-probs, loss, optimizer step (off the event loop: envs keep stepping)
-        step_metrics: dict[str, Any] = {}
-        if batch is not None:
-            _set_lr(optimizer, config, state.version)
-            o = config.optim
-            step_metrics = await asyncio.to_thread(
-                ppo_update, policy, optimizer, batch, config.loss, minibatches=o.minibatches, epochs=o.epochs,
-                max_grad_norm=o.max_grad_norm, seed=config.seed * 1_000_003 + state.version, reference=reference,
+            # advantages per group, broadcast to response tokens
+            a = config.algorithm
+            batch, stats = build_training_batch(
+                groups, policy.tokenizer.pad_token_id, drop_zero_advantage_groups=a.drop_zero_advantage_groups,
+                estimator=a.estimator, omega=a.omega, gamma=a.gamma, normalize_std=a.normalize_std,
+                episode_baseline=a.episode_baseline, invalid_action_penalty=a.invalid_action_penalty,
             )
-            step_metrics["lr"] = optimizer.param_groups[0]["lr"]
-        else:
-            logger.warning("step %d: no trainable trajectory in the batch (all groups filtered); skipping the update", state.version + 1)
 
-        # new policy version -> engine (pause, abort in-flight, load, resume)
-        state.version += 1
-        state.groups_trained += len(groups)
-        weights = await asyncio.to_thread(policy.engine_state_dict)
-        await manager.update_weights(weights, state.version)
-        compute_s = time.perf_counter() - compute_started
+            # proximal log-probs, loss, optimizer step (off the event loop: envs keep stepping)
+            step_metrics: dict[str, Any] = {}
+            if batch is not None:
+                _set_lr(optimizer, config, state.version)
+                o = config.optim
+                step_metrics = await compute.run(
+                    ppo_update, policy, optimizer, batch, config.loss, minibatches=o.minibatches, epochs=o.epochs,
+                    max_grad_norm=o.max_grad_norm, seed=config.seed * 1_000_003 + state.version, reference=reference,
+                )
+                step_metrics["lr"] = optimizer.param_groups[0]["lr"]
+            else:
+                logger.warning("step %d: no trainable trajectory in the batch (all groups filtered); skipping the update", state.version + 1)
 
-        # log
-        state.idle_s += wait_s
-        state.busy_s += compute_s
-        now = time.perf_counter()
-        step_wall = now - step_started
-        step_started = now
-        record: dict[str, Any] = {
-            **_batch_reward_metrics(groups),
-            **{f"train/{k}": v for k, v in step_metrics.items()},
-            "batch/sequences": stats.sequences,
-            "batch/excluded_trajectories": stats.excluded_trajectories,
-            "batch/zero_advantage_groups": stats.zero_advantage_groups,
-            "gigpo/singleton_anchor_fraction": stats.singleton_anchor_fraction,
-            "gigpo/mean_step_group_size": stats.mean_step_group_size,
-            "time/step_s": step_wall,
-            "time/wait_for_batch_s": wait_s,
-            "time/train_s": compute_s,
-            "time/elapsed_s": now - started,
-            "trainer/idle_fraction": wait_s / step_wall if step_wall > 0 else 0.0,
-            "trainer/idle_fraction_cumulative": state.idle_s / max(state.idle_s + state.busy_s, 1e-9),
-            "policy/version": state.version,
-        }
-        record.update(_rollout_metrics(manager, buffer))
-        if evaluate is not None and config.eval.every and state.version % config.eval.every == 0 and state.version < config.train.steps:
-            result = await evaluate()
-            record.update(result.metrics())
-        metrics_log.log(state.version, record)
-        if on_step is not None:
-            on_step(state.version, record)
+            # new policy version -> engine (pause, abort in-flight, load, resume)
+            state.version += 1
+            state.groups_trained += len(groups)
+            weights = await compute.run(policy.engine_state_dict)
+            await manager.update_weights(weights, state.version)
+            del weights, batch
+            release_freed_memory()
+            compute_s = time.perf_counter() - compute_started
 
-        if config.train.checkpoint_every and state.version % config.train.checkpoint_every == 0:
-            save(state)
-        if config.train.max_wall_s is not None and now - started > config.train.max_wall_s:
-            logger.warning("stopping RL after %d steps: train.max_wall_s=%s reached", state.version, config.train.max_wall_s)
-            break
+            # log
+            state.idle_s += wait_s
+            state.busy_s += compute_s
+            now = time.perf_counter()
+            step_wall = now - step_started
+            step_started = now
+            record: dict[str, Any] = {
+                **_batch_reward_metrics(groups),
+                **{f"train/{k}": v for k, v in step_metrics.items()},
+                "batch/sequences": stats.sequences,
+                "batch/excluded_trajectories": stats.excluded_trajectories,
+                "batch/zero_advantage_groups": stats.zero_advantage_groups,
+                "gigpo/singleton_anchor_fraction": stats.singleton_anchor_fraction,
+                "gigpo/mean_step_group_size": stats.mean_step_group_size,
+                "time/step_s": step_wall,
+                "time/wait_for_batch_s": wait_s,
+                "time/train_s": compute_s,
+                "time/elapsed_s": now - started,
+                "trainer/idle_fraction": wait_s / step_wall if step_wall > 0 else 0.0,
+                "trainer/idle_fraction_cumulative": state.idle_s / max(state.idle_s + state.busy_s, 1e-9),
+                "policy/version": state.version,
+            }
+            record.update(_rollout_metrics(manager, buffer))
+            if evaluate is not None and config.eval.every and state.version % config.eval.every == 0 and state.version < config.train.steps:
+                result = await evaluate()
+                record.update(result.metrics())
+            metrics_log.log(state.version, record)
+            if on_step is not None:
+                on_step(state.version, record)
+
+            if config.train.checkpoint_every and state.version % config.train.checkpoint_every == 0:
+                save(state)
+            if config.train.max_wall_s is not None and now - started > config.train.max_wall_s:
+                logger.warning("stopping RL after %d steps: train.max_wall_s=%s reached", state.version, config.train.max_wall_s)
+                break
+    finally:
+        compute.close()
 
 
 def _set_lr(optimizer: torch.optim.Optimizer, config: RunConfig, version: int) -> None:
