@@ -252,6 +252,7 @@ async def rl_loop(
             record: dict[str, Any] = {
                 **_batch_reward_metrics(groups),
                 **{f"train/{k}": v for k, v in step_metrics.items()},
+                "batch/groups": stats.groups,
                 "batch/sequences": stats.sequences,
                 "batch/excluded_trajectories": stats.excluded_trajectories,
                 "batch/zero_advantage_groups": stats.zero_advantage_groups,
@@ -266,6 +267,9 @@ async def rl_loop(
                 "policy/version": state.version,
             }
             record.update(_rollout_metrics(manager, buffer))
+            warning = collapse_warning(record)
+            if warning:
+                logger.warning("step %d: %s", state.version, warning)
             if evaluate is not None and config.eval.every and state.version % config.eval.every == 0 and state.version < config.train.steps:
                 result = await evaluate()
                 record.update(result.metrics())
@@ -280,6 +284,22 @@ async def rl_loop(
                 break
     finally:
         compute.close()
+
+
+def collapse_warning(record: dict[str, Any]) -> str | None:
+    """A hint when a step's batch can no longer teach anything: every group scored alike.
+
+    A policy that collapsed into format errors earns all-zero rewards, hence all-zero
+    advantages, and never recovers on its own; say so instead of training on silently.
+    """
+    groups = record.get("batch/groups") or 0
+    if not groups or record.get("batch/zero_advantage_groups", 0) < groups:
+        return None
+    format_errors = record.get("train/format_error_rate", 0.0)
+    if format_errors >= 0.5:
+        return (f"every group has zero advantage and {format_errors:.0%} of turns are format errors: the policy has "
+                "collapsed; resume from an earlier checkpoint with a lower optim.lr, or add loss.kl_coef")
+    return "every group has zero advantage (all samples of each task scored alike): this step taught nothing"
 
 
 def _set_lr(optimizer: torch.optim.Optimizer, config: RunConfig, version: int) -> None:

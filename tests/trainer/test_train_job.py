@@ -205,3 +205,15 @@ def test_rollhub_eval_reports_success(tiny_model_dir, tmp_path, capsys):
     assert main(["eval", str(recipe), "--model", str(tiny_model_dir)]) == 0
     assert "success on 2 held-out seeds" in capsys.readouterr().out
     assert main(["eval", str(recipe), "--model", str(tmp_path / "nothing")]) == 2
+
+
+def test_collapse_warning_names_the_cause():
+    from rollhub.trainer.loop import collapse_warning
+
+    healthy = {"batch/groups": 8, "batch/zero_advantage_groups": 3, "train/format_error_rate": 0.9}
+    assert collapse_warning(healthy) is None
+    collapsed = {"batch/groups": 8, "batch/zero_advantage_groups": 8, "train/format_error_rate": 0.97}
+    assert "collapsed" in collapse_warning(collapsed) and "97%" in collapse_warning(collapsed)
+    solved_alike = {"batch/groups": 8, "batch/zero_advantage_groups": 8, "train/format_error_rate": 0.0}
+    assert "taught nothing" in collapse_warning(solved_alike)
+    assert collapse_warning({}) is None
