@@ -122,6 +122,11 @@ class EvalConfig:
     temperature: float = 0.0  # 0 = greedy
     every: int = 0  # also evaluate every N RL steps (0 = only after warm-start and at the end)
 
+    @property
+    def seeds(self) -> list[int]:
+        """The held-out seeds: the same list for the warm-start, periodic and final evaluations."""
+        return list(range(self.seed_offset, self.seed_offset + self.episodes))
+
 
 @dataclass
 class RunConfig:
@@ -142,7 +147,7 @@ class RunConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)  # backend: local | ray (docs/ray.md)
 
     def validate(self) -> None:
-        held_out = range(self.eval.seed_offset, self.eval.seed_offset + self.eval.episodes)
+        held_out = self.eval.seeds
         for name, start in (("env.train_seed_offset", self.env.train_seed_offset), ("sft.seed_offset", self.sft.seed_offset)):
             if start in held_out:
                 raise ValueError(f"{name} overlaps the evaluation seeds starting at eval.seed_offset={self.eval.seed_offset}")

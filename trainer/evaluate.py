@@ -87,8 +87,7 @@ async def evaluate_model_dir(config: Any, model_dir: Any) -> EvalResult:
     torch.set_num_threads(config.model.threads)
     engine = HFEngine(model_dir, threads=config.rollout.engine_threads, max_batch_size=config.rollout.engine_max_batch_size, seed=config.rollout.seed)
     try:
-        seeds = list(range(config.eval.seed_offset, config.eval.seed_offset + config.eval.episodes))
-        return await evaluate_policy(engine, engine.tokenizer, lambda: make(config.env.id, **config.env.kwargs), config.agent, seeds,
+        return await evaluate_policy(engine, engine.tokenizer, lambda: make(config.env.id, **config.env.kwargs), config.agent, config.eval.seeds,
                                      temperature=config.eval.temperature, max_concurrent=config.env.max_concurrent, env_id=config.env.id)
     finally:
         await engine.close()

@@ -267,7 +267,7 @@ async def rl_loop(
                 "policy/version": state.version,
             }
             record.update(_rollout_metrics(manager, buffer))
-            warning = collapse_warning(record)
+            warning = collapse_warning(record, trained=bool(step_metrics))
             if warning:
                 logger.warning("step %d: %s", state.version, warning)
             if evaluate is not None and config.eval.every and state.version % config.eval.every == 0 and state.version < config.train.steps:
@@ -286,7 +286,7 @@ async def rl_loop(
         compute.close()
 
 
-def collapse_warning(record: dict[str, Any]) -> str | None:
+def collapse_warning(record: dict[str, Any], *, trained: bool = True) -> str | None:
     """A hint when a step's batch can no longer teach anything: every group scored alike.
 
     A policy that collapsed into format errors earns all-zero rewards, hence all-zero
@@ -299,6 +299,8 @@ def collapse_warning(record: dict[str, Any]) -> str | None:
     if format_errors >= 0.5:
         return (f"every group has zero advantage and {format_errors:.0%} of turns are format errors: the policy has "
                 "collapsed; resume from an earlier checkpoint with a lower optim.lr, or add loss.kl_coef")
+    if not trained:  # the loop already warned that it skipped the update
+        return None
     return "every group has zero advantage (all samples of each task scored alike): this step taught nothing"
 
 
@@ -383,7 +385,7 @@ async def run_training(config: RunConfig, *, resume: bool = False, progress: boo
     state = LoopState()
     prior_wall_s = 0.0
     make_env = make_env_factory(config)
-    eval_seeds = list(range(config.eval.seed_offset, config.eval.seed_offset + config.eval.episodes))
+    eval_seeds = config.eval.seeds
 
     # 2. warm-start (skipped when resuming an RL checkpoint or a finished SFT)
     warmstart: EvalResult | None = None

@@ -13,9 +13,8 @@ from rollhub.trainer.config import RunConfig
 
 async def run_sft_job(config: RunConfig, *, out_dir: str | None = None, print_fn=print) -> float:
     """Fine-tune on expert demos, save the model, print and return held-out success."""
-    from rollhub.rollout.engines.hf import HFEngine
-    from rollhub.trainer.evaluate import evaluate_policy
-    from rollhub.trainer.loop import check_env_registered, collect_demonstrations, ensure_model, make_env_factory, seed_everything
+    from rollhub.trainer.evaluate import evaluate_model_dir
+    from rollhub.trainer.loop import check_env_registered, collect_demonstrations, ensure_model, seed_everything
     from rollhub.trainer.metrics import MetricsLog
     from rollhub.trainer.policy import Policy
     from rollhub.trainer.sft import sft_epochs
@@ -32,13 +31,7 @@ async def run_sft_job(config: RunConfig, *, out_dir: str | None = None, print_fn
     history = await asyncio.to_thread(sft_epochs, policy, demos, epochs=config.sft.epochs, lr=config.sft.lr,
                                       batch_size=config.sft.batch_size, seed=config.seed, on_step=log.log)
     policy.save_pretrained(out)
-    engine = HFEngine(out, threads=config.rollout.engine_threads, max_batch_size=config.rollout.engine_max_batch_size, seed=config.rollout.seed)
-    try:
-        seeds = range(config.eval.seed_offset, config.eval.seed_offset + config.eval.episodes)
-        result = await evaluate_policy(engine, policy.tokenizer, make_env_factory(config), config.agent, list(seeds),
-                                       temperature=config.eval.temperature, max_concurrent=config.env.max_concurrent, env_id=config.env.id)
-    finally:
-        await engine.close()
+    result = await evaluate_model_dir(config, out)
     print_fn(f"SFT: {len(demos)} demos, {len(history)} steps, loss {history[-1]['sft/loss']:.3f}; model at {out}")
-    print_fn(f"held-out success on {len(seeds)} seeds: {100 * result.success_rate:.1f}% ({time.perf_counter() - started:.0f}s)")
+    print_fn(f"held-out success on {config.eval.episodes} seeds: {100 * result.success_rate:.1f}% ({time.perf_counter() - started:.0f}s)")
     return result.success_rate

@@ -216,4 +216,6 @@ def test_collapse_warning_names_the_cause():
     assert "collapsed" in collapse_warning(collapsed) and "97%" in collapse_warning(collapsed)
     solved_alike = {"batch/groups": 8, "batch/zero_advantage_groups": 8, "train/format_error_rate": 0.0}
     assert "taught nothing" in collapse_warning(solved_alike)
+    assert collapse_warning(solved_alike, trained=False) is None  # the skipped update was already reported
+    assert "collapsed" in collapse_warning(collapsed, trained=False)
     assert collapse_warning({}) is None
