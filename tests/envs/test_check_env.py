@@ -57,7 +57,11 @@ class GuessEnv(Env):
 
 class UnseededEnv(GuessEnv):
     async def reset(self, *, seed=None, options=None):
-        return await super().reset(seed=None)  # ignores the seed
+        # Ignores the seed. The secret comes from a huge range so that two unseeded resets
+        # cannot coincide by chance (with 0-9 they did in 1 run out of 10, and CI failed).
+        obs, info = await super().reset(seed=None)
+        self.secret = int(np.random.default_rng().integers(10, 2**62))
+        return obs, {**info, "anchor": self.secret}
 
 
 class RaisingEnv(GuessEnv):
