@@ -39,6 +39,10 @@ class AgentConfig:
 
     system_prompt: str | None = None  # replaces (or adds) the system message of reset()
     history_window: int | None = None  # None = full history; k = last k turns after the opening
+    # Markov agent: each prompt is the system message(s) + the latest observation only. For
+    # envs whose observation is the whole state (Sokoban): prompts stay short (the trainer
+    # and the engine process ~3x fewer tokens) and the policy cannot latch onto stale turns
+    observation_only: bool = False
     max_new_tokens: int = 64  # per turn
     min_new_tokens: int = 8  # context guard: end the episode if less room than this is left
     max_context_tokens: int = 2048  # prompt + response must fit
@@ -53,6 +57,8 @@ class AgentConfig:
     def validate(self) -> None:
         if self.history_window is not None and self.history_window < 0:
             raise ValueError("history_window must be >= 0 or null (full history)")
+        if self.observation_only and self.history_window is not None:
+            raise ValueError("observation_only keeps no history: leave history_window null")
         if self.max_new_tokens < 1 or self.min_new_tokens < 1:
             raise ValueError("max_new_tokens and min_new_tokens must be >= 1")
         if self.max_context_tokens <= self.min_new_tokens:
@@ -85,6 +91,7 @@ class EpisodeRunner:
         self.done = False
         self._messages: list[dict[str, str]] = []  # full conversation as text (for delta rendering and logs)
         self._head: list[int] = []
+        self._system_head: list[int] = []
         self._turn_segments: list[_TurnSegments] = []
         self._anchor: Any = None
         self._started = time.perf_counter()
@@ -109,10 +116,18 @@ class EpisodeRunner:
             return
         self._messages = self._apply_system_prompt(list(observation))
         self._head = self.segments.encode_head(self._messages)
+        leading_system = []
+        for message in self._messages:
+            if message.get("role") != "system":
+                break
+            leading_system.append(message)
+        self._system_head = self.segments.encode_head(leading_system) if leading_system else []
         self._anchor = info.get("anchor")
 
     def prompt_ids(self) -> list[int]:
         """The next prompt: head + the windowed turns + generation prompt."""
+        if self.config.observation_only and self._turn_segments:
+            return self._system_head + self._turn_segments[-1].reply + self.segments.generation_prompt_ids
         window = self._turn_segments
         if self.config.history_window is not None:
             window = window[len(window) - self.config.history_window :] if self.config.history_window else []

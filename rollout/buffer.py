@@ -2,8 +2,13 @@
 
 Rule (reference/async_system.md §1, "Our rule"):
 * admission: at most floor((α+1)·B) groups are in flight (admitted, still generating) plus
-  buffered (finished, not yet consumed); α may be fractional. α = 0 means the manager
-  never runs ahead of the batch the trainer is about to take.
+  buffered (finished, not yet consumed) while the trainer waits for a batch, and B fewer
+  while it trains on the batch it took: a group admitted then runs on weights that are
+  already one version behind the next batch, so the full (α+1)·B would admit a batch that
+  can only arrive α + 1 versions late and be dropped. (Measured on the CPU Sokoban recipe,
+  trainer-bound, α = 1: the plain occupancy bound generated 3 groups for every 2 consumed.)
+  α may be fractional. α = 0 means the manager never runs ahead of the batch the trainer
+  is about to take, and generates nothing while it trains.
 * consumption: `get_batch(trainer_version)` returns B groups oldest first and drops
   (and counts) any group whose oldest token is more than ⌈α⌉ versions behind.
 * every consumed token adds to a staleness histogram (trainer version − token version).
@@ -52,6 +57,7 @@ class GroupBuffer:
         self.trainer_version = 0
         self._groups: collections.deque[Group] = collections.deque()
         self._in_flight = 0
+        self._trainer_holds_batch = False  # between get_batch() and the trainer's next call
         self._changed = asyncio.Event()
         # metrics
         self.dropped_stale = 0
@@ -76,8 +82,12 @@ class GroupBuffer:
     def occupancy(self) -> int:
         return self._in_flight + len(self._groups)
 
+    def admission_limit(self) -> int:
+        """The occupancy bound right now (see the module docstring)."""
+        return self.capacity - (self.batch_size if self._trainer_holds_batch else 0)
+
     def has_room(self) -> bool:
-        return self.occupancy < self.capacity
+        return self.occupancy < self.admission_limit()
 
     async def acquire(self) -> Ticket:
         """Wait for a free slot and take it."""
@@ -127,10 +137,14 @@ class GroupBuffer:
     async def get_batch(self, trainer_version: int, timeout_s: float | None = None) -> list[Group]:
         """B groups, oldest first, after dropping the too-stale ones; waits until available."""
         self.set_trainer_version(trainer_version)
+        if self._trainer_holds_batch:
+            self._trainer_holds_batch = False  # the previous batch is done with: room again
+            self._notify()
         started = time.perf_counter()
         try:
             await asyncio.wait_for(self._wait_for(self._ready), timeout=timeout_s)
             batch = [self._groups.popleft() for _ in range(self.batch_size)]
+            self._trainer_holds_batch = True
             self._notify()
         finally:
             self.consumer_wait_s += time.perf_counter() - started
@@ -185,6 +199,7 @@ class GroupBuffer:
         mean = sum(k * v for k, v in self.staleness_histogram.items()) / total if total else 0.0
         return {
             "buffer/capacity": self.capacity,
+            "buffer/admission_limit": self.admission_limit(),
             "buffer/in_flight": self.in_flight,
             "buffer/buffered": self.buffered,
             "buffer/peak_occupancy": self.peak_occupancy,

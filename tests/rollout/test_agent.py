@@ -96,6 +96,27 @@ async def test_history_window_keeps_head_and_last_k_turns(engine):
     assert len(trajectory.packed_sequences()) == 3  # turn 1 still extends turn 0; from turn 2 on the prefix breaks
 
 
+async def test_observation_only_prompt_is_system_plus_latest_observation(engine):
+    tokenizer = engine.tokenizer
+    config = AgentConfig(max_new_tokens=4, observation_only=True, system_prompt="Count.")
+    runner = EpisodeRunner(CountdownEnv(max_steps=4), tokenizer, config, env_id="test/Countdown-v0", seed=0)
+    trajectory = await run_episode(CountdownEnv(max_steps=4), engine, tokenizer, config, seed=0)
+    assert len(trajectory.turns) == 4
+    await runner.reset()
+    opening = runner.messages
+    assert tokenizer.decode(trajectory.turns[0].prompt_ids) == tokenizer.apply_chat_template(opening, tokenize=False, add_generation_prompt=True)
+    # every later prompt renders exactly [system, latest observation] + generation prompt
+    history = [{"role": "system", "content": "Count."}]
+    previous = trajectory.turns
+    for before, turn in zip(previous, previous[1:]):
+        expected = tokenizer.apply_chat_template(history + list(before.observation), tokenize=False, add_generation_prompt=True)
+        assert tokenizer.decode(turn.prompt_ids) == expected
+    assert len({len(t.prompt_ids) for t in trajectory.turns[1:]}) <= 2  # no growth with the turn count
+    assert len(trajectory.packed_sequences()) == 4  # each turn is its own training row
+    with pytest.raises(ValueError, match="observation_only"):
+        AgentConfig(observation_only=True, history_window=1).validate()
+
+
 async def test_context_guard_truncates_and_reports(engine):
     config = AgentConfig(max_new_tokens=16, min_new_tokens=8, max_context_tokens=90)
     trajectory = await run_episode(CountdownEnv(max_steps=50), engine, engine.tokenizer, config, seed=0)

@@ -84,7 +84,43 @@ async def test_alpha_zero_admits_exactly_one_batch():
     await asyncio.sleep(0.01)
     assert not third.done()  # buffered groups still count until consumed
     assert len(await buffer.get_batch(0)) == 2
-    await asyncio.wait_for(third, 1)
+    await asyncio.sleep(0.01)
+    assert not third.done()  # nothing is generated while the trainer trains (it would be stale)
+    next_batch = asyncio.create_task(buffer.get_batch(1))
+    await asyncio.wait_for(third, 1)  # the trainer asks for the next batch: room again
+    next_batch.cancel()
+    await asyncio.gather(next_batch, return_exceptions=True)
+
+
+async def test_trainer_bound_run_drops_nothing():
+    """A slow trainer and fast producers: every admitted group is consumed, none is dropped.
+
+    With the plain (α+1)·B occupancy bound, a group admitted while the trainer trains runs on
+    weights one version behind the next batch, and one batch per two steps arrived too late."""
+    batch_size, alpha, steps = 2, 1.0, 6
+    buffer = GroupBuffer(batch_size, alpha)
+    version = 0
+    stop = asyncio.Event()
+
+    async def producer() -> None:
+        while not stop.is_set():
+            ticket = await buffer.acquire()
+            admitted = version
+            await asyncio.sleep(0.001)
+            ticket.put(make_group(admitted))
+
+    workers = [asyncio.create_task(producer()) for _ in range(8)]
+    for _ in range(steps):
+        batch = await buffer.get_batch(version)
+        assert all(version - g.oldest_version <= 1 for g in batch)
+        await asyncio.sleep(0.03)  # training: producers are far faster
+        version += 1
+    stop.set()
+    for worker in workers:
+        worker.cancel()
+    await asyncio.gather(*workers, return_exceptions=True)
+    assert buffer.dropped_stale == 0
+    assert buffer.peak_occupancy <= buffer.capacity
 
 
 async def test_fractional_alpha_capacity():
