@@ -104,7 +104,12 @@ def ensure_model(config: RunConfig) -> Path:
 
 def make_optimizer(policy: Policy, config: RunConfig) -> torch.optim.Optimizer:
     o = config.optim
-    return torch.optim.AdamW(policy.model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
+    if not o.train_embeddings:
+        for module in (policy.model.get_input_embeddings(), policy.model.get_output_embeddings()):
+            if module is not None:
+                module.weight.requires_grad_(False)
+    trainable = [p for p in policy.model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(trainable, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
 
 
 def make_env_factory(config: RunConfig) -> Callable[[], Any]:
@@ -139,8 +144,10 @@ async def collect_demonstrations(config: RunConfig, tokenizer: Any) -> list[Any]
     demos = []
     for k in range(config.sft.episodes):
         env = make_env()
+        seed = config.sft.seed_offset + k
+        expert = ExpertEngine(env, tokenizer, noise=config.sft.noise, rng=random.Random(seed))
         try:
-            demos.append(await run_episode(env, ExpertEngine(env, tokenizer), tokenizer, config.agent, config.sft.seed_offset + k, env_id=config.env.id, segments=segments))
+            demos.append(await run_episode(env, expert, tokenizer, config.agent, seed, env_id=config.env.id, segments=segments))
         finally:
             await env.close()
     solved = sum(d.success for d in demos)

@@ -13,6 +13,7 @@ import logging
 import random
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 
 from rollhub.rollout.engines.base import Generation, InferenceEngine, SamplingParams
@@ -22,19 +23,30 @@ from rollhub.trainer.policy import Policy, collate
 logger = logging.getLogger(__name__)
 
 
-class ExpertEngine(InferenceEngine):
-    """An "engine" that answers with the env's scripted expert (one instance per env)."""
+#: finish_reason of a demo turn that played a random move: context for later turns, not a label
+NOISE_TURN = "expert_noise"
 
-    def __init__(self, env: Any, tokenizer: Any):
+
+class ExpertEngine(InferenceEngine):
+    """An "engine" that answers with the env's scripted expert (one instance per env).
+
+    With `noise` > 0 it plays the env's `random_action` instead, with that probability, and
+    marks the turn (finish_reason NOISE_TURN) so SFT does not learn the random move.
+    """
+
+    def __init__(self, env: Any, tokenizer: Any, *, noise: float = 0.0, rng: random.Random | None = None):
         self.env = env
         self.tokenizer = tokenizer
+        self.noise = noise
+        self.rng = rng or random.Random(0)
 
     async def generate(self, input_ids: list[int], sampling: SamplingParams, request_id: str | None = None) -> Generation:
-        text = self.env.expert_action()
+        noisy = self.noise > 0 and self.rng.random() < self.noise
+        text = self.env.random_action(np.random.default_rng(self.rng.getrandbits(32))) if noisy else self.env.expert_action()
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         if self.tokenizer.eos_token_id is not None:
             ids.append(int(self.tokenizer.eos_token_id))
-        return Generation(ids, [0.0] * len(ids), [0] * len(ids), "stop", request_id=request_id or "", prompt_tokens=len(input_ids))
+        return Generation(ids, [0.0] * len(ids), [0] * len(ids), NOISE_TURN if noisy else "stop", request_id=request_id or "", prompt_tokens=len(input_ids))
 
     async def update_weights(self, source: Any, version: int) -> None:
         raise NotImplementedError("the expert engine has no weights")
@@ -47,6 +59,20 @@ class ExpertEngine(InferenceEngine):
 
     async def abort(self, request_id: str) -> None:
         return None
+
+
+def _label_sequences(trajectory: Any) -> list[Any]:
+    """The trajectory's packed sequences with noise turns (random moves) unmasked."""
+    noisy = {i for i, turn in enumerate(trajectory.turns) if turn.finish_reason == NOISE_TURN}
+    sequences = trajectory.packed_sequences()
+    if not noisy:
+        return sequences
+    kept = []
+    for seq in sequences:
+        seq.response_mask = [m and k not in noisy for m, k in zip(seq.response_mask, seq.turn_index)]
+        if any(seq.response_mask):
+            kept.append(seq)
+    return kept
 
 
 def sft_epochs(
@@ -66,7 +92,7 @@ def sft_epochs(
     `epochs` may be fractional: 0.5 trains on half the shuffled sequences once. Returns
     one metrics dict per optimizer step.
     """
-    sequences = [s for t in trajectories for s in t.packed_sequences()]
+    sequences = [s for t in trajectories for s in _label_sequences(t)]
     if not sequences:
         raise ValueError("no demonstration sequences to train on")
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=lr, weight_decay=weight_decay)

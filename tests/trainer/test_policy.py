@@ -122,3 +122,23 @@ def test_ppo_minibatches_take_several_steps_against_one_proximal_policy(tiny_mod
     assert any(not torch.equal(a, b) for a, b in zip(before, policy.model.parameters()))
     with pytest.raises(ValueError):
         ppo_update(policy, optimizer, batch, LossConfig(), minibatches=0)
+
+
+def test_frozen_embeddings_stay_put_while_the_rest_trains(tiny_model_dir):
+    from rollhub.trainer.config import RunConfig
+    from rollhub.trainer.loop import make_optimizer
+
+    config = RunConfig()
+    config.optim.train_embeddings = False
+    config.optim.lr = 1e-2
+    policy = Policy(tiny_model_dir)
+    optimizer = make_optimizer(policy, config)
+    embedding = policy.model.get_input_embeddings().weight
+    before_embedding = embedding.detach().clone()
+    layer = next(p for n, p in policy.model.named_parameters() if "layers.0" in n and p.requires_grad)
+    before_layer = layer.detach().clone()
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    policy.model(input_ids=ids).logits.log_softmax(-1)[0, :, 11].sum().backward()
+    optimizer.step()
+    assert torch.equal(embedding, before_embedding)
+    assert not torch.equal(layer, before_layer)

@@ -40,3 +40,42 @@ def test_sft_reduces_the_loss_measured_after_training(tiny_model_dir):
     sft_epochs(policy, demos, epochs=6.0, lr=2e-3, batch_size=8)
     after = sft_epochs(policy, demos, epochs=1.0, lr=1e-12, batch_size=8)[0]["sft/loss"]  # re-measured, not the logged pre-step loss
     assert after < 0.5 * before
+
+
+def test_noisy_demos_label_only_expert_turns_and_show_recoveries(tiny_model_dir):
+    import random
+
+    from rollhub.trainer.sft import NOISE_TURN, _label_sequences
+
+    policy = Policy(tiny_model_dir, micro_batch_size=8)
+    tokenizer = policy.tokenizer
+    config = AgentConfig(max_new_tokens=12, observation_only=True)
+
+    async def collect():
+        out = []
+        for seed in range(12):
+            env = envs.make("rollhub/Sokoban-v0", max_steps=20)
+            out.append(await run_episode(env, ExpertEngine(env, tokenizer, noise=0.4, rng=random.Random(seed)), tokenizer, config, seed))
+            await env.close()
+        return out
+
+    demos = asyncio.run(collect())
+    turns = [t for d in demos for t in d.turns]
+    noisy = [t for t in turns if t.finish_reason == NOISE_TURN]
+    assert 0.2 < len(noisy) / len(turns) < 0.6
+    assert any(not t.action_valid for t in noisy)  # random moves do hit walls
+    labelled = 0
+    for demo in demos:
+        sequences = _label_sequences(demo)
+        for seq in sequences:
+            for masked, index in zip(seq.response_mask, seq.turn_index):
+                if masked:
+                    assert demo.turns[index].finish_reason != NOISE_TURN
+                    labelled += 1
+    expert_tokens = sum(len(t.response_ids) for t in turns if t.finish_reason != NOISE_TURN)
+    assert labelled == expert_tokens  # every expert token is a label, no random one is
+    # some expert labels answer an "Invalid: ..." observation: the recoveries clean demos lack
+    after_invalid = [b for d in demos for a, b in zip(d.turns, d.turns[1:]) if not a.action_valid and b.finish_reason != NOISE_TURN]
+    assert after_invalid and all(tokenizer.decode(t.prompt_ids).count("Invalid:") == 1 for t in after_invalid)
+    history = sft_epochs(policy, demos, epochs=1.0, lr=1e-3, batch_size=4)
+    assert history and all(h["sft/loss"] > 0 for h in history)
