@@ -93,10 +93,18 @@ def plot_learning_curve(records: Iterable[dict[str, Any]], out_png: str | Path, 
     plotted = False
     for key in keys:
         points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
-        if points:
-            xs, ys = zip(*points)
-            ax.plot(xs, ys, marker="o" if len(points) < 30 else None, label=key)
-            plotted = True
+        if not points:
+            continue
+        xs, ys = zip(*points)
+        plotted = True
+        if len(points) < 30:
+            ax.plot(xs, ys, marker="o", label=key)
+            continue
+        # long noisy series (one batch per step): faint raw values, a rolling mean on top
+        window = max(5, len(points) // 20)
+        line = ax.plot(xs, ys, alpha=0.25)[0]
+        means = [sum(ys[max(0, i - window + 1) : i + 1]) / len(ys[max(0, i - window + 1) : i + 1]) for i in range(len(ys))]
+        ax.plot(xs, means, color=line.get_color(), label=f"{key} (mean of {window} steps)")
     if not plotted:
         plt.close(fig)
         return None
