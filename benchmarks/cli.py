@@ -22,6 +22,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "sched-overhead": ("rollhub.benchmarks.sched_overhead:run", "scheduler CPU per step at ~1,000 concurrent trajectories (simulated engine/envs subtracted)"),
     "e2e-cpu": ("rollhub.benchmarks.e2e_cpu:run", "real tiny-model Sokoban training, sync vs async: s/step, trainer idle, time-to-score"),
     "policy-probe": ("rollhub.benchmarks.policy_probe:run", "exact P(optimal move) / P(wall move) of Sokoban checkpoints on fixed held-out boards (no sampling noise)"),
+    "grad-snr": ("rollhub.benchmarks.grad_snr:run", "cosine between policy gradients of disjoint batches from a run's logged groups: signal or noise?"),
     "fit-latency": ("rollhub.benchmarks.fit_latency_model:run", "fit the SIMULATED latency-model engine to the real HFEngine and validate it"),
     "sandbox": ("rollhub.benchmarks.sandbox_bench:run", "Docker sandbox start/exec latency, throughput at 1/8/32/64 concurrent, idle memory, leaks"),
     "rollout-engine": ("rollhub.rollout.bench:run", "real HFEngine on CPU: decode tok/s at 1/8/32 concurrent, prefix-cache and lockstep effects on Sokoban"),

@@ -219,3 +219,19 @@ def test_collapse_warning_names_the_cause():
     assert collapse_warning(solved_alike, trained=False) is None  # the skipped update was already reported
     assert "collapsed" in collapse_warning(collapsed, trained=False)
     assert collapse_warning({}) is None
+
+
+def test_grad_snr_bench_reads_a_runs_groups(tiny_model_dir, tmp_path):
+    recipe = _recipe(tmp_path, tiny_model_dir)
+    assert main(["train", str(recipe), "--no-progress"]) == 0
+    out = tmp_path / "snr"
+    args = ["bench", "grad-snr", "--out", str(out), "--set", f"run={tmp_path / 'run'}", "--set", f"model={tiny_model_dir}",
+            "--set", "sizes=[1]", "--set", "repeats=2", "--set", "max_version=5"]
+    assert main(args) == 0
+    result = json.loads((out / "result.json").read_text())
+    assert result["groups_available"] >= 2
+    (row,) = result["rows"]
+    assert len(row["cosines"]) == 2 and all(-1.0 <= c <= 1.0 for c in row["cosines"])
+    assert (out / "grad_snr.png").stat().st_size > 0
+    # too few groups for the batch size asked: a clear error, not a stack trace
+    assert main([*args[:-6], "--set", "sizes=[1000]", "--set", "repeats=1", "--set", "max_version=5"]) != 0
