@@ -86,11 +86,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise UserError(f"{len(groups)} complete groups with versions <= {cfg.max_version}; {needed} needed (raise max_version or lower sizes)")
     policy = Policy(model, micro_batch_size=recipe.optim.micro_batch_size, temperature=recipe.agent.temperature)
     optimizer = torch.optim.SGD(policy.parameters(), lr=0.0)  # only the gradient is wanted
-    a = recipe.algorithm
 
     def gradient(part: list[Any]) -> torch.Tensor:
-        batch, _ = build_training_batch(part, policy.tokenizer.pad_token_id, estimator=a.estimator, omega=a.omega, gamma=a.gamma,
-                                        normalize_std=a.normalize_std, episode_baseline=a.episode_baseline, invalid_action_penalty=a.invalid_action_penalty)
+        batch, _ = build_training_batch(part, policy.tokenizer.pad_token_id, **recipe.algorithm.advantage_kwargs())
         optimizer.zero_grad(set_to_none=True)
         policy_update(policy, optimizer, batch, None, recipe.loss, max_grad_norm=None)
         return torch.cat([p.grad.flatten() for p in policy.parameters() if p.grad is not None])

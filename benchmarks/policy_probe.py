@@ -66,7 +66,7 @@ async def collect_boards(env_id: str, env_kwargs: dict[str, Any], seeds: range) 
         try:
             observation, _ = await env.reset(seed=seed)
             while True:
-                board = env._require_board()
+                board = env.board
                 lengths = {}
                 for move in MOVES:
                     after, _ = board.try_move(move)

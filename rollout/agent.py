@@ -20,6 +20,7 @@ What it guarantees:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 import uuid
@@ -40,8 +41,9 @@ class AgentConfig:
     system_prompt: str | None = None  # replaces (or adds) the system message of reset()
     history_window: int | None = None  # None = full history; k = last k turns after the opening
     # Markov agent: each prompt is the system message(s) + the latest observation only. For
-    # envs whose observation is the whole state (Sokoban): prompts stay short (the trainer
-    # and the engine process ~3x fewer tokens) and the policy cannot latch onto stale turns
+    # envs whose observation is the whole state (Sokoban): prompts stay short (CPU recipe:
+    # 57 prompt tokens a turn vs 129 with the opening + last turn) and the policy cannot
+    # latch onto stale turns
     observation_only: bool = False
     max_new_tokens: int = 64  # per turn
     min_new_tokens: int = 8  # context guard: end the episode if less room than this is left
@@ -116,12 +118,9 @@ class EpisodeRunner:
             return
         self._messages = self._apply_system_prompt(list(observation))
         self._head = self.segments.encode_head(self._messages)
-        leading_system = []
-        for message in self._messages:
-            if message.get("role") != "system":
-                break
-            leading_system.append(message)
-        self._system_head = self.segments.encode_head(leading_system) if leading_system else []
+        if self.config.observation_only:
+            system = list(itertools.takewhile(lambda m: m.get("role") == "system", self._messages))
+            self._system_head = self.segments.encode_head(system) if system else []
         self._anchor = info.get("anchor")
 
     def prompt_ids(self) -> list[int]:

@@ -64,6 +64,14 @@ class AlgorithmConfig:
     invalid_action_penalty: float = 0.0  # extra penalty (<= 0) on turns the env rejected
     drop_zero_advantage_groups: bool = False  # DAPO-style filter of groups with equal rewards
 
+    def advantage_kwargs(self) -> dict:
+        """What `build_training_batch` needs from this section (one list for every caller)."""
+        return {
+            "drop_zero_advantage_groups": self.drop_zero_advantage_groups, "estimator": self.estimator, "omega": self.omega,
+            "gamma": self.gamma, "normalize_std": self.normalize_std, "episode_baseline": self.episode_baseline,
+            "invalid_action_penalty": self.invalid_action_penalty,
+        }
+
     def validate(self) -> None:
         if self.invalid_action_penalty > 0:
             raise ValueError("invalid_action_penalty is a penalty: use a value <= 0")

@@ -103,6 +103,8 @@ def ensure_model(config: RunConfig) -> Path:
 
 
 def make_optimizer(policy: Policy, config: RunConfig) -> torch.optim.Optimizer:
+    """AdamW over the trainable weights; with optim.train_embeddings false it also freezes
+    the embeddings (requires_grad off), so no gradient is computed for them either."""
     o = config.optim
     if not o.train_embeddings:
         for module in (policy.model.get_input_embeddings(), policy.model.get_output_embeddings()):
@@ -221,12 +223,7 @@ async def rl_loop(
             compute_started = time.perf_counter()
 
             # advantages per group, broadcast to response tokens
-            a = config.algorithm
-            batch, stats = build_training_batch(
-                groups, policy.tokenizer.pad_token_id, drop_zero_advantage_groups=a.drop_zero_advantage_groups,
-                estimator=a.estimator, omega=a.omega, gamma=a.gamma, normalize_std=a.normalize_std,
-                episode_baseline=a.episode_baseline, invalid_action_penalty=a.invalid_action_penalty,
-            )
+            batch, stats = build_training_batch(groups, policy.tokenizer.pad_token_id, **config.algorithm.advantage_kwargs())
 
             # proximal log-probs, loss, optimizer step (off the event loop: envs keep stepping)
             step_metrics: dict[str, Any] = {}

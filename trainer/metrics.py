@@ -103,7 +103,8 @@ def plot_learning_curve(records: Iterable[dict[str, Any]], out_png: str | Path, 
         # long noisy series (one batch per step): faint raw values, a rolling mean on top
         window = max(5, len(points) // 20)
         line = ax.plot(xs, ys, alpha=0.25)[0]
-        means = [sum(ys[max(0, i - window + 1) : i + 1]) / len(ys[max(0, i - window + 1) : i + 1]) for i in range(len(ys))]
+        windows = [ys[max(0, i - window + 1) : i + 1] for i in range(len(ys))]
+        means = [sum(w) / len(w) for w in windows]
         ax.plot(xs, means, color=line.get_color(), label=f"{key} (mean of {window} steps)")
     if not plotted:
         plt.close(fig)

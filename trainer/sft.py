@@ -62,7 +62,7 @@ class ExpertEngine(InferenceEngine):
 
 
 def _label_sequences(trajectory: Any) -> list[Any]:
-    """The trajectory's packed sequences with noise turns (random moves) unmasked."""
+    """The trajectory's packed sequences, the tokens of noise turns (random moves) taken out of the loss mask."""
     noisy = {i for i, turn in enumerate(trajectory.turns) if turn.finish_reason == NOISE_TURN}
     sequences = trajectory.packed_sequences()
     if not noisy:
