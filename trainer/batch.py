@@ -42,22 +42,36 @@ def turn_advantages(
     normalize_std: bool,
     episode_baseline: str,
     invalid_action_penalty: float,
+    cap_invalid_advantage: bool = True,
 ) -> list[list[float]]:
-    """One advantage per turn of each trajectory of ONE group."""
+    """One advantage per turn of each trajectory of ONE group.
+
+    With `cap_invalid_advantage`, a turn the env rejected (malformed or illegal move, state
+    unchanged) gets min(A, invalid_action_penalty): it cannot have helped, yet a rejected
+    turn inside an episode that later succeeds inherits a positive episode advantage. Such
+    turns are usually rare, low-probability samples, whose log-prob gradient is the largest
+    in the batch, so reinforcing them is what drove the tiny Sokoban policy into bursts of
+    format errors (36% of turns one step after a grad-norm spike, README, Training).
+    """
     rewards = [[turn.reward for turn in t.turns] for t in trajectories]
     penalties = [[(invalid_action_penalty if not turn.action_valid else 0.0) for turn in t.turns] for t in trajectories]
     if estimator == "grpo":
         totals = [sum(r) + sum(p) for r, p in zip(rewards, penalties)]
-        return [[a] * len(t.turns) for a, t in zip(grpo_advantages(totals, normalize_std=normalize_std), trajectories)]
-    if estimator != "gigpo":
+        advantages = [[a] * len(t.turns) for a, t in zip(grpo_advantages(totals, normalize_std=normalize_std), trajectories)]
+    elif estimator == "gigpo":
+        # a turn without an anchor can only be compared with itself
+        anchors = [[turn.anchor if turn.anchor is not None else ("__no_anchor__", i, k) for k, turn in enumerate(t.turns)] for i, t in enumerate(trajectories)]
+        advantages = gigpo_advantages(
+            rewards, anchors, omega=omega, gamma=gamma, normalize_std=normalize_std,
+            episode_baseline=episode_baseline,  # type: ignore[arg-type]
+            step_penalties=penalties,
+        )
+    else:
         raise ValueError(f"unknown advantage estimator {estimator!r}")
-    # a turn without an anchor can only be compared with itself
-    anchors = [[turn.anchor if turn.anchor is not None else ("__no_anchor__", i, k) for k, turn in enumerate(t.turns)] for i, t in enumerate(trajectories)]
-    return gigpo_advantages(
-        rewards, anchors, omega=omega, gamma=gamma, normalize_std=normalize_std,
-        episode_baseline=episode_baseline,  # type: ignore[arg-type]
-        step_penalties=penalties,
-    )
+    if cap_invalid_advantage:
+        advantages = [[a if turn.action_valid else min(a, invalid_action_penalty) for a, turn in zip(row, t.turns)]
+                      for row, t in zip(advantages, trajectories)]
+    return advantages
 
 
 def build_training_batch(groups: Sequence[Group], pad_token_id: int, *, drop_zero_advantage_groups: bool = False, **advantage_kwargs: Any) -> tuple[TokenBatch | None, BatchStats]:

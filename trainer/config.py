@@ -63,13 +63,15 @@ class AlgorithmConfig:
     episode_baseline: Literal["trajectory", "step_weighted"] = "trajectory"
     invalid_action_penalty: float = 0.0  # extra penalty (<= 0) on turns the env rejected
     drop_zero_advantage_groups: bool = False  # DAPO-style filter of groups with equal rewards
+    # a turn the env rejected gets min(A, invalid_action_penalty): never reinforced (trainer/batch.py)
+    cap_invalid_advantage: bool = True
 
     def advantage_kwargs(self) -> dict:
         """What `build_training_batch` needs from this section (one list for every caller)."""
         return {
             "drop_zero_advantage_groups": self.drop_zero_advantage_groups, "estimator": self.estimator, "omega": self.omega,
             "gamma": self.gamma, "normalize_std": self.normalize_std, "episode_baseline": self.episode_baseline,
-            "invalid_action_penalty": self.invalid_action_penalty,
+            "invalid_action_penalty": self.invalid_action_penalty, "cap_invalid_advantage": self.cap_invalid_advantage,
         }
 
     def validate(self) -> None:

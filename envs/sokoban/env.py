@@ -59,6 +59,14 @@ class SokobanEnv(Env):
         reward: "shaped" or "sparse"; individual values override the preset
             (step_reward, box_on_target_reward, box_off_target_reward, solved_reward,
             invalid_reward).
+        progress_reward: potential-based shaping (Ng, Harada & Russell 1999) with the
+            solver's distance-to-go d(s) (moves of an optimal plan; a dead position counts
+            as 2 * max_steps): each valid move also earns progress_reward * (d(s) - d(s')).
+            Over an episode it telescopes to progress_reward * (d(s_0) - d(s_T)), so it
+            ranks failed episodes by how close they got without changing which policy is
+            optimal, and gives every move its own signal (+k for an optimal move, -k for a
+            move away from the goal, about -2k * max_steps for pushing a box into a dead
+            corner). 0 (default) = off.
         solvable_within_max_steps: only produce rooms solvable in max_steps moves.
         max_reverse_states: cap on positions explored while building a room.
     Options of reset: {"board": text} plays a hand-made level drawn with the legend's symbols.
@@ -78,6 +86,7 @@ class SokobanEnv(Env):
         box_off_target_reward: float | None = None,
         solved_reward: float | None = None,
         invalid_reward: float | None = None,
+        progress_reward: float = 0.0,
         solvable_within_max_steps: bool = True,
         max_reverse_states: int = 300_000,
         observation: Literal["grid", "grid+positions"] = "grid",
@@ -108,6 +117,9 @@ class SokobanEnv(Env):
             "solved": solved_reward,
             "invalid": invalid_reward,
         }
+        if progress_reward < 0:
+            raise ValueError(f"progress_reward must be >= 0 (0 = off), got {progress_reward}")
+        self.progress_reward = float(progress_reward)
         self.rewards = SokobanRewards(**{k: (getattr(preset, k) if v is None else float(v)) for k, v in overrides.items()})
         self._rng = np.random.default_rng()
         self._board: Board | None = None
@@ -116,6 +128,7 @@ class SokobanEnv(Env):
         self._plan: list[str] = []
         self._plan_anchor: bytes | None = None
         self._construction_plan: list[str] = []
+        self._distances: dict[bytes, int] = {}
 
     # -- episode -------------------------------------------------------------------------
     async def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
@@ -137,6 +150,7 @@ class SokobanEnv(Env):
         self._steps = 0
         self._done = False
         self._plan, self._plan_anchor = [], None
+        self._distances = {}
         obs: Observation = [
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": self._show(self._board)},
@@ -166,6 +180,8 @@ class SokobanEnv(Env):
         terminated = new_board.solved
         if terminated:
             reward += self.rewards.solved
+        if self.progress_reward:
+            reward += self.progress_reward * (self.distance_to_go(board) - self.distance_to_go(new_board))
         self._advance_plan(board, move, new_board)
         self._board = new_board
         truncated = not terminated and self._steps >= self.max_steps
@@ -178,6 +194,16 @@ class SokobanEnv(Env):
             "boxes_on_target": on_after,
         }
         return [{"role": "user", "content": self._show(new_board)}], float(reward), terminated, truncated, info
+
+    def distance_to_go(self, board: Board) -> int:
+        """Moves of an optimal plan from `board` (0 when solved, 2 * max_steps when dead)."""
+        if board.solved:
+            return 0
+        key = board.anchor()
+        if key not in self._distances:  # one solve per position and episode
+            plan = solve(board)
+            self._distances[key] = len(plan) if plan else 2 * self.max_steps
+        return self._distances[key]
 
     def _reject(self, board: Board, reason: str, *, format_ok: bool) -> StepResult:
         """Invalid move: state unchanged, penalty, and a one-line reason above the grid."""

@@ -50,5 +50,20 @@ def test_invalid_action_penalty_lowers_that_trajectory():
     group = Group("g", "e", 0, [_trajectory([0.0], ["s"]), _trajectory([0.0], ["t"])])
     group.trajectories[0].turns[0].action_valid = False
     batch, _ = build_training_batch([group], 0, estimator="grpo", omega=1.0, gamma=1.0, normalize_std=False,
-                                    episode_baseline="trajectory", invalid_action_penalty=-0.2)
+                                    episode_baseline="trajectory", invalid_action_penalty=-0.2, cap_invalid_advantage=False)
     assert batch.advantages[0][batch.response_mask[0] > 0].tolist() == pytest.approx([-0.1, -0.1])
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "gigpo"])
+def test_rejected_turn_of_a_winning_episode_is_never_reinforced(estimator):
+    # trajectory 0 wins after a rejected first turn: its episode advantage is positive
+    winner, loser = _trajectory([0.0, 1.0], ["s", "s"]), _trajectory([0.0, 0.0], ["s", "u"])
+    winner.turns[0].action_valid = False
+    kwargs = dict(estimator=estimator, omega=1.0, gamma=1.0, normalize_std=False, episode_baseline="trajectory", invalid_action_penalty=-0.1)
+    uncapped, _ = build_training_batch([Group("g", "e", 0, [winner, loser])], 0, cap_invalid_advantage=False, **kwargs)
+    capped, _ = build_training_batch([Group("g", "e", 0, [winner, loser])], 0, **kwargs)
+    first_turn = lambda b: b.advantages[0][b.response_mask[0] > 0].tolist()[:2]  # noqa: E731 - two tokens of turn 0
+    second_turn = lambda b: b.advantages[0][b.response_mask[0] > 0].tolist()[2:]  # noqa: E731
+    assert min(first_turn(uncapped)) > 0  # the rejected turn inherits the win
+    assert first_turn(capped) == pytest.approx([-0.1, -0.1])  # min(A, penalty)
+    assert second_turn(capped) == pytest.approx(second_turn(uncapped))  # valid turns untouched
