@@ -114,6 +114,12 @@ class SimResult:
     engine_utilisation: float
     env_calls: int
     summary: dict[str, Any]
+    # for the agentic bound (theory.AgenticWorkload), over the same finished trajectories as
+    # mean_trajectory_s: time inside env reset/step (off the GPU), and over the trajectories
+    # the trainer consumed: their generation's GPU work at the engine's best throughput
+    mean_env_s: float = 0.0
+    mean_gen_work_s: float = 0.0
+    max_gen_work_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -127,19 +133,29 @@ class TimedEnv:
         self.started_at: float | None = None
         self.finished_at: float | None = None
         self.env_calls = 0
+        self.env_s = 0.0  # loop time spent inside reset/step: the trajectory's off-GPU latency
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.env, name)
 
     async def reset(self, **kwargs: Any) -> Any:
-        self.started_at, self.finished_at = asyncio.get_running_loop().time(), None
-        return await self.env.reset(**kwargs)
+        loop = asyncio.get_running_loop()
+        self.started_at, self.finished_at, self.env_s = loop.time(), None, 0.0
+        try:
+            return await self.env.reset(**kwargs)
+        finally:
+            self.env_s += loop.time() - self.started_at
 
     async def step(self, action: str) -> Any:
-        result = await self.env.step(action)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            result = await self.env.step(action)
+        finally:
+            self.env_s += loop.time() - started
         self.env_calls += 1
         if result[2] or result[3]:
-            self.finished_at = asyncio.get_running_loop().time()
+            self.finished_at = loop.time()
         return result
 
     async def close(self) -> None:
@@ -154,6 +170,44 @@ def measured_speedup_bound(sync_run: "SimResult", alpha: float) -> float:
 
     a = sync_run.mean_trajectory_s + sync_run.train_step_s
     return theory.speedup_bound_from_ratio(sync_run.mean_longest_trajectory_s / a, alpha)
+
+
+def token_gpu_s(params: LatencyParams) -> float:
+    """GPU-seconds one decoded token costs at the replica's best throughput: the minimum
+    over batch sizes up to max_batch of iteration time / batch."""
+    return min(params.iteration_s(b) / b for b in range(1, params.max_batch + 1))
+
+
+def trajectory_gen_work_s(trajectory: Any, params: LatencyParams, per_token_s: float | None = None) -> float:
+    """GPU work of one trajectory's generation at the best throughput: its decoded tokens,
+    plus its prefills where they stall decoding (with prefill_blocks_decode=False they run
+    beside the batch and cost latency, not throughput). Tokens discarded by aborts are not
+    counted (they only add work)."""
+    per_token = token_gpu_s(params) if per_token_s is None else per_token_s
+    work = sum(len(turn.response_ids) for turn in trajectory.turns) * per_token
+    if params.prefill_blocks_decode:
+        work += sum(params.prefill_s(len(turn.prompt_ids)) for turn in trajectory.turns)
+    return work
+
+
+def measured_agentic_workload(sync_run: "SimResult", samples_per_step: int, tail_s: float | None = None) -> Any:
+    """theory.AgenticWorkload of a sync run (all K GPUs generate, then train): GPU work,
+    env latency and mean wall time per trajectory as measured there, L = the measured
+    collection time (its slowest trajectory), or `tail_s` (e.g. the lockstep run's, whose
+    every trajectory waits for the slowest env at each turn)."""
+    from rollhub.benchmarks import theory
+
+    return theory.AgenticWorkload(
+        samples_per_step=samples_per_step,
+        workers=sync_run.replicas,
+        gen_s=sync_run.mean_gen_work_s,
+        gen_tail_s=sync_run.max_gen_work_s,
+        env_s=sync_run.mean_env_s,
+        tail_s=sync_run.mean_longest_trajectory_s if tail_s is None else tail_s,
+        train_s_per_sample=sync_run.train_step_s * sync_run.replicas / samples_per_step,
+        push_s=sync_run.weight_update_s,
+        wall_s=sync_run.mean_trajectory_s,
+    )
 
 
 def pipeline_floor_s(result: "SimResult", sync_run: "SimResult", alpha: float) -> float:
@@ -223,6 +277,7 @@ async def simulate(run: SimRun, tokenizer: Any | None = None) -> SimResult:
     waits: list[float] = []
     longest: list[float] = []
     env_marks: list[int] = []
+    consumed: list[Any] = []  # the trajectories the trainer took after warm-up (GPU work: after the run)
     peak = 0
 
     async def sample_in_flight() -> None:
@@ -244,11 +299,13 @@ async def simulate(run: SimRun, tokenizer: Any | None = None) -> SimResult:
             waited_from = loop.time()
             env_marks.append(len(envs))
             if sync:
-                await manager.collect_batch(run.groups)
+                batch = await manager.collect_batch(run.groups)
                 longest.append(loop.time() - waited_from)
             else:
-                await buffer.get_batch(step)
+                batch = await buffer.get_batch(step)
             waits.append(loop.time() - waited_from)
+            if step >= run.warmup_steps:
+                consumed += [t for group in batch for t in group.trajectories]
             await asyncio.sleep(run.train_step_s)  # the trainer's step (simulated)
             await manager.update_weights(None, step + 1)
             if buffer is not None:
@@ -271,7 +328,10 @@ async def simulate(run: SimRun, tokenizer: Any | None = None) -> SimResult:
     w = run.warmup_steps
     span = step_ends[-1] - step_ends[w - 1] if w else step_ends[-1] - start
     measured_steps = run.steps - w
-    durations = [e.finished_at - e.started_at for e in envs[env_marks[w] :] if e.finished_at is not None]
+    finished = [e for e in envs[env_marks[w] :] if e.finished_at is not None]
+    per_token = token_gpu_s(run.latency)
+    consumed_work = [trajectory_gen_work_s(t, run.latency, per_token) for t in consumed]
+    durations = [e.finished_at - e.started_at for e in finished]
     return SimResult(
         name=run.name,
         step_s=span / measured_steps,
@@ -291,6 +351,9 @@ async def simulate(run: SimRun, tokenizer: Any | None = None) -> SimResult:
         engine_utilisation=engine.utilisation(loop.time() - start),
         env_calls=sum(e.env_calls for e in envs),
         summary={k: v for k, v in summary.items() if not isinstance(v, (dict, list))},
+        mean_env_s=statistics.fmean(e.env_s for e in finished) if finished else 0.0,
+        mean_gen_work_s=statistics.fmean(consumed_work) if consumed_work else 0.0,
+        max_gen_work_s=max(consumed_work, default=0.0),
     )
 
 

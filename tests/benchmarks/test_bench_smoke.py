@@ -27,6 +27,11 @@ def test_async_agentic_quick(tmp_path):
     assert rows["(a)"]["speedup_vs_lockstep"] == pytest.approx(1.0)
     assert rows["(b)"]["speedup_vs_lockstep"] > 1.0  # env-level async helps at sigma = 10
     assert rows["(c)"]["speedup_vs_env_async"] > 1.0 and rows["(c)"]["bound_S"] > 1.0
+    for key in ("(c)", "(d)"):  # the agentic bound is a cap (Prop. 2 is not, here) and beta* beats the run's split
+        row = rows[key]
+        assert row["speedup_vs_lockstep"] <= row["bound_agentic_at_beta_vs_lockstep"] <= row["bound_agentic_vs_lockstep"]
+        assert 0 < row["of_bound"] <= row["of_bound_at_beta"] <= 1.0
+        assert row["bound_agentic_vs_lockstep"] > row["bound_vs_lockstep"]
     assert result["headline"]["speedup_vs_lockstep"] > 1.0 and result["simulation"] is True
 
 

@@ -8,7 +8,9 @@ import pytest
 
 from rollhub.benchmarks.latency_env import LatencyDistribution
 from rollhub.benchmarks.sim_tokenizer import SimTokenizer
-from rollhub.benchmarks.sim_training import SimRun, measured_speedup_bound, simulate_virtual
+from rollhub.benchmarks.sim_training import GPU_REPLICA, SimRun, measured_agentic_workload, measured_speedup_bound, simulate_virtual, token_gpu_s
+from rollhub.benchmarks.theory import agentic_sync_step_s
+from rollhub.rollout.engines.latency_model import LatencyParams
 from rollhub.benchmarks.virtual_clock import run_virtual
 from rollhub.envs.registry import make, spec
 
@@ -77,4 +79,18 @@ def test_driver_env_async_beats_lockstep_and_async_beats_sync():
     assert lockstep.mean_trajectory_s > env_async.mean_trajectory_s
     assert asynchronous.step_s < env_async.step_s and asynchronous.trainer_idle_fraction < env_async.trainer_idle_fraction
     assert 1.0 < measured_speedup_bound(env_async, 1.0) < 2.0
+    # the agentic workload: env latency (4 steps of ~N(10, 10) s) is most of a trajectory,
+    # GPU work (decoded tokens at the best throughput) a small part, both within its wall time
+    assert 4 * 8.0 < env_async.mean_env_s < env_async.mean_trajectory_s
+    assert 0 < env_async.mean_gen_work_s <= env_async.max_gen_work_s < env_async.mean_trajectory_s - env_async.mean_env_s
+    w = measured_agentic_workload(env_async, 9)
+    assert w.tail_s == env_async.mean_longest_trajectory_s and w.train_load_s == pytest.approx(env_async.train_step_s)
+    assert agentic_sync_step_s(w) >= env_async.step_s  # Graham's form is an upper bound on the sync step
     assert env_async.scheduler_cpu_s_per_step < env_async.cpu_s_per_step
+
+
+def test_token_gpu_s_is_the_best_throughput():
+    # linear iteration time: per-token cost falls with the batch, so the full batch is best
+    assert token_gpu_s(GPU_REPLICA) == pytest.approx((0.03 + 0.0003 * 127) / 128)
+    table = LatencyParams(max_batch=4, iteration_table=((1, 0.01), (2, 0.012), (4, 0.06)))
+    assert token_gpu_s(table) == pytest.approx(0.006)  # batch 2 beats batch 4 here
