@@ -31,6 +31,7 @@ import torch
 AggregationMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 Objective = Literal["ppo", "cispo", "topr", "gspo", "reinforce"]
 Correction = Literal["tis", "mis", "none"]
+KLEstimator = Literal["k3", "full"]
 
 
 @dataclass
@@ -44,7 +45,11 @@ class LossConfig:
     mis_low: float = 0.5  # band for "mis"
     mis_high: float = 2.0
     aggregation: AggregationMode = "token-mean"
-    kl_coef: float = 0.0  # k3 KL to a reference policy (needs reference log-probs)
+    kl_coef: float = 0.0  # KL(pi_theta || reference) penalty (needs a reference policy)
+    # k3: sampled-token estimate (cheap, blind to mass moving onto tokens never sampled);
+    # full: exact sum over the vocabulary at each response position, which also sees
+    # probability leaking onto malformed answers before they are ever sampled
+    kl_estimator: KLEstimator = "k3"
     entropy_coef: float = 0.0  # entropy bonus (needs per-token entropy)
 
     def validate(self) -> None:
@@ -58,6 +63,8 @@ class LossConfig:
             raise ValueError("the mis band needs mis_low < 1 < mis_high")
         if self.kl_coef < 0 or self.entropy_coef < 0:
             raise ValueError("kl_coef and entropy_coef must be >= 0")
+        if self.kl_estimator not in ("k3", "full"):
+            raise ValueError(f"kl_estimator must be 'k3' or 'full', got {self.kl_estimator!r}")
 
 
 @dataclass
@@ -141,6 +148,11 @@ def k3_kl(logp: torch.Tensor, reference_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(d) - d - 1.0
 
 
+def full_kl(logp_full: torch.Tensor, reference_full: torch.Tensor) -> torch.Tensor:
+    """Exact KL(pi || ref) = sum_v pi(v) (log pi(v) - log ref(v)) per row of [n, vocab] log-probs."""
+    return (logp_full.exp() * (logp_full - reference_full)).sum(-1)
+
+
 def policy_loss(
     logp: torch.Tensor,
     prox_logp: torch.Tensor,
@@ -152,8 +164,13 @@ def policy_loss(
     normaliser: BatchNormaliser | None = None,
     reference_logp: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
+    kl_tokens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The training loss of one (micro-)batch and its off-policy health metrics."""
+    """The training loss of one (micro-)batch and its off-policy health metrics.
+
+    The KL term uses `kl_tokens` (per-token KL values with gradient, e.g. `full_kl`
+    scattered onto the response positions) when given, else k3 from `reference_logp`.
+    """
     mask_f = mask.to(logp.dtype)
     normaliser = normaliser or BatchNormaliser.from_mask(mask_f)
     weight, w_raw = behaviour_weight(prox_logp, behaviour_logp, config.correction, config.is_cap, (config.mis_low, config.mis_high))
@@ -184,11 +201,14 @@ def policy_loss(
     loss = aggregate(per_token, mask_f, config.aggregation, normaliser)
     metrics: dict[str, float] = {}
     if config.kl_coef > 0:
-        if reference_logp is None:
-            raise ValueError("kl_coef > 0 needs reference log-probs")
-        kl = k3_kl(logp, reference_logp)
+        if kl_tokens is not None:
+            kl = kl_tokens
+        elif reference_logp is not None:
+            kl = k3_kl(logp, reference_logp)
+        else:
+            raise ValueError("kl_coef > 0 needs reference log-probs (or per-token KL values)")
         loss = loss + config.kl_coef * aggregate(kl, mask_f, config.aggregation, normaliser)
-        metrics["kl_reference_k3"] = float(_masked_mean(kl.detach(), mask_f))
+        metrics["kl_reference_full" if kl_tokens is not None else "kl_reference_k3"] = float(_masked_mean(kl.detach(), mask_f))
     if config.entropy_coef > 0:
         if entropy is None:
             raise ValueError("entropy_coef > 0 needs per-token entropy")

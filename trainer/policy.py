@@ -110,6 +110,11 @@ def token_logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor, te
     return out, entropy
 
 
+def response_positions(batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, position) of every prediction of a response token: token t is predicted at t - 1."""
+    return (batch.response_mask[:, 1:] > 0).nonzero(as_tuple=True)
+
+
 class Policy:
     """A causal LM being trained, with the helpers the loop needs."""
 
@@ -157,12 +162,14 @@ class Policy:
         self.fsdp = True
 
     # --- log-probs --------------------------------------------------------------------
-    def token_logprobs(self, batch: TokenBatch, *, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def token_logprobs(self, batch: TokenBatch, *, with_entropy: bool = False, with_full: bool = False) -> tuple[torch.Tensor, ...]:
         """Log-probs (with gradient if enabled by the caller) of every response token of `batch`.
 
         Only positions that predict a response token go through the output projection: on
         agent prompts the response is a small fraction of the sequence, and the vocabulary
         projection is a large share of a small model's compute. Non-response positions are 0.
+        With `with_full`, a third tensor holds the whole log-distribution [n_response, vocab]
+        at each response token, in `response_positions(batch)` order (the exact KL needs it).
         """
         batch = batch.to(self.device)
         decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
@@ -172,10 +179,13 @@ class Policy:
             # model there (and for unusual architectures): all positions are projected
             out = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
             logp, entropy = token_logprobs_from_logits(out.logits, batch.input_ids, self.temperature, with_entropy)
-            return logp * batch.response_mask, entropy
+            if not with_full:
+                return logp * batch.response_mask, entropy
+            rows, cols = response_positions(batch)
+            full = F.log_softmax(out.logits[:, :-1][rows, cols].float() / self.temperature, dim=-1)
+            return logp * batch.response_mask, entropy, full
         hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).last_hidden_state
-        target = batch.response_mask[:, 1:] > 0  # token t is predicted at position t - 1
-        rows, cols = target.nonzero(as_tuple=True)
+        rows, cols = response_positions(batch)
         logits = head(hidden[:, :-1][rows, cols]).float() / self.temperature
         log_probs = F.log_softmax(logits, dim=-1)
         picked = log_probs.gather(-1, batch.input_ids[:, 1:][rows, cols].unsqueeze(-1)).squeeze(-1)
@@ -185,6 +195,8 @@ class Policy:
         if with_entropy:
             ent = -(log_probs.exp() * log_probs).sum(-1)
             entropy = torch.zeros_like(logp).index_put((rows, cols + 1), ent)
+        if with_full:
+            return logp, entropy, log_probs
         return logp, entropy
 
     @torch.no_grad()

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from rollhub.trainer.losses import BatchNormaliser, LossConfig, policy_loss
-from rollhub.trainer.policy import Policy, TokenBatch
+from rollhub.trainer.losses import BatchNormaliser, LossConfig, full_kl, policy_loss
+from rollhub.trainer.policy import Policy, TokenBatch, response_positions
 
 
 def policy_update(
@@ -24,8 +24,13 @@ def policy_update(
     *,
     max_grad_norm: float | None = 1.0,
     reference_logprobs: torch.Tensor | None = None,
+    reference: Policy | None = None,
 ) -> dict[str, float]:
     """Compute the loss over `batch` in micro-batches, accumulate gradients, step once.
+
+    With loss_config.kl_estimator "full", `reference` (a frozen policy) gives its whole
+    next-token distribution at each response position of each micro-batch, and the KL
+    term is exact; "k3" uses the precomputed sampled-token `reference_logprobs`.
 
     `prox_logprobs=None` means the proximal policy IS the current weights (one optimizer
     step per batch): the update's own forward pass, detached, serves as pi_prox, which
@@ -37,16 +42,27 @@ def policy_update(
     weighted: dict[str, float] = {}
     weights: dict[str, float] = {}
     with_entropy = loss_config.entropy_coef > 0
+    exact_kl = loss_config.kl_coef > 0 and loss_config.kl_estimator == "full"
+    if exact_kl and reference is None:
+        raise ValueError("loss.kl_estimator 'full' needs the reference policy")
     for start in range(0, len(batch), policy.micro_batch_size):
         stop = min(start + policy.micro_batch_size, len(batch))
         part = batch.slice(start, stop).to(policy.device)
         width = part.input_ids.shape[1]
-        reference = reference_logprobs[start:stop, :width].to(policy.device) if reference_logprobs is not None else None
-        logp, entropy = policy.token_logprobs(part, with_entropy=with_entropy)
+        reference_part = reference_logprobs[start:stop, :width].to(policy.device) if reference_logprobs is not None else None
+        kl_tokens = None
+        if exact_kl:
+            with torch.no_grad():
+                reference_full = reference.token_logprobs(part, with_full=True)[2]
+            logp, entropy, full = policy.token_logprobs(part, with_entropy=with_entropy, with_full=True)
+            rows, cols = response_positions(part)
+            kl_tokens = torch.zeros_like(logp).index_put((rows, cols + 1), full_kl(full, reference_full))
+        else:
+            logp, entropy = policy.token_logprobs(part, with_entropy=with_entropy)
         prox = logp.detach() if prox_logprobs is None else prox_logprobs[start:stop, :width].to(policy.device)
         loss, metrics = policy_loss(
             logp, prox, part.behaviour_logprobs, part.advantages, part.response_mask, loss_config,
-            normaliser=normaliser, reference_logp=reference, entropy=entropy,
+            normaliser=normaliser, reference_logp=reference_part, entropy=entropy, kl_tokens=kl_tokens,
         )
         loss.backward()
         total_loss += float(loss.detach())
@@ -97,9 +113,10 @@ def ppo_update(
         raise ValueError("minibatches and epochs must be >= 1")
     if loss_config.kl_coef > 0 and reference is None:
         raise ValueError("loss.kl_coef > 0 needs a reference policy")
-    ref = reference.compute_logprobs(batch) if loss_config.kl_coef > 0 and reference is not None else None
+    sampled_kl = loss_config.kl_coef > 0 and loss_config.kl_estimator == "k3"
+    ref = reference.compute_logprobs(batch) if sampled_kl and reference is not None else None
     if minibatches == 1 and epochs == 1:
-        out = policy_update(policy, optimizer, batch, None, loss_config, max_grad_norm=max_grad_norm, reference_logprobs=ref)
+        out = policy_update(policy, optimizer, batch, None, loss_config, max_grad_norm=max_grad_norm, reference_logprobs=ref, reference=reference)
         out["optimizer_steps"] = 1.0
         return out
     prox = policy.compute_logprobs(batch)
@@ -110,7 +127,7 @@ def ppo_update(
         for rows in order.tensor_split(min(minibatches, len(batch))):
             part = batch.select(rows)
             results.append(policy_update(policy, optimizer, part, prox[rows], loss_config, max_grad_norm=max_grad_norm,
-                                         reference_logprobs=None if ref is None else ref[rows]))
+                                         reference_logprobs=None if ref is None else ref[rows], reference=reference))
     out = {key: sum(r[key] for r in results) / len(results) for key in results[0] if key != "response_tokens"}
     out["response_tokens"] = float(batch.response_mask.sum())
     out["optimizer_steps"] = float(len(results))

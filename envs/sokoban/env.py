@@ -61,12 +61,12 @@ class SokobanEnv(Env):
             invalid_reward).
         progress_reward: potential-based shaping (Ng, Harada & Russell 1999) with the
             solver's distance-to-go d(s) (moves of an optimal plan; a dead position counts
-            as 2 * max_steps): each valid move also earns progress_reward * (d(s) - d(s')).
+            as max_steps + 1, one more than any live room needs): each valid move also earns progress_reward * (d(s) - d(s')).
             Over an episode it telescopes to progress_reward * (d(s_0) - d(s_T)), so it
             ranks failed episodes by how close they got without changing which policy is
             optimal, and gives every move its own signal (+k for an optimal move, -k for a
-            move away from the goal, about -2k * max_steps for pushing a box into a dead
-            corner). 0 (default) = off.
+            move away from the goal, about -k * (max_steps + 1 - d) for pushing a box into
+            a dead corner). 0 (default) = off.
         solvable_within_max_steps: only produce rooms solvable in max_steps moves.
         max_reverse_states: cap on positions explored while building a room.
     Options of reset: {"board": text} plays a hand-made level drawn with the legend's symbols.
@@ -196,13 +196,13 @@ class SokobanEnv(Env):
         return [{"role": "user", "content": self._show(new_board)}], float(reward), terminated, truncated, info
 
     def distance_to_go(self, board: Board) -> int:
-        """Moves of an optimal plan from `board` (0 when solved, 2 * max_steps when dead)."""
+        """Moves of an optimal plan from `board` (0 when solved, max_steps + 1 when dead)."""
         if board.solved:
             return 0
         key = board.anchor()
         if key not in self._distances:  # one solve per position and episode
             plan = solve(board)
-            self._distances[key] = len(plan) if plan else 2 * self.max_steps
+            self._distances[key] = len(plan) if plan else self.max_steps + 1
         return self._distances[key]
 
     def _reject(self, board: Board, reason: str, *, format_ok: bool) -> StepResult:

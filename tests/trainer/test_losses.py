@@ -142,3 +142,19 @@ def test_config_validation():
         LossConfig(mis_low=1.5).validate()
     with pytest.raises(ValueError):
         LossConfig(dual_clip=0.5).validate()
+
+
+def test_full_kl_sees_mass_moved_onto_a_token_never_sampled():
+    """k3 on the sampled token cannot tell; the exact KL over the vocabulary can."""
+    from rollhub.trainer.losses import full_kl
+
+    reference = torch.log(torch.tensor([[0.90, 0.09, 0.01]]))
+    policy = torch.log(torch.tensor([[0.90, 0.01, 0.09]]))  # mass moved from token 1 onto token 2
+    sampled = torch.tensor([0])  # the sampled token keeps its probability
+    assert float(k3_kl(policy[:, sampled], reference[:, sampled])) == pytest.approx(0.0, abs=1e-6)
+    expected = 0.01 * math.log(0.01 / 0.09) + 0.09 * math.log(0.09 / 0.01)
+    assert float(full_kl(policy, reference)) == pytest.approx(expected, rel=1e-5)
+    assert float(full_kl(reference, reference)) == pytest.approx(0.0, abs=1e-7)
+    logits = torch.zeros(1, 3, requires_grad=True)
+    full_kl(torch.log_softmax(logits, -1), reference).backward()
+    assert logits.grad.abs().sum() > 0  # the penalty trains every token's logit

@@ -67,17 +67,18 @@ def test_rollhub_train_two_steps(tiny_model_dir, tmp_path, capsys):
     assert "<details>" in (run / "trajectories.html").read_text()
 
 
-def test_train_with_kl_minibatches_and_lr_decay(tiny_model_dir, tmp_path, capsys):
+@pytest.mark.parametrize("estimator", ["k3", "full"])
+def test_train_with_kl_minibatches_and_lr_decay(tiny_model_dir, tmp_path, capsys, estimator):
     """The optional parts of a step: KL to the frozen warm-start, PPO mini-batches, lr decay."""
     recipe = _recipe(
-        tmp_path, tiny_model_dir, loss={"kl_coef": 0.1},
+        tmp_path, tiny_model_dir, loss={"kl_coef": 0.1, "kl_estimator": estimator},
         optim={"lr": 1e-3, "micro_batch_size": 32, "minibatches": 2, "lr_end_factor": 0.0},
     )
     assert main(["train", str(recipe), "--no-progress"]) == 0
     records = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "train/loss" in r]
     assert [r["train/optimizer_steps"] for r in records] == [2.0, 2.0]
-    assert all("train/kl_reference_k3" in r for r in records)
-    assert records[1]["train/kl_reference_k3"] > 0  # the policy has left the reference after a step
+    assert all(f"train/kl_reference_{estimator}" in r for r in records)
+    assert records[1][f"train/kl_reference_{estimator}"] > 0  # the policy has left the reference after a step
     assert [r["train/lr"] for r in records] == pytest.approx([1e-3, 0.0])
     assert main(["train", str(recipe), "--set", "optim.minibatches=0", "--set", f"run_dir={tmp_path / 'bad'}"]) == 2
     assert "minibatches" in capsys.readouterr().err
