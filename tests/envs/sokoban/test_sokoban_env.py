@@ -147,3 +147,35 @@ async def test_positions_observation_states_what_the_grid_shows():
     assert obs[0]["content"].endswith("box up 1 right 1; target from box row 0 right 1; blocked down left")
     with pytest.raises(ValueError, match="observation"):
         SokobanEnv(observation="pixels")
+
+
+async def test_progress_reward_is_the_drop_in_solver_distance_and_telescopes():
+    # LEVEL: the box is pushed right from (2,2) onto O by a player at (2,1): up-left first
+    env = SokobanEnv(reward="sparse", progress_reward=0.5, max_steps=10)
+    await env.reset(options={"board": LEVEL})
+    start = env.distance_to_go(env.board)
+    assert start == 3  # left, up, right
+    _, r_away, *_ = await env.step("<action>down</action>")  # into the wall: rejected, no shaping
+    assert r_away == 0.0
+    _, r_right, *_ = await env.step("<action>right</action>")  # away from the box: one more move needed
+    assert r_right == pytest.approx(-0.5)
+    total = r_right
+    while True:
+        _, reward, terminated, truncated, info = await env.step(env.expert_action())
+        total += reward
+        if terminated or truncated:
+            break
+    assert info["success"]
+    # telescoping: sum of shaping = k * (d(s_0) - d(s_T)) = 0.5 * 3, plus the sparse 1.0 for solving
+    assert total == pytest.approx(1.0 + 0.5 * start)
+
+
+async def test_progress_reward_prices_a_dead_box_as_max_steps_plus_one():
+    level = "\n".join(["######", "#____#", "#__X_#", "#O_P_#", "######"])
+    env = SokobanEnv(reward="sparse", progress_reward=1.0, max_steps=10)
+    await env.reset(options={"board": level})
+    before = env.distance_to_go(env.board)
+    _, reward, *_ = await env.step("<action>up</action>")  # the box goes against the top wall; the target is two rows down
+    assert reward == pytest.approx(before - 11)  # dead: no plan, distance max_steps + 1
+    with pytest.raises(ValueError, match="progress_reward"):
+        SokobanEnv(progress_reward=-1.0)
