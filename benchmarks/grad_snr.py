@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import random
 from dataclasses import dataclass, field
@@ -85,12 +86,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if len(groups) < needed:
         raise UserError(f"{len(groups)} complete groups with versions <= {cfg.max_version}; {needed} needed (raise max_version or lower sizes)")
     policy = Policy(model, micro_batch_size=recipe.optim.micro_batch_size, temperature=recipe.agent.temperature)
+    # the policy-gradient part only: a KL term to the warm-start has zero gradient at the warm-start
+    loss_config = dataclasses.replace(recipe.loss, kl_coef=0.0)
     optimizer = torch.optim.SGD(policy.parameters(), lr=0.0)  # only the gradient is wanted
 
     def gradient(part: list[Any]) -> torch.Tensor:
         batch, _ = build_training_batch(part, policy.tokenizer.pad_token_id, **recipe.algorithm.advantage_kwargs())
         optimizer.zero_grad(set_to_none=True)
-        policy_update(policy, optimizer, batch, None, recipe.loss, max_grad_norm=None)
+        policy_update(policy, optimizer, batch, None, loss_config, max_grad_norm=None)
         return torch.cat([p.grad.flatten() for p in policy.parameters() if p.grad is not None])
 
     rng = random.Random(cfg.seed)

@@ -72,10 +72,11 @@ def gigpo_advantages(
     gamma: float = 0.95,
     normalize_std: bool = False,
     episode_baseline: EpisodeBaseline = "trajectory",
+    episode_weight: float = 1.0,
     step_penalties: Sequence[Sequence[float]] | None = None,
     eps: float = 1e-6,
 ) -> list[list[float]]:
-    """GiGPO advantages for one group: A(a_t^i) = A^E(tau_i) + omega * A^S(a_t^i).
+    """GiGPO advantages for one group: A(a_t^i) = w_E * A^E(tau_i) + omega * A^S(a_t^i).
 
     Args:
         step_rewards: per trajectory, the env reward of each step (turn).
@@ -86,6 +87,10 @@ def gigpo_advantages(
         episode_baseline: "trajectory" = mean/std over the N trajectories (paper Eq. 3);
             "step_weighted" = one value per step row (verl-agent parity), which weights
             the statistics by episode length.
+        episode_weight: w_E, the weight of the episode-level term (paper: 1; ROLL's
+            `episode_reward_weight`). A^E gives every turn of a trajectory the same credit,
+            so in long episodes with a dense per-step reward it is mostly noise for the
+            individual turns; 0 keeps only the anchor-state comparison.
         step_penalties: optional per-step penalties (e.g. -0.1 for an invalid action)
             added to the episode return and to that step's own return only, never
             discounted back into earlier steps.
@@ -129,7 +134,7 @@ def gigpo_advantages(
         for (i, t), adv in zip(members, _normalise(values, normalize_std=normalize_std, eps=eps, singleton_mean_zero=False)):
             step_adv[i][t] = adv
 
-    return [[e + omega * s for e, s in zip(ep_row, st_row)] for ep_row, st_row in zip(per_step_episode_adv, step_adv)]
+    return [[episode_weight * e + omega * s for e, s in zip(ep_row, st_row)] for ep_row, st_row in zip(per_step_episode_adv, step_adv)]
 
 
 def anchor_group_stats(anchors: Sequence[Sequence[Hashable]]) -> dict[str, float]:

@@ -43,6 +43,7 @@ def turn_advantages(
     episode_baseline: str,
     invalid_action_penalty: float,
     cap_invalid_advantage: bool = True,
+    episode_weight: float = 1.0,
 ) -> list[list[float]]:
     """One advantage per turn of each trajectory of ONE group.
 
@@ -64,7 +65,7 @@ def turn_advantages(
         advantages = gigpo_advantages(
             rewards, anchors, omega=omega, gamma=gamma, normalize_std=normalize_std,
             episode_baseline=episode_baseline,  # type: ignore[arg-type]
-            step_penalties=penalties,
+            episode_weight=episode_weight, step_penalties=penalties,
         )
     else:
         raise ValueError(f"unknown advantage estimator {estimator!r}")

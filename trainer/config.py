@@ -58,6 +58,7 @@ class RolloutConfig:
 class AlgorithmConfig:
     estimator: Literal["gigpo", "grpo"] = "gigpo"
     omega: float = 1.0  # GiGPO step-advantage weight
+    episode_weight: float = 1.0  # GiGPO episode-advantage weight (ROLL's episode_reward_weight)
     gamma: float = 0.95  # GiGPO step-return discount
     normalize_std: bool = False
     episode_baseline: Literal["trajectory", "step_weighted"] = "trajectory"
@@ -72,6 +73,7 @@ class AlgorithmConfig:
             "drop_zero_advantage_groups": self.drop_zero_advantage_groups, "estimator": self.estimator, "omega": self.omega,
             "gamma": self.gamma, "normalize_std": self.normalize_std, "episode_baseline": self.episode_baseline,
             "invalid_action_penalty": self.invalid_action_penalty, "cap_invalid_advantage": self.cap_invalid_advantage,
+            "episode_weight": self.episode_weight,
         }
 
     def validate(self) -> None:
@@ -79,6 +81,8 @@ class AlgorithmConfig:
             raise ValueError("invalid_action_penalty is a penalty: use a value <= 0")
         if not 0 <= self.gamma <= 1:
             raise ValueError("gamma must be in [0, 1]")
+        if self.episode_weight < 0 or self.omega < 0:
+            raise ValueError("algorithm.episode_weight and algorithm.omega must be >= 0")
 
 
 @dataclass
