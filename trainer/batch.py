@@ -24,6 +24,7 @@ class BatchStats:
     excluded_trajectories: int = 0
     zero_advantage_groups: int = 0
     sequences: int = 0
+    dropped_sequences: int = 0  # zero-advantage sequences left out (drop_zero_advantage_sequences)
     singleton_anchor_fraction: float = 0.0
     mean_step_group_size: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
@@ -44,6 +45,7 @@ def turn_advantages(
     invalid_action_penalty: float,
     cap_invalid_advantage: bool = True,
     episode_weight: float = 1.0,
+    negative_advantage_scale: float = 1.0,
 ) -> list[list[float]]:
     """One advantage per turn of each trajectory of ONE group.
 
@@ -53,6 +55,12 @@ def turn_advantages(
     turns are usually rare, low-probability samples, whose log-prob gradient is the largest
     in the batch, so reinforcing them is what drove the tiny Sokoban policy into bursts of
     format errors (36% of turns one step after a grad-norm spike, README, Training).
+
+    `negative_advantage_scale` multiplies negative advantages (1 = plain policy gradient,
+    0 = only better-than-baseline turns are reinforced: self-imitation at each anchor
+    state). Pushing a sampled token down hands its probability to every other token in
+    proportion, malformed answers included, and on the tiny policy that drained mass onto
+    `<action></action>` (well-formed answers 0.996 -> 0.33 within five steps, README, Training).
     """
     rewards = [[turn.reward for turn in t.turns] for t in trajectories]
     penalties = [[(invalid_action_penalty if not turn.action_valid else 0.0) for turn in t.turns] for t in trajectories]
@@ -72,11 +80,21 @@ def turn_advantages(
     if cap_invalid_advantage:
         advantages = [[a if turn.action_valid else min(a, invalid_action_penalty) for a, turn in zip(row, t.turns)]
                       for row, t in zip(advantages, trajectories)]
+    if negative_advantage_scale != 1.0:
+        advantages = [[a if a >= 0 else negative_advantage_scale * a for a in row] for row in advantages]
     return advantages
 
 
-def build_training_batch(groups: Sequence[Group], pad_token_id: int, *, drop_zero_advantage_groups: bool = False, **advantage_kwargs: Any) -> tuple[TokenBatch | None, BatchStats]:
-    """Token batch of all trainable trajectories in `groups` (None if nothing is left)."""
+def build_training_batch(groups: Sequence[Group], pad_token_id: int, *, drop_zero_advantage_groups: bool = False,
+                         drop_zero_advantage_sequences: bool = False, **advantage_kwargs: Any) -> tuple[TokenBatch | None, BatchStats]:
+    """Token batch of all trainable trajectories in `groups` (None if nothing is left).
+
+    `drop_zero_advantage_sequences` leaves out packed sequences whose every response token
+    has advantage 0: their policy-gradient term is exactly zero, yet each costs a forward
+    and backward pass (with a Markov agent every turn is its own sequence, and GiGPO with
+    episode_weight 0 gives 0 to every turn whose anchor-state members all returned alike).
+    The aggregation then averages over the sequences that carry signal.
+    """
     stats = BatchStats(groups=len(groups))
     sequences, token_advantages = [], []
     singleton_sum, size_sum, counted = 0.0, 0.0, 0
@@ -97,8 +115,12 @@ def build_training_batch(groups: Sequence[Group], pad_token_id: int, *, drop_zer
         for trajectory, advantages in zip(trajectories, per_turn):
             stats.trajectories += 1
             for seq in trajectory.packed_sequences():
+                row = [advantages[k] if k >= 0 else 0.0 for k in seq.turn_index]
+                if drop_zero_advantage_sequences and all(abs(a) < 1e-12 for a in row):
+                    stats.dropped_sequences += 1
+                    continue
                 sequences.append(seq)
-                token_advantages.append([advantages[k] if k >= 0 else 0.0 for k in seq.turn_index])
+                token_advantages.append(row)
     stats.sequences = len(sequences)
     if counted:
         stats.singleton_anchor_fraction = singleton_sum / counted

@@ -258,6 +258,7 @@ async def rl_loop(
                 **{f"train/{k}": v for k, v in step_metrics.items()},
                 "batch/groups": stats.groups,
                 "batch/sequences": stats.sequences,
+                "batch/dropped_zero_advantage_sequences": stats.dropped_sequences,
                 "batch/excluded_trajectories": stats.excluded_trajectories,
                 "batch/zero_advantage_groups": stats.zero_advantage_groups,
                 "gigpo/singleton_anchor_fraction": stats.singleton_anchor_fraction,
