@@ -45,7 +45,6 @@ def turn_advantages(
     invalid_action_penalty: float,
     cap_invalid_advantage: bool = True,
     episode_weight: float = 1.0,
-    negative_advantage_scale: float = 1.0,
 ) -> list[list[float]]:
     """One advantage per turn of each trajectory of ONE group.
 
@@ -54,13 +53,7 @@ def turn_advantages(
     turn inside an episode that later succeeds inherits a positive episode advantage. Such
     turns are usually rare, low-probability samples, whose log-prob gradient is the largest
     in the batch, so reinforcing them is what drove the tiny Sokoban policy into bursts of
-    format errors (36% of turns one step after a grad-norm spike, README, Training).
-
-    `negative_advantage_scale` multiplies negative advantages (1 = plain policy gradient,
-    0 = only better-than-baseline turns are reinforced: self-imitation at each anchor
-    state). Pushing a sampled token down hands its probability to every other token in
-    proportion, malformed answers included, and on the tiny policy that drained mass onto
-    `<action></action>` (well-formed answers 0.996 -> 0.33 within five steps, README, Training).
+    format errors (36% of turns two steps after a grad-norm spike, docs/sokoban-rl-log.md).
     """
     rewards = [[turn.reward for turn in t.turns] for t in trajectories]
     penalties = [[(invalid_action_penalty if not turn.action_valid else 0.0) for turn in t.turns] for t in trajectories]
@@ -80,8 +73,6 @@ def turn_advantages(
     if cap_invalid_advantage:
         advantages = [[a if turn.action_valid else min(a, invalid_action_penalty) for a, turn in zip(row, t.turns)]
                       for row, t in zip(advantages, trajectories)]
-    if negative_advantage_scale != 1.0:
-        advantages = [[a if a >= 0 else negative_advantage_scale * a for a in row] for row in advantages]
     return advantages
 
 

@@ -59,7 +59,6 @@ class AlgorithmConfig:
     estimator: Literal["gigpo", "grpo"] = "gigpo"
     omega: float = 1.0  # GiGPO step-advantage weight
     episode_weight: float = 1.0  # GiGPO episode-advantage weight (ROLL's episode_reward_weight)
-    negative_advantage_scale: float = 1.0  # 0 = reinforce only better-than-baseline turns (trainer/batch.py)
     gamma: float = 0.95  # GiGPO step-return discount
     normalize_std: bool = False
     episode_baseline: Literal["trajectory", "step_weighted"] = "trajectory"
@@ -76,7 +75,7 @@ class AlgorithmConfig:
             "drop_zero_advantage_sequences": self.drop_zero_advantage_sequences, "estimator": self.estimator, "omega": self.omega,
             "gamma": self.gamma, "normalize_std": self.normalize_std, "episode_baseline": self.episode_baseline,
             "invalid_action_penalty": self.invalid_action_penalty, "cap_invalid_advantage": self.cap_invalid_advantage,
-            "episode_weight": self.episode_weight, "negative_advantage_scale": self.negative_advantage_scale,
+            "episode_weight": self.episode_weight,
         }
 
     def validate(self) -> None:
@@ -86,8 +85,6 @@ class AlgorithmConfig:
             raise ValueError("gamma must be in [0, 1]")
         if self.episode_weight < 0 or self.omega < 0:
             raise ValueError("algorithm.episode_weight and algorithm.omega must be >= 0")
-        if not 0 <= self.negative_advantage_scale <= 1:
-            raise ValueError("algorithm.negative_advantage_scale must be in [0, 1]")
 
 
 @dataclass

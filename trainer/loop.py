@@ -236,7 +236,7 @@ async def rl_loop(
                 )
                 step_metrics["lr"] = optimizer.param_groups[0]["lr"]
             else:
-                logger.warning("step %d: no trainable trajectory in the batch (all groups filtered); skipping the update", state.version + 1)
+                logger.warning("step %d: nothing to train on in the batch (every group or sequence filtered out, e.g. all advantages 0); skipping the update", state.version + 1)
 
             # new policy version -> engine (pause, abort in-flight, load, resume)
             state.version += 1

@@ -62,8 +62,8 @@ class SokobanEnv(Env):
         progress_reward: potential-based shaping (Ng, Harada & Russell 1999) with the
             solver's distance-to-go d(s) (moves of an optimal plan; a dead position counts
             as max_steps + 1, one more than any live room needs): each valid move also
-            earns progress_reward * (d(s) - d(s')). Over an episode it telescopes to progress_reward * (d(s_0) - d(s_T)), so it
-            ranks failed episodes by how close they got without changing which policy is
+            earns progress_reward * (d(s) - d(s')). Over an episode it telescopes to
+            progress_reward * (d(s_0) - d(s_T)), so it ranks failed episodes by how close they got without changing which policy is
             optimal, and gives every move its own signal (+k for an optimal move, -k for a
             move away from the goal, about -k * (max_steps + 1 - d) for pushing a box into
             a dead corner). 0 (default) = off.

@@ -69,16 +69,14 @@ def test_rejected_turn_of_a_winning_episode_is_never_reinforced(estimator):
     assert second_turn(capped) == pytest.approx(second_turn(uncapped))  # valid turns untouched
 
 
-def test_zero_advantage_sequences_can_be_dropped_and_negatives_scaled():
-    # anchor "s" shared: returns 1 vs 0 -> +-0.5; the second turns sit on singleton anchors -> 0 with episode_weight 0
-    group = Group("g", "e", 0, [_trajectory([1.0, 0.0], ["s", "t"]), _trajectory([0.0, 0.0], ["s", "u"])])
+def test_zero_advantage_sequences_can_be_dropped():
+    # anchor "s" shared: returns 1 vs 0 -> +-0.5; "v" is a singleton anchor -> 0 with episode_weight 0
+    group = Group("g", "e", 0, [_trajectory([1.0, 0.0], ["s", "t"]), _trajectory([0.0, 0.0], ["s", "u"]), _trajectory([0.0], ["v"])])
     kwargs = dict(estimator="gigpo", omega=1.0, gamma=1.0, normalize_std=False, episode_baseline="trajectory",
                   invalid_action_penalty=0.0, episode_weight=0.0)
     full, stats = build_training_batch([group], 0, **kwargs)
-    assert stats.dropped_sequences == 0 and len(full) == 2
-    half, stats = build_training_batch([group], 0, negative_advantage_scale=0.5, **kwargs)
-    assert half.advantages[1][half.response_mask[1] > 0].tolist()[:2] == pytest.approx([-0.25, -0.25])
-    assert half.advantages[0][half.response_mask[0] > 0].tolist()[:2] == pytest.approx([0.5, 0.5])
-    positive, stats = build_training_batch([group], 0, negative_advantage_scale=0.0, drop_zero_advantage_sequences=True, **kwargs)
-    assert stats.dropped_sequences == 1 and len(positive) == 1  # the loser's sequence carries no gradient any more
-    assert positive.advantages[0][positive.response_mask[0] > 0].tolist()[:2] == pytest.approx([0.5, 0.5])
+    assert stats.dropped_sequences == 0 and len(full) == 3
+    kept, stats = build_training_batch([group], 0, drop_zero_advantage_sequences=True, **kwargs)
+    assert stats.dropped_sequences == 1 and len(kept) == 2  # the third trajectory carries no gradient
+    assert kept.advantages[0][kept.response_mask[0] > 0].tolist()[:2] == pytest.approx([0.5, 0.5])
+    assert kept.advantages[1][kept.response_mask[1] > 0].tolist()[:2] == pytest.approx([-0.5, -0.5])
