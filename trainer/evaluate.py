@@ -42,25 +42,35 @@ async def evaluate_policy(
     max_concurrent: int = 64,
     env_id: str = "",
     on_done: Callable[[], None] | None = None,
+    samples_per_seed: int = 1,
 ) -> EvalResult:
-    """Play one episode per seed (at `temperature`, 0 = greedy) and summarise."""
+    """Play `samples_per_seed` episodes per seed (at `temperature`, 0 = greedy) and summarise.
+
+    At T > 0 one episode per seed is one draw of a Bernoulli per seed: on 100 seeds its
+    sampling noise alone is ~4.5 points. Several samples per seed estimate the policy's
+    success probability on those same seeds, so a before/after difference on fixed seeds
+    is no longer dominated by which moves happened to be drawn.
+    """
+    if samples_per_seed < 1:
+        raise ValueError(f"samples_per_seed must be >= 1, got {samples_per_seed}")
     from rollhub.rollout.prompting import ChatSegments
 
     config = dataclasses.replace(agent, temperature=temperature)
     segments = ChatSegments(tokenizer)
     limit = asyncio.Semaphore(max_concurrent)
 
-    async def one(seed: int) -> Trajectory:
+    async def one(seed: int, sample: int) -> Trajectory:
         async with limit:
             env = make_env()
+            name = f"eval-{seed}" if samples_per_seed == 1 else f"eval-{seed}-{sample}"
             try:
-                return await run_episode(env, engine, tokenizer, config, seed, env_id=env_id, trajectory_id=f"eval-{seed}", segments=segments)
+                return await run_episode(env, engine, tokenizer, config, seed, env_id=env_id, trajectory_id=name, segments=segments)
             finally:
                 await env.close()
                 if on_done is not None:
                     on_done()
 
-    trajectories = list(await asyncio.gather(*(one(s) for s in seeds)))
+    trajectories = list(await asyncio.gather(*(one(s, k) for s in seeds for k in range(samples_per_seed))))
     scored = [t for t in trajectories if t.status != TrajectoryStatus.INFRA_FAILED]
     turns = sum(len(t.turns) for t in scored) or 1
     return EvalResult(
@@ -88,6 +98,7 @@ async def evaluate_model_dir(config: Any, model_dir: Any) -> EvalResult:
     engine = HFEngine(model_dir, threads=config.rollout.engine_threads, max_batch_size=config.rollout.engine_max_batch_size, seed=config.rollout.seed)
     try:
         return await evaluate_policy(engine, engine.tokenizer, lambda: make(config.env.id, **config.env.kwargs), config.agent, config.eval.seeds,
-                                     temperature=config.eval.temperature, max_concurrent=config.env.max_concurrent, env_id=config.env.id)
+                                     temperature=config.eval.temperature, max_concurrent=config.env.max_concurrent, env_id=config.env.id,
+                                     samples_per_seed=config.eval.samples_per_seed)
     finally:
         await engine.close()

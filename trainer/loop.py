@@ -391,6 +391,7 @@ async def run_training(config: RunConfig, *, resume: bool = False, progress: boo
     prior_wall_s = 0.0
     make_env = make_env_factory(config)
     eval_seeds = config.eval.seeds
+    eval_label = f"{len(eval_seeds)} held-out seeds" + (f" x {config.eval.samples_per_seed} samples" if config.eval.samples_per_seed > 1 else "")
 
     # 2. warm-start (skipped when resuming an RL checkpoint or a finished SFT)
     warmstart: EvalResult | None = None
@@ -438,7 +439,8 @@ async def run_training(config: RunConfig, *, resume: bool = False, progress: boo
         if engine.weight_version != state.version:  # cluster.backend=ray pushes to remote engines only
             await engine.update_weights(policy.engine_state_dict(), state.version)
         result = await evaluate_policy(engine, policy.tokenizer, make_env, config.agent, eval_seeds, temperature=config.eval.temperature,
-                                       max_concurrent=config.env.max_concurrent, env_id=config.env.id)
+                                       max_concurrent=config.env.max_concurrent, env_id=config.env.id,
+                                       samples_per_seed=config.eval.samples_per_seed)
         phases[f"eval_{label}_s"] = phases.get(f"eval_{label}_s", 0.0) + time.perf_counter() - t0
         return result
 
@@ -449,7 +451,7 @@ async def run_training(config: RunConfig, *, resume: bool = False, progress: boo
             state.warmstart_success = warmstart.success_rate
             (run_dir / WARMSTART_FILE).write_text(json.dumps(warmstart.metrics(prefix="")))
             metrics_log.log(0, {**warmstart.metrics(), "policy/version": 0})
-            print_fn(f"warm-start success on {len(eval_seeds)} held-out seeds: {100 * warmstart.success_rate:.1f}%")
+            print_fn(f"warm-start success on {eval_label}: {100 * warmstart.success_rate:.1f}%")
 
         # 3. RL
         manager_config = EnvManagerConfig(
@@ -507,11 +509,12 @@ async def run_training(config: RunConfig, *, resume: bool = False, progress: boo
     before = state.warmstart_success if warmstart is None else warmstart.success_rate
     records = read_jsonl(run_dir / "metrics.jsonl")
     plot_learning_curve(records, run_dir / "learning_curve.png", title=f"{config.env.id}: {config.algorithm.estimator}, alpha={config.rollout.async_ratio}")
-    summary = {"warmstart_success_rate": before, "final_success_rate": final.success_rate, "steps": state.version, "wall_s": wall, "phases_s": phases}
+    summary = {"warmstart_success_rate": before, "final_success_rate": final.success_rate, "eval_seeds": len(eval_seeds),
+               "eval_samples_per_seed": config.eval.samples_per_seed, "steps": state.version, "wall_s": wall, "phases_s": phases}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     if before is not None:
         print_fn(f"warm-start success: {100 * before:.1f}%  ->  final success: {100 * final.success_rate:.1f}%  "
-                 f"({final.success_rate - before:+.1%} on {len(eval_seeds)} held-out seeds, {state.version} RL steps, {wall / 60:.1f} min)")
+                 f"({final.success_rate - before:+.1%} on {eval_label}, {state.version} RL steps, {wall / 60:.1f} min)")
     else:
         print_fn(f"final success: {100 * final.success_rate:.1f}% ({state.version} RL steps, {wall / 60:.1f} min)")
     return TrainingSummary(run_dir, warmstart, final, state.version, wall, phases)

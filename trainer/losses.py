@@ -32,6 +32,7 @@ AggregationMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-s
 Objective = Literal["ppo", "cispo", "topr", "gspo", "reinforce"]
 Correction = Literal["tis", "mis", "none"]
 KLEstimator = Literal["k3", "full"]
+Proximal = Literal["recompute", "behaviour"]
 
 
 @dataclass
@@ -51,6 +52,11 @@ class LossConfig:
     # probability leaking onto malformed answers before they are ever sampled
     kl_estimator: KLEstimator = "k3"
     entropy_coef: float = 0.0  # entropy bonus (needs per-token entropy)
+    # pi_prox of PPO mini-batching: "recompute" = the trainer's weights at step start (one
+    # no-grad pass over the batch; decoupled PPO); "behaviour" = the engine's mu, i.e.
+    # plain PPO clipped against the sampling policy, no extra pass. Worth it only where
+    # mu and the trainer barely differ (staleness <= 1 version, same numerics)
+    proximal: Proximal = "recompute"
 
     def validate(self) -> None:
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
@@ -63,6 +69,8 @@ class LossConfig:
             raise ValueError("the mis band needs mis_low < 1 < mis_high")
         if self.kl_coef < 0 or self.entropy_coef < 0:
             raise ValueError("kl_coef and entropy_coef must be >= 0")
+        if self.proximal not in ("recompute", "behaviour"):
+            raise ValueError(f"proximal must be 'recompute' or 'behaviour', got {self.proximal!r}")
         if self.kl_estimator not in ("k3", "full"):
             raise ValueError(f"kl_estimator must be 'k3' or 'full', got {self.kl_estimator!r}")
 

@@ -105,6 +105,7 @@ def ppo_update(
     updates for the price of one proximal pass plus `epochs` gradient passes; the clip on
     pi_theta / pi_prox is what keeps the later steps near the policy that was pushed.
     With one part and one epoch this is exactly `policy_update` without a proximal pass.
+    `loss_config.proximal == "behaviour"` skips the proximal pass and clips against mu.
     The shuffle is seeded (by the caller, per step) so a resumed run draws the same parts.
     `reference` (a frozen policy, needed when loss_config.kl_coef > 0) supplies the
     log-probs of the KL term.
@@ -115,11 +116,13 @@ def ppo_update(
         raise ValueError("loss.kl_coef > 0 needs a reference policy")
     sampled_kl = loss_config.kl_coef > 0 and loss_config.kl_estimator == "k3"
     ref = reference.compute_logprobs(batch) if sampled_kl and reference is not None else None
+    behaviour = batch.behaviour_logprobs * batch.response_mask if loss_config.proximal == "behaviour" else None
     if minibatches == 1 and epochs == 1:
-        out = policy_update(policy, optimizer, batch, None, loss_config, max_grad_norm=max_grad_norm, reference_logprobs=ref, reference=reference)
+        out = policy_update(policy, optimizer, batch, behaviour, loss_config, max_grad_norm=max_grad_norm, reference_logprobs=ref, reference=reference)
         out["optimizer_steps"] = 1.0
         return out
-    prox = policy.compute_logprobs(batch)
+    # with "behaviour" the decoupled weight min(prox/mu, C) is 1 and the clip is plain PPO's
+    prox = behaviour if behaviour is not None else policy.compute_logprobs(batch)
     generator = torch.Generator().manual_seed(seed)
     results = []
     for _ in range(epochs):

@@ -124,6 +124,27 @@ def test_ppo_minibatches_take_several_steps_against_one_proximal_policy(tiny_mod
         ppo_update(policy, optimizer, batch, LossConfig(), minibatches=0)
 
 
+def test_behaviour_proximal_skips_the_pass_and_matches_recompute_on_policy(tiny_model_dir, monkeypatch):
+    """proximal="behaviour" clips against mu; on fresh samples (mu = pi_prox up to float
+    noise) it takes the same steps as the recomputed proximal policy, without that pass."""
+    from rollhub.trainer.update import ppo_update
+
+    trajectories = asyncio.run(_sample_trajectories(tiny_model_dir, temperature=1.0, n=4))
+    results = {}
+    for proximal in ("recompute", "behaviour"):
+        torch.manual_seed(0)
+        policy = Policy(tiny_model_dir, device="cpu", micro_batch_size=2)
+        batch = _batch(trajectories, policy)
+        if proximal == "behaviour":
+            monkeypatch.setattr(policy, "compute_logprobs", lambda *_: pytest.fail("the proximal pass ran"))
+        optimizer = torch.optim.AdamW(policy.model.parameters(), lr=1e-3)
+        out = ppo_update(policy, optimizer, batch, LossConfig(proximal=proximal), minibatches=2, seed=3)
+        results[proximal] = (out, [p.detach().clone() for p in policy.model.parameters()])
+    assert results["behaviour"][0]["offpolicy/w_abs_dev_mean"] == 0.0  # prox is mu: no decoupled weight
+    for a, b in zip(results["recompute"][1], results["behaviour"][1]):
+        assert torch.allclose(a, b, atol=1e-5), "behaviour and recomputed pi_prox should agree on fresh samples"
+
+
 def test_frozen_embeddings_stay_put_while_the_rest_trains(tiny_model_dir):
     from rollhub.trainer.config import RunConfig
     from rollhub.trainer.loop import make_optimizer

@@ -236,3 +236,21 @@ def test_grad_snr_bench_reads_a_runs_groups(tiny_model_dir, tmp_path):
     assert (out / "grad_snr.png").stat().st_size > 0
     # too few groups for the batch size asked: a clear error, not a stack trace
     assert main([*args[:-6], "--set", "sizes=[1000]", "--set", "repeats=1", "--set", "max_version=5"]) != 0
+
+
+def test_eval_samples_per_seed_plays_every_seed_that_many_times(tiny_model_dir, tmp_path, capsys):
+    from rollhub.trainer.evaluate import evaluate_model_dir
+
+    recipe = _recipe(tmp_path, tiny_model_dir, eval={"episodes": 2, "samples_per_seed": 3, "temperature": 1.0})
+    config = load_config(RunConfig, recipe)
+    result = asyncio.run(evaluate_model_dir(config, tiny_model_dir))
+    seeds = sorted(t.seed for t in result.trajectories)
+    assert seeds == sorted(config.eval.seeds * 3)
+    assert len({t.trajectory_id for t in result.trajectories}) == 6  # distinct draws, not one episode counted thrice
+    assert result.success_rate == sum(t.success for t in result.trajectories) / 6
+    assert main(["eval", str(recipe), "--model", str(tiny_model_dir)]) == 0
+    assert "2 held-out seeds x 3 samples" in capsys.readouterr().out
+    from rollhub.errors import UserError
+
+    with pytest.raises(UserError, match="eval: samples_per_seed must be >= 1"):
+        load_config(RunConfig, recipe, ["eval.samples_per_seed=0"])
