@@ -82,8 +82,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     config = load_run_config(args.config, args.overrides, None)
     result = asyncio.run(evaluate_model_dir(config, Path(args.model)))
-    samples = f" x {config.eval.samples_per_seed} samples" if config.eval.samples_per_seed > 1 else ""
-    print(f"success on {config.eval.episodes} held-out seeds{samples} (temperature {config.eval.temperature}): {100 * result.success_rate:.1f}%  "
+    print(f"success on {config.eval.label} (temperature {config.eval.temperature}): {100 * result.success_rate:.1f}%  "
           f"invalid actions {100 * result.invalid_action_rate:.1f}%  mean turns {result.mean_turns:.1f}")
     return 0
 

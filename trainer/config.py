@@ -164,6 +164,11 @@ class EvalConfig:
             raise ValueError(f"episodes must be >= 0, got {self.episodes}")
 
     @property
+    def label(self) -> str:
+        """How a reading is described: '100 held-out seeds' or '100 held-out seeds x 4 samples'."""
+        return f"{self.episodes} held-out seeds" + (f" x {self.samples_per_seed} samples" if self.samples_per_seed > 1 else "")
+
+    @property
     def seeds(self) -> list[int]:
         """The held-out seeds: the same list for the warm-start, periodic and final evaluations."""
         return list(range(self.seed_offset, self.seed_offset + self.episodes))

@@ -391,7 +391,6 @@ async def run_training(config: RunConfig, *, resume: bool = False, progress: boo
     prior_wall_s = 0.0
     make_env = make_env_factory(config)
     eval_seeds = config.eval.seeds
-    eval_label = f"{len(eval_seeds)} held-out seeds" + (f" x {config.eval.samples_per_seed} samples" if config.eval.samples_per_seed > 1 else "")
 
     # 2. warm-start (skipped when resuming an RL checkpoint or a finished SFT)
     warmstart: EvalResult | None = None
@@ -451,7 +450,7 @@ async def run_training(config: RunConfig, *, resume: bool = False, progress: boo
             state.warmstart_success = warmstart.success_rate
             (run_dir / WARMSTART_FILE).write_text(json.dumps(warmstart.metrics(prefix="")))
             metrics_log.log(0, {**warmstart.metrics(), "policy/version": 0})
-            print_fn(f"warm-start success on {eval_label}: {100 * warmstart.success_rate:.1f}%")
+            print_fn(f"warm-start success on {config.eval.label}: {100 * warmstart.success_rate:.1f}%")
 
         # 3. RL
         manager_config = EnvManagerConfig(
@@ -514,7 +513,7 @@ async def run_training(config: RunConfig, *, resume: bool = False, progress: boo
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     if before is not None:
         print_fn(f"warm-start success: {100 * before:.1f}%  ->  final success: {100 * final.success_rate:.1f}%  "
-                 f"({final.success_rate - before:+.1%} on {eval_label}, {state.version} RL steps, {wall / 60:.1f} min)")
+                 f"({final.success_rate - before:+.1%} on {config.eval.label}, {state.version} RL steps, {wall / 60:.1f} min)")
     else:
         print_fn(f"final success: {100 * final.success_rate:.1f}% ({state.version} RL steps, {wall / 60:.1f} min)")
     return TrainingSummary(run_dir, warmstart, final, state.version, wall, phases)

@@ -63,10 +63,10 @@ class SokobanEnv(Env):
             solver's distance-to-go d(s) (moves of an optimal plan; a dead position counts
             as max_steps + 1, one more than any live room needs): each valid move also
             earns progress_reward * (d(s) - d(s')). Over an episode it telescopes to
-            progress_reward * (d(s_0) - d(s_T)), so it ranks failed episodes by how close they got without changing which policy is
-            optimal, and gives every move its own signal (+k for an optimal move, -k for a
-            move away from the goal, about -k * (max_steps + 1 - d) for pushing a box into
-            a dead corner). 0 (default) = off.
+            progress_reward * (d(s_0) - d(s_T)), so it ranks failed episodes by how close
+            they got without changing which policy is optimal, and gives every move its
+            own signal (+k for an optimal move, -k for a move away from the goal, about
+            -k * (max_steps + 1 - d) for pushing a box into a dead corner). 0 (default) = off.
         solvable_within_max_steps: only produce rooms solvable in max_steps moves.
         max_reverse_states: cap on positions explored while building a room.
     Options of reset: {"board": text} plays a hand-made level drawn with the legend's symbols.
