@@ -96,7 +96,11 @@ def extract_action(text: str, tag: str) -> str | None:
     """Content of the last `<tag>...</tag>` in `text`, stripped; None if absent.
 
     The last occurrence wins because models often restate the format before answering.
+    An empty tag means bare answers: the whole stripped text is the action (a tiny model
+    then spends one token per move instead of seven on the tags).
     """
+    if not tag:
+        return text.strip() or None
     matches = re.findall(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", text, flags=re.DOTALL)
     if not matches:
         return None
@@ -105,6 +109,8 @@ def extract_action(text: str, tag: str) -> str | None:
 
 def wrap_action(action: str, tag: str) -> str:
     """The inverse of `extract_action`: what a well-formed model answer looks like."""
+    if not tag:
+        return action
     return f"<{tag}>{action}</{tag}>"
 
 

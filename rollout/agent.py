@@ -38,7 +38,9 @@ logger = logging.getLogger(__name__)
 class AgentConfig:
     """How the agent talks to the env and the engine."""
 
-    system_prompt: str | None = None  # replaces (or adds) the system message of reset()
+    # replaces (or adds) the system message of reset(); "" drops it (a tiny model that reads
+    # no English learns the task from the observations alone, 10 fewer tokens a turn)
+    system_prompt: str | None = None
     history_window: int | None = None  # None = full history; k = last k turns after the opening
     # Markov agent: each prompt is the system message(s) + the latest observation only. For
     # envs whose observation is the whole state (Sokoban): prompts stay short (CPU recipe:
@@ -259,6 +261,8 @@ class EpisodeRunner:
     def _apply_system_prompt(self, messages: list[dict[str, str]]) -> list[dict[str, str]]:
         if self.config.system_prompt is None:
             return messages
+        if not self.config.system_prompt:
+            return [m for m in messages if m.get("role") != "system"]
         system = {"role": "system", "content": self.config.system_prompt}
         if messages and messages[0]["role"] == "system":
             return [system, *messages[1:]]

@@ -46,6 +46,7 @@ class ExpertEngine(InferenceEngine):
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         if self.tokenizer.eos_token_id is not None:
             ids.append(int(self.tokenizer.eos_token_id))
+        ids = ids[: sampling.max_new_tokens]  # the layout RL samples: a 1-token budget keeps the move only
         return Generation(ids, [0.0] * len(ids), [0] * len(ids), NOISE_TURN if noisy else "stop", request_id=request_id or "", prompt_tokens=len(input_ids))
 
     async def update_weights(self, source: Any, version: int) -> None:

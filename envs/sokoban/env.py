@@ -16,16 +16,24 @@ import numpy as np
 from rollhub.envs.base import Env, Observation, StepResult, extract_action, invalid_step_info, wrap_action
 from rollhub.envs.sokoban.generator import generate_room
 from rollhub.envs.sokoban.grid import LEGEND, MOVES, Board
-from rollhub.envs.sokoban.solver import solve
+from rollhub.envs.sokoban.solver import push_distances, solve
 
 logger = logging.getLogger(__name__)
 
-SYSTEM_PROMPT = (
+RULES = (
     "Sokoban. Push every box onto a target. You can push one box at a time; you cannot pull boxes "
     "or push them into walls or other boxes.\n"
     f"Legend: {LEGEND}.\n"
-    "Answer with one move: <action>up</action>, <action>down</action>, <action>left</action> or <action>right</action>."
 )
+
+
+def system_prompt(action_tag: str = "action") -> str:
+    """The rules, the legend and the answer format for `action_tag` ("" = a bare move word)."""
+    moves = ", ".join(wrap_action(move, action_tag) for move in MOVES[:-1])
+    return f"{RULES}Answer with one move: {moves} or {wrap_action(MOVES[-1], action_tag)}."
+
+
+SYSTEM_PROMPT = system_prompt()
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,12 @@ class SokobanRewards:
         raise ValueError(f"reward must be 'shaped' or 'sparse', got {name!r}")
 
 
+def is_deadlocked(board: Board) -> bool:
+    """A box off target on a cell from which pushes can never reach a target (certain loss)."""
+    distance = push_distances(board)
+    return any(box not in distance for box in board.boxes)
+
+
 class SokobanEnv(Env):
     """Procedural Sokoban (reverse-play rooms), text grid observations.
 
@@ -68,6 +82,12 @@ class SokobanEnv(Env):
             own signal (+k for an optimal move, -k for a move away from the goal, about
             -k * (max_steps + 1 - d) for pushing a box into a dead corner). 0 (default) = off.
         solvable_within_max_steps: only produce rooms solvable in max_steps moves.
+        action_tag: the tag around a move (<action>up</action>); "" = the answer is the bare
+            move word, one token for a small tokenizer instead of seven with the tags.
+        end_on_deadlock: end the episode (terminated, not solved) as soon as a box stands
+            on a cell from which no push sequence reaches a target. The moves after that
+            cannot change the outcome; playing them out costs generation, and their
+            advantages (only the wall-move penalty differs) are noise to the trainer.
         max_reverse_states: cap on positions explored while building a room.
     Options of reset: {"board": text} plays a hand-made level drawn with the legend's symbols.
     """
@@ -90,6 +110,8 @@ class SokobanEnv(Env):
         solvable_within_max_steps: bool = True,
         max_reverse_states: int = 300_000,
         observation: Literal["grid", "grid+positions"] = "grid",
+        action_tag: str = "action",
+        end_on_deadlock: bool = False,
     ):
         if not isinstance(dim, int) and len(dim) != 2:
             raise ValueError(f"dim must be one int or (rows, cols), got {dim!r}")
@@ -109,6 +131,10 @@ class SokobanEnv(Env):
         if observation not in ("grid", "grid+positions"):
             raise ValueError(f"observation must be 'grid' or 'grid+positions', got {observation!r}")
         self.observation = observation
+        if not isinstance(action_tag, str) or any(c in action_tag for c in "<>/ "):
+            raise ValueError(f"action_tag must be a tag name like 'action' or '' (bare moves), got {action_tag!r}")
+        self.action_tag = action_tag
+        self.end_on_deadlock = bool(end_on_deadlock)
         preset = SokobanRewards.preset(reward)
         overrides = {
             "step": step_reward,
@@ -152,7 +178,7 @@ class SokobanEnv(Env):
         self._plan, self._plan_anchor = [], None
         self._distances = {}
         obs: Observation = [
-            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "system", "content": system_prompt(self.action_tag)},
             {"role": "user", "content": self._show(self._board)},
         ]
         info = {"anchor": self._board.anchor(), "success": False, "boxes_on_target": self._board.boxes_on_target}
@@ -165,7 +191,7 @@ class SokobanEnv(Env):
         self._steps += 1
         move = extract_action(action, self.action_tag)
         if move is None:
-            return self._reject(board, "no move found; answer like <action>up</action>", format_ok=False)
+            return self._reject(board, f"no move found; answer like {wrap_action('up', self.action_tag)}", format_ok=False)
         move = move.lower()
         if move not in MOVES:
             return self._reject(board, f"'{move[:20]}' is not a move; use up, down, left or right", format_ok=True)
@@ -180,6 +206,8 @@ class SokobanEnv(Env):
         terminated = new_board.solved
         if terminated:
             reward += self.rewards.solved
+        deadlocked = self.end_on_deadlock and not terminated and is_deadlocked(new_board)
+        terminated = terminated or deadlocked
         if self.progress_reward:
             reward += self.progress_reward * (self.distance_to_go(board) - self.distance_to_go(new_board))
         self._advance_plan(board, move, new_board)
@@ -188,11 +216,13 @@ class SokobanEnv(Env):
         self._done = terminated or truncated
         info = {
             "anchor": new_board.anchor(),
-            "success": terminated,
+            "success": new_board.solved,
             "action_valid": True,
             "format_ok": True,
             "boxes_on_target": on_after,
         }
+        if deadlocked:
+            info["deadlock"] = True
         return [{"role": "user", "content": self._show(new_board)}], float(reward), terminated, truncated, info
 
     def distance_to_go(self, board: Board) -> int:

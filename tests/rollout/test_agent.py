@@ -117,6 +117,19 @@ async def test_observation_only_prompt_is_system_plus_latest_observation(engine)
         AgentConfig(observation_only=True, history_window=1).validate()
 
 
+async def test_empty_system_prompt_drops_the_system_message(engine):
+    tokenizer = engine.tokenizer
+    config = AgentConfig(max_new_tokens=4, observation_only=True, system_prompt="")
+    trajectory = await run_episode(CountdownEnv(max_steps=3), engine, tokenizer, config, seed=0)
+    runner = EpisodeRunner(CountdownEnv(max_steps=3), tokenizer, config, env_id="test/Countdown-v0", seed=0)
+    await runner.reset()
+    assert [m["role"] for m in runner.messages] == ["user"]
+    for before, turn in zip(trajectory.turns, trajectory.turns[1:]):
+        expected = tokenizer.apply_chat_template(list(before.observation), tokenize=False, add_generation_prompt=True)
+        assert tokenizer.decode(turn.prompt_ids) == expected
+        assert "system" not in tokenizer.decode(turn.prompt_ids)
+
+
 async def test_context_guard_truncates_and_reports(engine):
     config = AgentConfig(max_new_tokens=16, min_new_tokens=8, max_context_tokens=90)
     trajectory = await run_episode(CountdownEnv(max_steps=50), engine, engine.tokenizer, config, seed=0)

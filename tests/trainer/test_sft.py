@@ -79,3 +79,20 @@ def test_noisy_demos_label_only_expert_turns_and_show_recoveries(tiny_model_dir)
     assert after_invalid and all(tokenizer.decode(t.prompt_ids).count("Invalid:") == 1 for t in after_invalid)
     history = sft_epochs(policy, demos, epochs=1.0, lr=1e-3, batch_size=4)
     assert history and all(h["sft/loss"] > 0 for h in history)
+
+
+def test_expert_demos_keep_the_response_budget_rl_samples_with(tiny_model_dir):
+    """A one-token budget (bare Sokoban moves) gives one-token demo turns: the layout RL samples."""
+    policy = Policy(tiny_model_dir, micro_batch_size=8)
+    tokenizer = policy.tokenizer
+
+    async def one(max_new_tokens):
+        env = envs.make("rollhub/Sokoban-v0", max_steps=10, action_tag="")
+        trajectory = await run_episode(env, ExpertEngine(env, tokenizer), tokenizer, AgentConfig(max_new_tokens=max_new_tokens, system_prompt=""), 3)
+        await env.close()
+        return trajectory
+
+    short, full = asyncio.run(one(1)), asyncio.run(one(12))
+    assert short.success and full.success
+    assert all(len(t.response_ids) == 1 and t.response_text in ("up", "down", "left", "right") for t in short.turns)
+    assert all(t.response_ids[-1] == tokenizer.eos_token_id and len(t.response_ids) == 2 for t in full.turns)

@@ -45,6 +45,33 @@ async def test_observation_is_the_compact_grid_every_turn():
     assert len(obs) == 1 and len(obs[0]["content"].splitlines()) == 6
 
 
+async def test_bare_answers_with_an_empty_action_tag():
+    env = SokobanEnv(action_tag="")
+    obs, _ = await env.reset(options={"board": LEVEL})
+    assert "<action>" not in obs[0]["content"] and "up, down, left or right" in obs[0]["content"]
+    _, _, _, _, info = await env.step(" left\n")  # player to (3,1)
+    assert info["action_valid"]
+    _, _, _, _, info = await env.step("<action>up</action>")  # a tagged answer is not a move here
+    assert not info["action_valid"] and info["format_ok"]
+    _, _, _, _, info = await env.step("")
+    assert not info["format_ok"] and "answer like up" in info["invalid_reason"]
+    assert env.expert_action() in ("up", "down", "left", "right")
+    with pytest.raises(ValueError, match="action_tag"):
+        SokobanEnv(action_tag="<action>")
+
+
+async def test_end_on_deadlock_stops_the_episode_when_the_box_can_never_reach_a_target():
+    for end in (True, False):
+        env = SokobanEnv(end_on_deadlock=end, max_steps=10)
+        await env.reset(options={"board": LEVEL})
+        _, _, term, trunc, info = await env.step("<action>up</action>")  # box pushed against the top wall: dead
+        assert term is end and not trunc and not info["success"] and info.get("deadlock", False) is end
+    env = SokobanEnv(end_on_deadlock=True)
+    await env.reset(options={"board": LEVEL})
+    _, _, term, _, info = await env.step("<action>left</action>")  # a live move keeps playing
+    assert not term and "deadlock" not in info
+
+
 async def test_shaped_rewards_on_a_hand_made_level():
     env = SokobanEnv()
     await env.reset(options={"board": LEVEL})
