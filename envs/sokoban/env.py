@@ -194,7 +194,8 @@ class SokobanEnv(Env):
             return self._reject(board, f"no move found; answer like {wrap_action('up', self.action_tag)}", format_ok=False)
         move = move.lower()
         if move not in MOVES:
-            return self._reject(board, f"'{move[:20]}' is not a move; use up, down, left or right", format_ok=True)
+            # with bare answers the format IS the move word, so anything else is a format error
+            return self._reject(board, f"'{move[:20]}' is not a move; use up, down, left or right", format_ok=bool(self.action_tag))
         new_board, why = board.try_move(move)
         if new_board is None:
             return self._reject(board, why, format_ok=True)

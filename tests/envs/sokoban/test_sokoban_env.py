@@ -52,7 +52,7 @@ async def test_bare_answers_with_an_empty_action_tag():
     _, _, _, _, info = await env.step(" left\n")  # player to (3,1)
     assert info["action_valid"]
     _, _, _, _, info = await env.step("<action>up</action>")  # a tagged answer is not a move here
-    assert not info["action_valid"] and info["format_ok"]
+    assert not info["action_valid"] and not info["format_ok"] and "not a move" in info["invalid_reason"]
     _, _, _, _, info = await env.step("")
     assert not info["format_ok"] and "answer like up" in info["invalid_reason"]
     assert env.expert_action() in ("up", "down", "left", "right")
