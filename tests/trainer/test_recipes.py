@@ -47,6 +47,26 @@ def _smoke(recipe: str, tmp_path: Path, model_dir: Path, env_kwargs: str) -> Non
     assert (tmp_path / "run" / "summary.json").is_file()
 
 
+def test_sokoban_recipe_smoke_keeps_its_one_token_answers(tiny_model_dir, tmp_path):
+    """The main job's own env and agent settings (bare moves, no system message, deadlock stop)
+    through SFT and one RL step: every turn, demo or sampled, is one token."""
+    import json
+
+    from rollhub.cli import main
+
+    overrides = [o for o in _tiny_overrides(tmp_path, tiny_model_dir, "") if not o.startswith(("env.kwargs", "agent.max_new_tokens", "sft.enabled"))]
+    overrides += ["sft.episodes=4", "sft.epochs=1.0", "sft.batch_size=4", "eval.samples_per_seed=1"]
+    assert main(["train", str(CONFIGS / "sokoban_tiny.yaml"), "--no-progress", *(f"--set={o}" for o in overrides)]) == 0
+    trajectories = [json.loads(line) for line in (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()]
+    turns = [turn for t in trajectories for turn in t["turns"]]
+    assert turns and all(len(turn["response_ids"]) == 1 for turn in turns)
+    from rollhub.rollout.models import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    assert all(tokenizer.decode(turn["prompt_ids"]).startswith("<|im_start|>user\n") for turn in turns)  # no system message
+    assert all(turn["response_text"] in ("up", "down", "left", "right") or not turn["format_ok"] for turn in turns)
+
+
 def test_math_recipe_smoke(tiny_model_dir, tmp_path):
     _smoke("math_tiny.yaml", tmp_path, tiny_model_dir, "{kinds: [arithmetic], difficulty: 1}")
 
