@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Container, Literal
 
 import numpy as np
 
@@ -56,10 +56,14 @@ class SokobanRewards:
         raise ValueError(f"reward must be 'shaped' or 'sparse', got {name!r}")
 
 
-def is_deadlocked(board: Board) -> bool:
-    """A box off target on a cell from which pushes can never reach a target (certain loss)."""
-    distance = push_distances(board)
-    return any(box not in distance for box in board.boxes)
+def is_deadlocked(board: Board, live_cells: Container[int] | None = None) -> bool:
+    """A box on a cell from which pushes can never reach a target (certain loss).
+
+    `live_cells` is `push_distances` of the room; it depends on walls and targets only, so
+    the env computes it once per episode instead of on every move.
+    """
+    live = push_distances(board) if live_cells is None else live_cells
+    return any(box not in live for box in board.boxes)
 
 
 class SokobanEnv(Env):
@@ -155,6 +159,7 @@ class SokobanEnv(Env):
         self._plan_anchor: bytes | None = None
         self._construction_plan: list[str] = []
         self._distances: dict[bytes, int] = {}
+        self._live_cells: dict[int, int] | None = None  # push_distances of the room (end_on_deadlock)
 
     # -- episode -------------------------------------------------------------------------
     async def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
@@ -177,6 +182,7 @@ class SokobanEnv(Env):
         self._done = False
         self._plan, self._plan_anchor = [], None
         self._distances = {}
+        self._live_cells = push_distances(self._board) if self.end_on_deadlock else None
         obs: Observation = [
             {"role": "system", "content": system_prompt(self.action_tag)},
             {"role": "user", "content": self._show(self._board)},
@@ -207,7 +213,7 @@ class SokobanEnv(Env):
         terminated = new_board.solved
         if terminated:
             reward += self.rewards.solved
-        deadlocked = self.end_on_deadlock and not terminated and is_deadlocked(new_board)
+        deadlocked = self.end_on_deadlock and not terminated and is_deadlocked(new_board, self._live_cells)
         terminated = terminated or deadlocked
         if self.progress_reward:
             reward += self.progress_reward * (self.distance_to_go(board) - self.distance_to_go(new_board))

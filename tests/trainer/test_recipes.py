@@ -1,12 +1,14 @@
 """Every shipped recipe loads and validates; each env recipe runs one tiny step where its env exists."""
 
 import importlib.util
+import json
 import shutil
 from pathlib import Path
 
 import pytest
 
 from rollhub.config import load_config
+from rollhub.rollout.models import build_tokenizer
 from rollhub.trainer.config import RunConfig
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -50,8 +52,6 @@ def _smoke(recipe: str, tmp_path: Path, model_dir: Path, env_kwargs: str) -> Non
 def test_sokoban_recipe_smoke_keeps_its_one_token_answers(tiny_model_dir, tmp_path):
     """The main job's own env and agent settings (bare moves, no system message, deadlock stop)
     through SFT and one RL step: every turn, demo or sampled, is one token."""
-    import json
-
     from rollhub.cli import main
 
     overrides = [o for o in _tiny_overrides(tmp_path, tiny_model_dir, "") if not o.startswith(("env.kwargs", "agent.max_new_tokens", "sft.enabled"))]
@@ -60,8 +60,6 @@ def test_sokoban_recipe_smoke_keeps_its_one_token_answers(tiny_model_dir, tmp_pa
     trajectories = [json.loads(line) for line in (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()]
     turns = [turn for t in trajectories for turn in t["turns"]]
     assert turns and all(len(turn["response_ids"]) == 1 for turn in turns)
-    from rollhub.rollout.models import build_tokenizer
-
     tokenizer = build_tokenizer()
     assert all(tokenizer.decode(turn["prompt_ids"]).startswith("<|im_start|>user\n") for turn in turns)  # no system message
     assert all(turn["response_text"] in ("up", "down", "left", "right") or not turn["format_ok"] for turn in turns)

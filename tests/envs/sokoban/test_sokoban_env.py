@@ -72,6 +72,25 @@ async def test_end_on_deadlock_stops_the_episode_when_the_box_can_never_reach_a_
     assert not term and "deadlock" not in info
 
 
+async def test_the_per_episode_dead_cell_table_decides_like_a_fresh_one():
+    from rollhub.envs.sokoban.env import is_deadlocked
+    from rollhub.envs.sokoban.solver import push_distances
+
+    rng, seen = np.random.default_rng(0), {True: 0, False: 0}
+    for seed in range(30):
+        env = SokobanEnv(max_steps=15)
+        await env.reset(seed=seed)
+        live = push_distances(env.board)
+        for _ in range(15):
+            *_, terminated, truncated, _ = await env.step(env.random_action(rng))
+            if terminated or truncated:
+                break
+            dead = is_deadlocked(env.board)
+            assert is_deadlocked(env.board, live) is dead
+            seen[dead] += 1
+    assert seen[True] and seen[False]  # both outcomes were exercised
+
+
 async def test_shaped_rewards_on_a_hand_made_level():
     env = SokobanEnv()
     await env.reset(options={"board": LEVEL})
