@@ -1,8 +1,9 @@
 """rollhub: an environment hub and asynchronous RL trainer for LLM agents.
 
-The flat top-level folders (`envs/`, `sandbox/`, `rollout/`, `trainer/`, `benchmarks/`) are
-the subpackages `rollhub.envs`, ... once installed (see setup.py). Importing `rollhub` stays
-cheap: nothing heavy (torch, transformers, docker) is imported here.
+Packages, lowest layer first (each imports only from those before it): `core` (config,
+errors), `sandbox`, `envs`, `rollout`, `trainer`; `bench` (measurements and simulators) and
+`cli` may import all of them. Importing `rollhub` stays cheap: nothing heavy (torch,
+transformers, docker) is imported here.
 """
 
 __version__ = "0.1.0"

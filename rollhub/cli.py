@@ -14,14 +14,14 @@ import importlib
 import logging
 import sys
 
-from rollhub.errors import UserError
+from rollhub.core.errors import UserError
 
 COMMAND_MODULES = (
     "rollhub.envs.cli",  # rollhub envs list|try
     "rollhub.sandbox.cli",  # rollhub sandbox gc|build-base|...
     "rollhub.rollout.cli",  # rollhub model init-tiny, rollhub serve, rollhub rollout
     "rollhub.trainer.cli",  # rollhub train, rollhub sft, rollhub view
-    "rollhub.benchmarks.cli",  # rollhub bench NAME
+    "rollhub.bench.cli",  # rollhub bench NAME
     "rollhub.envs.swe.cli",  # rollhub swe make-tasks|build-images
     "rollhub.envs.alfworld.cli",  # rollhub alfworld make-games
 )
@@ -40,13 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_ArgumentParser)
     for module_name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name and module_name.startswith(exc.name):
-                continue  # area not built yet
-            raise
-        module.register(subparsers)
+        importlib.import_module(module_name).register(subparsers)
     return parser
 
 

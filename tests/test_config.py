@@ -6,8 +6,8 @@ from typing import Literal
 
 import pytest
 
-from rollhub.config import apply_overrides, config_to_dict, load_config, parse_override
-from rollhub.errors import UserError
+from rollhub.core.config import apply_overrides, config_to_dict, load_config, parse_override
+from rollhub.core.errors import UserError
 
 
 @dataclass

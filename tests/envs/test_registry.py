@@ -7,7 +7,7 @@ import pytest
 
 import rollhub.envs as envs
 from rollhub.envs.registry import _REGISTRY, register
-from rollhub.errors import MissingExtraError, UserError
+from rollhub.core.errors import MissingExtraError, UserError
 
 
 @pytest.fixture

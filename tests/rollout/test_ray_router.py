@@ -35,8 +35,8 @@ async def servers(tiny_model_dir):
 
 
 def test_cluster_config_rejects_bad_values_as_user_errors():
-    from rollhub.config import load_config
-    from rollhub.errors import UserError
+    from rollhub.core.config import load_config
+    from rollhub.core.errors import UserError
     from rollhub.trainer.config import RunConfig
 
     config = load_config(RunConfig, None, ["cluster.backend=ray", "cluster.num_env_shards=4", "cluster.shard_resources={sandbox_host: 1}"])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rollhub.config import load_config
+from rollhub.core.config import load_config
 from rollhub.rollout.models import build_tokenizer
 from rollhub.trainer.config import RunConfig
 

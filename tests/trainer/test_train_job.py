@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from rollhub.cli import main
-from rollhub.config import load_config
+from rollhub.core.config import load_config
 from rollhub.trainer.config import RunConfig
 from rollhub.trainer.metrics import read_jsonl
 
@@ -191,7 +191,7 @@ def test_rollhub_sft_learns_the_answer_format(tiny_model_dir, tmp_path, capsys):
 
 
 def test_missing_model_is_built_or_explained(tmp_path):
-    from rollhub.errors import UserError
+    from rollhub.core.errors import UserError
     from rollhub.trainer.loop import ensure_model
 
     config = load_config(RunConfig, None, [f"model.path={tmp_path / 'tiny'}", "model.init_tiny=5m"])
@@ -250,7 +250,7 @@ def test_eval_samples_per_seed_plays_every_seed_that_many_times(tiny_model_dir, 
     assert result.success_rate == sum(t.success for t in result.trajectories) / 6
     assert main(["eval", str(recipe), "--model", str(tiny_model_dir)]) == 0
     assert "2 held-out seeds x 3 samples" in capsys.readouterr().out
-    from rollhub.errors import UserError
+    from rollhub.core.errors import UserError
 
     with pytest.raises(UserError, match="eval: samples_per_seed must be >= 1"):
         load_config(RunConfig, recipe, ["eval.samples_per_seed=0"])

@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from rollhub.envs.alfworld.games import BUNDLED_DATA, data_root, list_game_dir, list_games, normalise_task_types
-from rollhub.errors import UserError
+from rollhub.core.errors import UserError
 
 README_SHA256 = "5032d23181f29c6fc48873961280b9b1145f57640ebfd9291517f29a44995cd0"
 EXPECTED_COUNTS = {
@@ -73,7 +73,7 @@ def test_missing_engine_is_a_one_line_user_error(monkeypatch, capsys):
 
     from rollhub.cli import main
     from rollhub.envs.alfworld import env as env_module
-    from rollhub.errors import MissingExtraError
+    from rollhub.core.errors import MissingExtraError
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "textworld" else real_find_spec(name, *a))

@@ -2,7 +2,7 @@
 scripted agent episode through the env API, check_env, infra failures.
 
 Needs a Docker engine and the shipped task images (`rollhub swe build-images
-envs/swe/data/tasks.jsonl`, which `.ci/run` does); otherwise skipped with the reason.
+rollhub/envs/swe/data/tasks.jsonl`, which `.ci/run` does); otherwise skipped with the reason.
 """
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ async def test_missing_image_is_an_infra_failure_not_a_score(tasks, backend):
 async def test_official_harness_agrees_with_our_reward(tasks, backend, tmp_path):
     """swebench's own run_instance on the same local images gives the same verdicts
     (gold resolved, empty not). `rollhub bench swe` does this for the whole set."""
-    from rollhub.envs.swe.benchmark import official_verdicts
+    from rollhub.bench.swe import official_verdicts
     from rollhub.envs.swe.evaluate import evaluate_patch
 
     chosen = _task_per_package(tasks)[:2]

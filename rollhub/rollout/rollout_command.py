@@ -1,0 +1,109 @@
+"""`rollhub rollout`: collect groups from an env with an engine, write JSONL, print a summary.
+
+The composition is spelled out here (model -> engine -> manager -> batch) so it doubles as
+the smallest example of wiring the rollout stack by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from rollhub.core.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+
+def build_manager_config(args: argparse.Namespace, jsonl_path: Path) -> Any:
+    from rollhub.core.config import load_config
+    from rollhub.rollout.manager import EnvManagerConfig
+
+    overrides = [
+        f"env_id={args.env}",
+        f"group_size={args.group_size}",
+        f"seed_start={args.seed}",
+        f"lockstep={str(bool(args.lockstep)).lower()}",
+        f"max_concurrent_trajectories={args.concurrency}",
+        f"jsonl_path={jsonl_path}",
+        f"agent.max_new_tokens={args.max_new_tokens}",
+        f"agent.temperature={args.temperature}",
+        *args.overrides,
+    ]
+    return load_config(EnvManagerConfig, None, overrides)
+
+
+async def _collect(args: argparse.Namespace, model_dir: Path, jsonl_path: Path) -> dict[str, Any]:
+    from rollhub.envs.registry import spec as env_spec
+    from rollhub.rollout.manager import EnvManager
+
+    env_spec(args.env)  # unknown id -> UserError with suggestions, before loading a model
+    config = build_manager_config(args, jsonl_path)
+    if args.engine == "hf":
+        from rollhub.rollout.engines.hf import HFEngine
+
+        engine: Any = HFEngine(model_dir, threads=args.threads, max_batch_size=max(8, min(64, args.concurrency)))
+        tokenizer = engine.tokenizer
+    else:
+        from transformers import AutoTokenizer
+
+        from rollhub.rollout.engines.sglang import SGLangEngine
+
+        if not args.url:
+            raise UserError("--engine sglang needs --url of a running server (e.g. from 'rollhub serve --model DIR')")
+        engine = SGLangEngine(args.url)
+        if not await engine.healthy():
+            await engine.close()
+            raise UserError(f"no healthy server at {args.url}; start one with 'rollhub serve --model {model_dir}'")
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    manager = EnvManager(engine, tokenizer, config)
+    try:
+        groups = await manager.collect_batch(args.groups)
+    finally:
+        await manager.close()
+        await engine.close()
+    summary = manager.summary()
+    trajectories = [t for g in groups for t in g.trajectories]
+    summary.update(
+        env_id=args.env,
+        engine=args.engine,
+        groups=len(groups),
+        trajectories=len(trajectories),
+        success_rate=sum(t.success for t in trajectories) / max(1, len(trajectories)),
+        mean_reward=sum(t.total_reward for t in trajectories) / max(1, len(trajectories)),
+        mean_turns=sum(len(t.turns) for t in trajectories) / max(1, len(trajectories)),
+        format_errors=sum(t.info.get("format_errors", 0) for t in trajectories),
+        trajectories_jsonl=str(jsonl_path),
+    )
+    return summary
+
+
+def run_rollout_command(args: argparse.Namespace) -> int:
+    import torch
+
+    from rollhub.rollout.models import init_tiny_model
+
+    if args.groups < 1 or args.group_size < 1:
+        raise UserError("--groups and --group-size must be >= 1")
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.model:
+        model_dir = Path(args.model)
+        if not (model_dir / "config.json").exists():
+            raise UserError(f"{model_dir} is not a model directory; create one with 'rollhub model init-tiny --out {model_dir}'")
+    else:
+        model_dir = out / "model"
+        if not (model_dir / "config.json").exists():
+            init_tiny_model(model_dir, size="5m")
+    jsonl_path = out / "trajectories.jsonl"
+    jsonl_path.unlink(missing_ok=True)
+    summary = asyncio.run(_collect(args, model_dir, jsonl_path))
+    if not args.json:
+        print(f"{summary['trajectories']} trajectories in {summary['groups']} groups -> {jsonl_path}")
+        print(f"generation {summary['generation_tokens_per_s']:.0f} tok/s, success {summary['success_rate']:.2f}, mean reward {summary['mean_reward']:.3f}")
+    print(json.dumps(summary, default=str))
+    return 0

@@ -1,0 +1,100 @@
+"""`rollhub train`, `rollhub sft`, `rollhub view` (import-light: torch loads in the handlers)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rollhub.core.errors import UserError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    train = subparsers.add_parser("train", help="train a policy: optional SFT warm-start, then async RL (GRPO/GiGPO)")
+    train.add_argument("config", nargs="?", help="recipe YAML, e.g. configs/sokoban_tiny.yaml (optional with --resume)")
+    train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config value, e.g. --set train.steps=5")
+    train.add_argument("--resume", metavar="RUN_DIR", default=None, help="continue the run in RUN_DIR from its latest checkpoint")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
+    train.set_defaults(func=_cmd_train)
+
+    sft = subparsers.add_parser("sft", help="SFT on scripted-expert demonstrations only, then evaluate")
+    sft.add_argument("config", help="recipe YAML (its model/env/agent/sft/eval sections are used)")
+    sft.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    sft.add_argument("--out", default=None, help="where to write the fine-tuned model (default RUN_DIR/sft_model)")
+    sft.set_defaults(func=_cmd_sft)
+
+    evaluate = subparsers.add_parser("eval", help="success rate of a model dir on a recipe's held-out seeds")
+    evaluate.add_argument("config", help="recipe YAML (env, agent and eval sections are used)")
+    evaluate.add_argument("--model", required=True, help="HF checkpoint dir, e.g. RUN/final_model or RUN/sft_model")
+    evaluate.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="e.g. eval.temperature=1.0")
+    evaluate.set_defaults(func=_cmd_eval)
+
+    view = subparsers.add_parser("view", help="read a run's trajectories: static HTML (default) or text")
+    view.add_argument("run", help="run folder (with trajectories.jsonl) or a trajectories .jsonl file")
+    view.add_argument("--out", default=None, help="HTML file to write (default RUN/trajectories.html)")
+    view.add_argument("--text", action="store_true", help="print transcripts to the terminal instead")
+    view.add_argument("--limit", type=int, default=200, help="most recent trajectories to show")
+    view.add_argument("--only", choices=["success", "failure"], default=None, help="filter by outcome")
+    view.set_defaults(func=_cmd_view)
+
+
+def load_run_config(config_path: str | None, overrides: list[str], resume: str | None):
+    from rollhub.core.config import load_config
+    from rollhub.trainer.config import RunConfig
+
+    if config_path is None:
+        if resume is None:
+            raise UserError("give a recipe (rollhub train configs/sokoban_tiny.yaml) or --resume RUN_DIR")
+        saved = Path(resume) / "config.json"
+        if not saved.is_file():
+            raise UserError(f"{resume} has no config.json; is it a run folder written by 'rollhub train'?")
+        config_path = str(saved)
+    extra = [f"run_dir={resume}"] if resume else []
+    return load_config(RunConfig, config_path, list(overrides) + extra)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from rollhub.trainer.loop import run_training
+
+    config = load_run_config(args.config, args.overrides, args.resume)
+    logging.getLogger("rollhub").setLevel(min(logging.getLogger().level, logging.WARNING))
+    summary = asyncio.run(run_training(config, resume=args.resume is not None, progress=not args.no_progress))
+    print(f"run folder: {summary.run_dir} (metrics.jsonl, tensorboard/, learning_curve.png; rollhub view {summary.run_dir})")
+    return 0
+
+
+def _cmd_sft(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from rollhub.trainer.sft_job import run_sft_job
+
+    config = load_run_config(args.config, args.overrides, None)
+    asyncio.run(run_sft_job(config, out_dir=args.out))
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from rollhub.trainer.evaluate import evaluate_model_dir
+
+    config = load_run_config(args.config, args.overrides, None)
+    result = asyncio.run(evaluate_model_dir(config, Path(args.model)))
+    print(f"success on {config.eval.label} (temperature {config.eval.temperature}): {100 * result.success_rate:.1f}%  "
+          f"invalid actions {100 * result.invalid_action_rate:.1f}%  mean turns {result.mean_turns:.1f}")
+    return 0
+
+
+def _cmd_view(args: argparse.Namespace) -> int:
+    from rollhub.trainer.view import render_html, render_text, find_trajectory_file
+
+    source = find_trajectory_file(Path(args.run))
+    if args.text:
+        print(render_text(source, limit=args.limit, only=args.only))
+        return 0
+    out = Path(args.out) if args.out else (source.parent / "trajectories.html")
+    count = render_html(source, out, limit=args.limit, only=args.only)
+    print(f"wrote {count} trajectories to {out}")
+    return 0

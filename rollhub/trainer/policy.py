@@ -1,0 +1,232 @@
+"""The trainable policy: a transformers causal LM and per-token log-probs of packed sequences.
+
+A trajectory reaches the trainer as `PackedSequence`s (rollhub/rollout/types.py): the exact token
+ids the engine saw, a response mask, and the behaviour log-prob and policy version of each
+generated token. `collate` right-pads them into tensors together with per-token
+advantages; `Policy.token_logprobs` returns log_softmax(logits / T) of every token given its
+prefix, at the same temperature the engine sampled with, so pi_theta, pi_prox and mu are
+comparable token by token.
+
+Precision: fp32 on CPU, bf16 on GPU. Multi-GPU: with `fsdp=True` inside an initialised
+torch.distributed process group, each decoder layer and then the root module are wrapped
+with FSDP2 (`torch.distributed.fsdp.fully_shard`); parameters stay DTensors, the optimizer
+is built over them as usual, and `engine_state_dict()` gathers full tensors for the
+weight push. That path is exercised only where a GPU is lent (tests marked `gpu`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TokenBatch:
+    """Right-padded training tensors, all [batch, time]."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_mask: torch.Tensor
+    behaviour_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    token_versions: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def slice(self, start: int, stop: int) -> "TokenBatch":
+        """Rows [start, stop), trimmed to their longest real length (saves compute)."""
+        length = int(self.attention_mask[start:stop].sum(-1).max().item()) if stop > start else 0
+        length = max(length, 1)
+        return TokenBatch(*(t[start:stop, :length] for t in self._tensors()))
+
+    def select(self, rows: Sequence[int] | torch.Tensor) -> "TokenBatch":
+        """The given rows (e.g. a shuffled PPO mini-batch), trimmed like `slice`."""
+        index = torch.as_tensor(rows, dtype=torch.long)
+        picked = TokenBatch(*(t[index] for t in self._tensors()))
+        return picked.slice(0, len(index))
+
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.input_ids, self.attention_mask, self.response_mask, self.behaviour_logprobs, self.advantages, self.token_versions)
+
+    def to(self, device: str | torch.device) -> "TokenBatch":
+        return TokenBatch(*(t.to(device) for t in self._tensors()))
+
+
+def collate(sequences: Sequence[Any], token_advantages: Sequence[Sequence[float]], pad_token_id: int) -> TokenBatch:
+    """Pad `PackedSequence`s (and one advantage per token, 0 outside the response) to a batch."""
+    if len(sequences) != len(token_advantages):
+        raise ValueError(f"{len(sequences)} sequences but {len(token_advantages)} advantage rows")
+    if not sequences:
+        raise ValueError("cannot collate an empty batch")
+    width = max(len(s.input_ids) for s in sequences)
+    batch = len(sequences)
+    input_ids = torch.full((batch, width), pad_token_id, dtype=torch.long)
+    attention = torch.zeros((batch, width), dtype=torch.long)
+    response = torch.zeros((batch, width), dtype=torch.float32)
+    behaviour = torch.zeros((batch, width), dtype=torch.float32)
+    advantages = torch.zeros((batch, width), dtype=torch.float32)
+    versions = torch.full((batch, width), -1, dtype=torch.long)
+    for row, (seq, adv) in enumerate(zip(sequences, token_advantages)):
+        n = len(seq.input_ids)
+        if len(adv) != n:
+            raise ValueError(f"sequence {row}: {n} tokens but {len(adv)} advantages")
+        input_ids[row, :n] = torch.tensor(seq.input_ids, dtype=torch.long)
+        attention[row, :n] = 1
+        response[row, :n] = torch.tensor(seq.response_mask, dtype=torch.float32)
+        behaviour[row, :n] = torch.tensor(seq.behaviour_logprobs, dtype=torch.float32)
+        advantages[row, :n] = torch.tensor(adv, dtype=torch.float32)
+        versions[row, :n] = torch.tensor(seq.token_versions, dtype=torch.long)
+    # the first token has no prefix and can never be trained
+    response[:, 0] = 0.0
+    return TokenBatch(input_ids, attention, response, behaviour, advantages, versions)
+
+
+def default_device_and_dtype(device: str | None = None) -> tuple[str, torch.dtype]:
+    """cuda + bf16 when a GPU is present, else cpu + fp32."""
+    if device is None or device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    return device, dtype
+
+
+def token_logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(input_ids[:, t] | prefix) at position t (0 at t = 0), and optionally the entropy there."""
+    shifted = logits[:, :-1].float() / temperature
+    log_probs = F.log_softmax(shifted, dim=-1)
+    picked = log_probs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    out = F.pad(picked, (1, 0), value=0.0)
+    entropy = None
+    if with_entropy:
+        ent = -(log_probs.exp() * log_probs).sum(-1)
+        entropy = F.pad(ent, (1, 0), value=0.0)
+    return out, entropy
+
+
+def response_positions(batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, position) of every prediction of a response token: token t is predicted at t - 1."""
+    return (batch.response_mask[:, 1:] > 0).nonzero(as_tuple=True)
+
+
+class Policy:
+    """A causal LM being trained, with the helpers the loop needs."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        device: str | None = None,
+        temperature: float = 1.0,
+        micro_batch_size: int = 8,
+        gradient_checkpointing: bool = False,
+        fsdp: bool = False,
+    ):
+        from rollhub.rollout.models import load_model_and_tokenizer
+
+        if temperature <= 0:
+            raise ValueError("the trainer recomputes log_softmax(logits / T); temperature must be > 0")
+        self.device, self.dtype = default_device_and_dtype(device)
+        self.model, self.tokenizer = load_model_and_tokenizer(model_path, dtype=self.dtype, device=self.device)
+        self.model.train()
+        if gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.temperature = temperature
+        self.micro_batch_size = micro_batch_size
+        self.model_path = Path(model_path)
+        self.fsdp = False
+        if fsdp:
+            self._wrap_fsdp2()
+
+    # --- distributed ------------------------------------------------------------------
+    def _wrap_fsdp2(self) -> None:
+        """Shard every decoder layer, then the root (FSDP2). Needs torch.distributed initialised."""
+        import torch.distributed as dist
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError("fsdp=True needs torch.distributed initialised (launch with torchrun)")
+        mp = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32)
+        layers = getattr(getattr(self.model, "model", None), "layers", None)
+        if layers is None:
+            raise RuntimeError(f"{type(self.model).__name__} has no model.layers to shard")
+        for layer in layers:
+            fully_shard(layer, mp_policy=mp)
+        fully_shard(self.model, mp_policy=mp)
+        self.fsdp = True
+
+    # --- log-probs --------------------------------------------------------------------
+    def token_logprobs(self, batch: TokenBatch, *, with_entropy: bool = False, with_full: bool = False) -> tuple[torch.Tensor, ...]:
+        """Log-probs (with gradient if enabled by the caller) of every response token of `batch`.
+
+        Only positions that predict a response token go through the output projection: on
+        agent prompts the response is a small fraction of the sequence, and the vocabulary
+        projection is a large share of a small model's compute. Non-response positions are 0.
+        With `with_full`, a third tensor holds the whole log-distribution [n_response, vocab]
+        at each response token, in `response_positions(batch)` order (the exact KL needs it).
+        """
+        batch = batch.to(self.device)
+        decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
+        head = self.model.get_output_embeddings()
+        if self.fsdp or decoder is None or head is None:
+            # FSDP2 unshards parameters in the root module's forward hooks, so call the whole
+            # model there (and for unusual architectures): all positions are projected
+            out = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+            logp, entropy = token_logprobs_from_logits(out.logits, batch.input_ids, self.temperature, with_entropy)
+            if not with_full:
+                return logp * batch.response_mask, entropy
+            rows, cols = response_positions(batch)
+            full = F.log_softmax(out.logits[:, :-1][rows, cols].float() / self.temperature, dim=-1)
+            return logp * batch.response_mask, entropy, full
+        hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).last_hidden_state
+        rows, cols = response_positions(batch)
+        logits = head(hidden[:, :-1][rows, cols]).float() / self.temperature
+        log_probs = F.log_softmax(logits, dim=-1)
+        picked = log_probs.gather(-1, batch.input_ids[:, 1:][rows, cols].unsqueeze(-1)).squeeze(-1)
+        logp = torch.zeros(batch.input_ids.shape, dtype=picked.dtype, device=picked.device)
+        logp = logp.index_put((rows, cols + 1), picked)
+        entropy = None
+        if with_entropy:
+            ent = -(log_probs.exp() * log_probs).sum(-1)
+            entropy = torch.zeros_like(logp).index_put((rows, cols + 1), ent)
+        if with_full:
+            return logp, entropy, log_probs
+        return logp, entropy
+
+    @torch.no_grad()
+    def compute_logprobs(self, batch: TokenBatch) -> torch.Tensor:
+        """Log-probs of the whole batch without gradient, micro-batched (the proximal policy)."""
+        rows = []
+        width = batch.input_ids.shape[1]
+        for start in range(0, len(batch), self.micro_batch_size):
+            part = batch.slice(start, min(start + self.micro_batch_size, len(batch)))
+            logp, _ = self.token_logprobs(part)
+            rows.append(F.pad(logp.float().cpu(), (0, width - logp.shape[1]), value=0.0))
+        return torch.cat(rows, dim=0)
+
+    # --- weights ----------------------------------------------------------------------
+    def engine_state_dict(self) -> dict[str, torch.Tensor]:
+        """Detached CPU copies of the weights, as the inference engine loads them."""
+        state = self.model.state_dict()
+        full = {}
+        for name, tensor in state.items():
+            if hasattr(tensor, "full_tensor"):  # FSDP2 DTensor
+                tensor = tensor.full_tensor()
+            full[name] = tensor.detach().to("cpu", copy=True)
+        return full
+
+    def parameters(self):
+        return self.model.parameters()
+
+    def save_pretrained(self, out_dir: str | Path) -> None:
+        """An HF checkpoint dir (model + tokenizer) that the engine or `rollhub train` can load."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(out)
+        self.tokenizer.save_pretrained(out)
