@@ -52,7 +52,7 @@ def _recipe_overrides(cfg: E2eConfig, run_dir: Path, *extra: str) -> list[str]:
         f"run_dir={run_dir}",
         f"model.path={run_dir.parent / 'model'}",
         f"model.threads={cfg.threads}",
-        f"rollout.engine_threads={cfg.threads}",
+        f"engine.threads={cfg.threads}",
         f"sft.episodes={cfg.sft_episodes}",
         f"eval.episodes={cfg.eval_episodes}",
         "train.checkpoint_every=0",

@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     optimizer = torch.optim.SGD(policy.parameters(), lr=0.0)  # only the gradient is wanted
 
     def gradient(part: list[Any]) -> torch.Tensor:
-        batch, _ = build_training_batch(part, policy.tokenizer.pad_token_id, **recipe.algorithm.advantage_kwargs())
+        batch, _ = build_training_batch(part, policy.tokenizer.pad_token_id, recipe.algorithm)
         optimizer.zero_grad(set_to_none=True)
         policy_update(policy, optimizer, batch, None, loss_config, max_grad_norm=None)
         return torch.cat([p.grad.flatten() for p in policy.parameters() if p.grad is not None])

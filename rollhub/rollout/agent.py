@@ -25,7 +25,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from rollhub.rollout.engines.base import Generation, InferenceEngine, SamplingParams
 from rollhub.rollout.prompting import ChatSegments
@@ -55,7 +55,7 @@ class AgentConfig:
     top_p: float = 1.0
     top_k: int = -1
     format_penalty: float = 0.0  # added to the turn reward when the env reports format_ok=False
-    resume_mode: str = "partial"  # "partial" = continue aborted output; "regenerate" = redo the turn
+    resume_mode: Literal["partial", "regenerate"] = "partial"  # partial = continue aborted output; regenerate = redo the turn
     max_resubmits: int = 16  # per turn, after aborts (weight updates)
 
     def validate(self) -> None:
@@ -67,7 +67,7 @@ class AgentConfig:
             raise ValueError("max_new_tokens and min_new_tokens must be >= 1")
         if self.max_context_tokens <= self.min_new_tokens:
             raise ValueError("max_context_tokens must exceed min_new_tokens")
-        if self.resume_mode not in ("partial", "regenerate"):
+        if self.resume_mode not in ("partial", "regenerate"):  # the loader checks this; direct construction does not
             raise ValueError("resume_mode must be 'partial' or 'regenerate'")
         if self.max_resubmits < 0:
             raise ValueError("max_resubmits must be >= 0")

@@ -43,9 +43,9 @@ async def _collect(args: argparse.Namespace, model_dir: Path, jsonl_path: Path) 
     env_spec(args.env)  # unknown id -> UserError with suggestions, before loading a model
     config = build_manager_config(args, jsonl_path)
     if args.engine == "hf":
-        from rollhub.rollout.engines.hf import HFEngine
+        from rollhub.rollout.engines.build import EngineConfig, build_engine
 
-        engine: Any = HFEngine(model_dir, threads=args.threads, max_batch_size=max(8, min(64, args.concurrency)))
+        engine: Any = build_engine(EngineConfig(threads=args.threads, max_batch_size=max(8, min(64, args.concurrency))), model_dir)
         tokenizer = engine.tokenizer
     else:
         from transformers import AutoTokenizer

@@ -21,6 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from rollhub.rollout.engines.base import Generation, SamplingParams
+from rollhub.rollout.engines.build import EngineConfig, build_engine
 from rollhub.rollout.engines.hf import HFEngine
 
 logger = logging.getLogger(__name__)
@@ -249,6 +250,6 @@ def serve_forever(model_path: str, *, host: str = "127.0.0.1", port: int = 30000
     import torch
 
     torch.set_num_threads(threads)
-    engine = HFEngine(model_path, threads=threads, max_batch_size=max_batch_size)
+    engine = build_engine(EngineConfig(threads=threads, max_batch_size=max_batch_size), model_path)
     print(f"rollhub serve: {model_path} on http://{host}:{port} (SGLang-native /generate)", flush=True)
     web.run_app(build_app(engine), host=host, port=port, print=None)

@@ -8,7 +8,7 @@ Each turn's advantage is broadcast to that turn's response tokens in the packed 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Literal, Sequence
 
 from rollhub.rollout.types import Group, Trajectory, TrajectoryStatus
 from rollhub.trainer.advantages import anchor_group_stats, gigpo_advantages, grpo_advantages
@@ -30,57 +30,72 @@ class BatchStats:
     extra: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass
+class AlgorithmConfig:
+    """`algorithm:` section: how rewards become per-token advantages."""
+
+    estimator: Literal["gigpo", "grpo"] = "gigpo"
+    omega: float = 1.0  # GiGPO step-advantage weight
+    episode_weight: float = 1.0  # GiGPO episode-advantage weight (ROLL's episode_reward_weight)
+    gamma: float = 0.95  # GiGPO step-return discount
+    normalize_std: bool = False
+    episode_baseline: Literal["trajectory", "step_weighted"] = "trajectory"
+    invalid_action_penalty: float = 0.0  # extra penalty (<= 0) on turns the env rejected
+    drop_zero_advantage_groups: bool = False  # DAPO-style filter of groups with equal rewards
+    drop_zero_advantage_sequences: bool = False  # skip sequences whose tokens all have A = 0 (no gradient, full cost)
+    # a turn the env rejected gets min(A, invalid_action_penalty): never reinforced (see turn_advantages)
+    cap_invalid_advantage: bool = True
+
+    def validate(self) -> None:
+        if self.invalid_action_penalty > 0:
+            raise ValueError("invalid_action_penalty is a penalty: use a value <= 0")
+        if not 0 <= self.gamma <= 1:
+            raise ValueError("gamma must be in [0, 1]")
+        if self.episode_weight < 0 or self.omega < 0:
+            raise ValueError("algorithm.episode_weight and algorithm.omega must be >= 0")
+
+
 def trainable_trajectories(group: Group) -> list[Trajectory]:
     return [t for t in group.trajectories if t.status not in _EXCLUDED and t.turns]
 
 
-def turn_advantages(
-    trajectories: Sequence[Trajectory],
-    *,
-    estimator: str,
-    omega: float,
-    gamma: float,
-    normalize_std: bool,
-    episode_baseline: str,
-    invalid_action_penalty: float,
-    cap_invalid_advantage: bool = True,
-    episode_weight: float = 1.0,
-) -> list[list[float]]:
+def turn_advantages(trajectories: Sequence[Trajectory], algorithm: AlgorithmConfig) -> list[list[float]]:
     """One advantage per turn of each trajectory of ONE group.
 
-    With `cap_invalid_advantage`, a turn the env rejected (malformed or illegal move, state
+    With `algorithm.cap_invalid_advantage`, a turn the env rejected (malformed or illegal move, state
     unchanged) gets min(A, invalid_action_penalty): it cannot have helped, yet a rejected
     turn inside an episode that later succeeds inherits a positive episode advantage. Such
     turns are usually rare, low-probability samples, whose log-prob gradient is the largest
-    in the batch, so reinforcing them is what drove the tiny Sokoban policy into bursts of
-    format errors (36% of turns two steps after a grad-norm spike, docs/sokoban-rl-log.md).
+    in the batch, so reinforcing them drives a small policy into bursts of format errors
+    (the experiment log, docs/sokoban-rl-log.md, has the runs).
     """
     rewards = [[turn.reward for turn in t.turns] for t in trajectories]
-    penalties = [[(invalid_action_penalty if not turn.action_valid else 0.0) for turn in t.turns] for t in trajectories]
-    if estimator == "grpo":
+    penalties = [[(algorithm.invalid_action_penalty if not turn.action_valid else 0.0) for turn in t.turns] for t in trajectories]
+    if algorithm.estimator == "grpo":
         totals = [sum(r) + sum(p) for r, p in zip(rewards, penalties)]
-        advantages = [[a] * len(t.turns) for a, t in zip(grpo_advantages(totals, normalize_std=normalize_std), trajectories)]
-    elif estimator == "gigpo":
+        advantages = [[a] * len(t.turns) for a, t in zip(grpo_advantages(totals, normalize_std=algorithm.normalize_std), trajectories)]
+    elif algorithm.estimator == "gigpo":
         # a turn without an anchor can only be compared with itself
         anchors = [[turn.anchor if turn.anchor is not None else ("__no_anchor__", i, k) for k, turn in enumerate(t.turns)] for i, t in enumerate(trajectories)]
         advantages = gigpo_advantages(
-            rewards, anchors, omega=omega, gamma=gamma, normalize_std=normalize_std,
-            episode_baseline=episode_baseline,  # type: ignore[arg-type]
-            episode_weight=episode_weight, step_penalties=penalties,
+            rewards, anchors, omega=algorithm.omega, gamma=algorithm.gamma, normalize_std=algorithm.normalize_std,
+            episode_baseline=algorithm.episode_baseline,  # type: ignore[arg-type]
+            episode_weight=algorithm.episode_weight, step_penalties=penalties,
         )
     else:
-        raise ValueError(f"unknown advantage estimator {estimator!r}")
-    if cap_invalid_advantage:
-        advantages = [[a if turn.action_valid else min(a, invalid_action_penalty) for a, turn in zip(row, t.turns)]
+        raise ValueError(f"unknown advantage estimator {algorithm.estimator!r}")
+    if algorithm.cap_invalid_advantage:
+        advantages = [[a if turn.action_valid else min(a, algorithm.invalid_action_penalty) for a, turn in zip(row, t.turns)]
                       for row, t in zip(advantages, trajectories)]
     return advantages
 
 
-def build_training_batch(groups: Sequence[Group], pad_token_id: int, *, drop_zero_advantage_groups: bool = False,
-                         drop_zero_advantage_sequences: bool = False, **advantage_kwargs: Any) -> tuple[TokenBatch | None, BatchStats]:
+def build_training_batch(
+    groups: Sequence[Group], pad_token_id: int, algorithm: AlgorithmConfig
+) -> tuple[TokenBatch | None, BatchStats]:
     """Token batch of all trainable trajectories in `groups` (None if nothing is left).
 
-    `drop_zero_advantage_sequences` leaves out packed sequences whose every response token
+    `algorithm.drop_zero_advantage_sequences` leaves out packed sequences whose every response token
     has advantage 0: their policy-gradient term is exactly zero, yet each costs a forward
     and backward pass (with a Markov agent every turn is its own sequence, and GiGPO with
     episode_weight 0 gives 0 to every turn whose anchor-state members all returned alike).
@@ -94,10 +109,10 @@ def build_training_batch(groups: Sequence[Group], pad_token_id: int, *, drop_zer
         stats.excluded_trajectories += len(group.trajectories) - len(trajectories)
         if not trajectories:
             continue
-        per_turn = turn_advantages(trajectories, **advantage_kwargs)
+        per_turn = turn_advantages(trajectories, algorithm)
         if all(abs(a) < 1e-12 for row in per_turn for a in row):
             stats.zero_advantage_groups += 1
-            if drop_zero_advantage_groups:
+            if algorithm.drop_zero_advantage_groups:
                 continue
         anchor_stats = anchor_group_stats([[turn.anchor for turn in t.turns] for t in trajectories])
         singleton_sum += anchor_stats["singleton_anchor_fraction"]
@@ -107,7 +122,7 @@ def build_training_batch(groups: Sequence[Group], pad_token_id: int, *, drop_zer
             stats.trajectories += 1
             for seq in trajectory.packed_sequences():
                 row = [advantages[k] if k >= 0 else 0.0 for k in seq.turn_index]
-                if drop_zero_advantage_sequences and all(abs(a) < 1e-12 for a in row):
+                if algorithm.drop_zero_advantage_sequences and all(abs(a) < 1e-12 for a in row):
                     stats.dropped_sequences += 1
                     continue
                 sequences.append(seq)

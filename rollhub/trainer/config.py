@@ -1,17 +1,22 @@
-"""Typed configuration of `rollhub train` / `rollhub sft` (loaded with rollhub.core.config.load_config).
+"""Typed configuration of `rollhub train` / `sft` / `eval` (loaded with rollhub.core.config.load_config).
 
-Sections mirror the data flow: model -> env -> agent -> rollout -> algorithm -> loss ->
-optim -> train, plus the optional SFT warm-start and the held-out evaluation. Builders in
-the loop read these and hand plain arguments to the classes (classes never take configs).
+Sections mirror the data flow: model -> engine -> env -> agent -> rollout -> algorithm ->
+loss -> optim -> train, plus the optional SFT warm-start and the held-out evaluation. Each
+knob has one place: a section that configures one component is defined beside it
+(`AgentConfig` in rollhub.rollout.agent, `EngineConfig` in rollhub.rollout.engines.build,
+`AlgorithmConfig` in rollhub.trainer.batch, `LossConfig` in rollhub.trainer.losses) and
+reaches it whole through the composition root, rollhub.trainer.build.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from rollhub.rollout.agent import AgentConfig
 from rollhub.rollout.cluster.config import ClusterConfig
+from rollhub.rollout.engines.build import EngineConfig
+from rollhub.trainer.batch import AlgorithmConfig
 from rollhub.trainer.losses import LossConfig
 
 
@@ -42,49 +47,20 @@ class RolloutConfig:
     group_size: int = 8  # trajectories per task (same seed)
     groups_per_batch: int = 4  # B: groups per trainer step
     async_ratio: float = 1.0  # alpha: generation may run up to (alpha+1)*B groups ahead; 0 = on-policy
-    lockstep: bool = False  # step all envs of a batch together (the synchronous baseline)
-    engine_threads: int = 1
-    engine_max_batch_size: int = 64
-    seed: int = 0
+    # Two switches because they are two axes (ROLL Flash, sec. 3): `lockstep` says how envs
+    # step (all of a batch together, or each on its own), `async_ratio` how far generation
+    # runs ahead of training. Lockstep with async_ratio 0 is the synchronous baseline;
+    # independent envs with async_ratio 0 is env-level asynchrony alone. Lockstep with a
+    # positive ratio means nothing and is refused.
+    lockstep: bool = False
 
     def validate(self) -> None:
         if self.group_size < 1 or self.groups_per_batch < 1:
             raise ValueError("group_size and groups_per_batch must be >= 1")
         if self.async_ratio < 0:
             raise ValueError("async_ratio must be >= 0 (0 = synchronous)")
-
-
-@dataclass
-class AlgorithmConfig:
-    estimator: Literal["gigpo", "grpo"] = "gigpo"
-    omega: float = 1.0  # GiGPO step-advantage weight
-    episode_weight: float = 1.0  # GiGPO episode-advantage weight (ROLL's episode_reward_weight)
-    gamma: float = 0.95  # GiGPO step-return discount
-    normalize_std: bool = False
-    episode_baseline: Literal["trajectory", "step_weighted"] = "trajectory"
-    invalid_action_penalty: float = 0.0  # extra penalty (<= 0) on turns the env rejected
-    drop_zero_advantage_groups: bool = False  # DAPO-style filter of groups with equal rewards
-    drop_zero_advantage_sequences: bool = False  # skip sequences whose tokens all have A = 0 (no gradient, full cost)
-    # a turn the env rejected gets min(A, invalid_action_penalty): never reinforced (rollhub/trainer/batch.py)
-    cap_invalid_advantage: bool = True
-
-    def advantage_kwargs(self) -> dict:
-        """What `build_training_batch` needs from this section (one list for every caller)."""
-        return {
-            "drop_zero_advantage_groups": self.drop_zero_advantage_groups,
-            "drop_zero_advantage_sequences": self.drop_zero_advantage_sequences, "estimator": self.estimator, "omega": self.omega,
-            "gamma": self.gamma, "normalize_std": self.normalize_std, "episode_baseline": self.episode_baseline,
-            "invalid_action_penalty": self.invalid_action_penalty, "cap_invalid_advantage": self.cap_invalid_advantage,
-            "episode_weight": self.episode_weight,
-        }
-
-    def validate(self) -> None:
-        if self.invalid_action_penalty > 0:
-            raise ValueError("invalid_action_penalty is a penalty: use a value <= 0")
-        if not 0 <= self.gamma <= 1:
-            raise ValueError("gamma must be in [0, 1]")
-        if self.episode_weight < 0 or self.omega < 0:
-            raise ValueError("algorithm.episode_weight and algorithm.omega must be >= 0")
+        if self.lockstep and self.async_ratio != 0:
+            raise ValueError("lockstep runs each batch to the end before training: set async_ratio: 0 with lockstep: true")
 
 
 @dataclass
@@ -100,11 +76,8 @@ class OptimConfig:
     lr_end_factor: float = 1.0  # lr decays linearly to lr * lr_end_factor at the last RL step (1 = constant)
     minibatches: int = 1  # PPO mini-batches per batch: each is one optimizer step
     epochs: int = 1  # PPO passes over each batch
-    # false: RL leaves the token embeddings (and a tied output head) frozen. A sampled rare
-    # token gives its row a gradient once in a while; Adam turns each such event into a
-    # ~lr/sqrt(1 - beta2) (~30 lr) cumulative move of that row. On the tiny model, single
-    # steps with KL(mu||pi_prox) 0.9-1.3 and format-error bursts became smaller (<= 0.25)
-    # with the embeddings frozen, though not gone (README, Training)
+    # false: RL leaves the token embeddings (and a tied output head) frozen: Adam turns the
+    # rare gradient of a sampled rare token into a ~lr/sqrt(1 - beta2) move of its whole row
     train_embeddings: bool = True
 
     def validate(self) -> None:
@@ -135,11 +108,8 @@ class SftConfig:
     lr: float = 1e-3
     batch_size: int = 32
     seed_offset: int = 500_000
-    # DART-style noise: each demo turn plays a random move with this probability. Those turns
-    # are context, not labels; the expert's next moves (from the off-path state, often after
-    # an "Invalid: ..." reply) are. Clean demos never show a recovery, and a policy that
-    # leaves the expert's path is then lost (measured: P(wall move | last move hit a wall)
-    # 0.69 vs 0.04-0.15 otherwise)
+    # DART-style noise: each demo turn plays a random move with this probability; those turns
+    # are context, not labels, so the demos show recoveries from off-path states
     noise: float = 0.0
 
     def validate(self) -> None:
@@ -154,7 +124,7 @@ class EvalConfig:
     temperature: float = 0.0  # 0 = greedy
     every: int = 0  # also evaluate every N RL steps (0 = only after warm-start and at the end)
     # episodes per held-out seed; the success rate is their mean (at T > 0 one draw per
-    # seed adds ~4.5 points of sampling noise on 100 seeds to every reading)
+    # seed adds sampling noise to every reading)
     samples_per_seed: int = 1
 
     def validate(self) -> None:
@@ -183,6 +153,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     loss: LossConfig = field(default_factory=LossConfig)

@@ -11,10 +11,14 @@ import asyncio
 import dataclasses
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from rollhub.rollout.agent import AgentConfig, run_episode
 from rollhub.rollout.types import Trajectory, TrajectoryStatus
+
+if TYPE_CHECKING:
+    from rollhub.trainer.config import RunConfig
 
 
 @dataclass
@@ -84,21 +88,22 @@ async def evaluate_policy(
     )
 
 
-async def evaluate_model_dir(config: Any, model_dir: Any) -> EvalResult:
-    """Evaluate an HF checkpoint dir with a RunConfig's env, agent and eval settings."""
+async def evaluate_model_dir(config: RunConfig, model_dir: Path) -> EvalResult:
+    """Evaluate an HF checkpoint dir with a RunConfig's engine, env, agent and eval settings."""
     import torch
 
-    from rollhub.envs.registry import make
     from rollhub.core.errors import UserError
-    from rollhub.rollout.engines.hf import HFEngine
+    from rollhub.trainer.build import build_engine, make_env_factory
 
     if not (model_dir / "config.json").is_file():
         raise UserError(f"{model_dir} is not a model dir (no config.json)")
     torch.set_num_threads(config.model.threads)
-    engine = HFEngine(model_dir, threads=config.rollout.engine_threads, max_batch_size=config.rollout.engine_max_batch_size, seed=config.rollout.seed)
+    engine = build_engine(config, model_dir)
     try:
-        return await evaluate_policy(engine, engine.tokenizer, lambda: make(config.env.id, **config.env.kwargs), config.agent, config.eval.seeds,
-                                     temperature=config.eval.temperature, max_concurrent=config.env.max_concurrent, env_id=config.env.id,
-                                     samples_per_seed=config.eval.samples_per_seed)
+        return await evaluate_policy(
+            engine, engine.tokenizer, make_env_factory(config), config.agent, config.eval.seeds,
+            temperature=config.eval.temperature, max_concurrent=config.env.max_concurrent, env_id=config.env.id,
+            samples_per_seed=config.eval.samples_per_seed,
+        )
     finally:
         await engine.close()

@@ -1,13 +1,14 @@
 """The training job: warm-start, then asynchronous RL, read top to bottom.
 
-`run_training(config)` does, in order:
-  1. prepare: build the tiny model if missing, load the policy (trainer) and a separate
-     copy in the inference engine, optimizer, metrics log; or restore all of it from the
-     latest checkpoint with `resume=True`;
-  2. warm-start: SFT on scripted-expert demonstrations (if enabled), then evaluate on
-     the held-out seeds;
-  3. RL: the loop in `rl_loop` (below);
-  4. evaluate again on the same held-out seeds, print both numbers, plot the curve.
+`run_training(config)` is a sequence of named phases; its parts come from the composition
+root, `rollhub.trainer.build`:
+  1. `open_run_dir`: refuse to overwrite another run, find the checkpoint to resume;
+  2. prepare: the model dir (a tiny model is built if missing) and the policy;
+  3. `warm_start`: SFT on scripted-expert demonstrations (if enabled), then the engine,
+     optimizer and reference policy; `restore` loads a checkpoint over all of them;
+  4. `evaluate_warm_start` on the held-out seeds;
+  5. `reinforce`: the rollout source (`EnvManager`, or `RayRollout` on Ray) feeds `rl_loop`;
+  6. `evaluate` again on the same seeds, then `report` prints both numbers and plots the curve.
 
 One RL step (`rl_loop`):
   batch from the GroupBuffer (or a lockstep batch in sync mode)
@@ -40,7 +41,21 @@ import torch
 
 from rollhub.core.config import config_to_dict
 from rollhub.core.errors import UserError
+from rollhub.rollout.buffer import GroupBuffer
+from rollhub.rollout.engines.base import InferenceEngine
+from rollhub.rollout.source import RolloutSource
 from rollhub.trainer.batch import build_training_batch
+from rollhub.trainer.build import (
+    build_buffer,
+    build_engine,
+    build_optimizer,
+    build_policy,
+    build_reference,
+    build_rollout,
+    check_env_registered,
+    ensure_model,
+    make_env_factory,
+)
 from rollhub.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rollhub.trainer.config import RunConfig
 from rollhub.trainer.evaluate import EvalResult, evaluate_policy
@@ -84,52 +99,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-# --- 1. prepare -------------------------------------------------------------------------
-
-
-def ensure_model(config: RunConfig) -> Path:
-    """The model dir, built with `init_tiny_model` when missing and allowed."""
-    path = Path(config.model.path)
-    if (path / "config.json").exists():
-        return path
-    if config.model.init_tiny is None:
-        raise UserError(f"model path {path} has no config.json; set model.init_tiny: 5m to build a tiny model there, or point model.path at an HF checkpoint dir")
-    from rollhub.rollout.models import init_tiny_model
-
-    logger.info("building tiny model %s at %s", config.model.init_tiny, path)
-    return init_tiny_model(path, config.model.init_tiny, seed=config.seed)
-
-
-def make_optimizer(policy: Policy, config: RunConfig) -> torch.optim.Optimizer:
-    """AdamW over the trainable weights; with optim.train_embeddings false it also freezes
-    the embeddings (requires_grad off), so no gradient is computed for them either."""
-    o = config.optim
-    if not o.train_embeddings:
-        for module in (policy.model.get_input_embeddings(), policy.model.get_output_embeddings()):
-            if module is not None:
-                module.weight.requires_grad_(False)
-    trainable = [p for p in policy.model.parameters() if p.requires_grad]
-    return torch.optim.AdamW(trainable, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
-
-
-def make_env_factory(config: RunConfig) -> Callable[[], Any]:
-    from rollhub.envs.registry import make
-
-    return lambda: make(config.env.id, **config.env.kwargs)
-
-
-def check_env_registered(env_id: str) -> None:
-    from rollhub.envs.registry import all_specs
-
-    ids = [getattr(s, "id", s) for s in all_specs()]
-    if env_id not in ids:
-        import difflib
-
-        close = difflib.get_close_matches(env_id, ids, n=3)
-        hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        raise UserError(f"env id '{env_id}' is not registered{hint}; see 'rollhub envs list'")
 
 
 # --- 2. warm-start ----------------------------------------------------------------------
@@ -193,8 +162,8 @@ async def rl_loop(
     config: RunConfig,
     policy: Policy,
     optimizer: torch.optim.Optimizer,
-    manager: Any,
-    buffer: Any,
+    rollout: RolloutSource,
+    buffer: GroupBuffer | None,
     state: LoopState,
     metrics_log: MetricsLog,
     *,
@@ -216,14 +185,14 @@ async def rl_loop(
             # batch: the buffer drops groups more than ceil(alpha) versions stale
             wait_started = time.perf_counter()
             if sync:
-                groups = await manager.collect_batch(config.rollout.groups_per_batch)  # the trainer idles meanwhile
+                groups = await rollout.collect_batch(config.rollout.groups_per_batch)  # the trainer idles meanwhile
             else:
                 groups = await buffer.get_batch(state.version)
             wait_s = time.perf_counter() - wait_started
             compute_started = time.perf_counter()
 
             # advantages per group, broadcast to response tokens
-            batch, stats = build_training_batch(groups, policy.tokenizer.pad_token_id, **config.algorithm.advantage_kwargs())
+            batch, stats = build_training_batch(groups, policy.tokenizer.pad_token_id, config.algorithm)
 
             # proximal log-probs, loss, optimizer step (off the event loop: envs keep stepping)
             step_metrics: dict[str, Any] = {}
@@ -242,7 +211,7 @@ async def rl_loop(
             state.version += 1
             state.groups_trained += len(groups)
             weights = await compute.run(policy.engine_state_dict)
-            await manager.update_weights(weights, state.version)
+            await rollout.update_weights(weights, state.version)
             del weights, batch
             release_freed_memory()
             compute_s = time.perf_counter() - compute_started
@@ -271,7 +240,7 @@ async def rl_loop(
                 "trainer/idle_fraction_cumulative": state.idle_s / max(state.idle_s + state.busy_s, 1e-9),
                 "policy/version": state.version,
             }
-            record.update(_rollout_metrics(manager, buffer))
+            record.update(_rollout_metrics(rollout, buffer))
             warning = collapse_warning(record, trained=bool(step_metrics))
             if warning:
                 logger.warning("step %d: %s", state.version, warning)
@@ -319,9 +288,9 @@ def _set_lr(optimizer: torch.optim.Optimizer, config: RunConfig, version: int) -
         group["lr"] = config.optim.lr * factor
 
 
-def _rollout_metrics(manager: Any, buffer: Any) -> dict[str, Any]:
+def _rollout_metrics(rollout: RolloutSource, buffer: GroupBuffer | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    summary = manager.summary()
+    summary = rollout.summary()
     for key in ("generation_tokens_per_s", "generated_tokens", "wasted_tokens", "redundant_cancelled", "infra_failures"):
         if key in summary:
             out[f"rollout/{key}"] = summary[key]
@@ -346,6 +315,37 @@ def _rollout_metrics(manager: Any, buffer: Any) -> dict[str, Any]:
 # --- the whole job ----------------------------------------------------------------------
 
 
+@dataclass
+class Run:
+    """The collaborators of one training job, built once by `run_training`."""
+
+    config: RunConfig
+    run_dir: Path
+    policy: Policy
+    optimizer: torch.optim.Optimizer
+    engine: InferenceEngine
+    reference: Policy | None
+    buffer: GroupBuffer | None
+    seeds: SeedCursor
+    metrics_log: MetricsLog
+    engine_model_dir: Path  # what the engine loaded: the SFT model, or the base model
+    state: LoopState = field(default_factory=LoopState)
+    phases: dict[str, float] = field(default_factory=dict)
+    started: float = field(default_factory=time.perf_counter)
+    prior_wall_s: float = 0.0  # wall time of earlier processes of a resumed run
+
+    def wall_s(self) -> float:
+        return self.prior_wall_s + time.perf_counter() - self.started
+
+    def save(self, state: LoopState) -> None:
+        state.wall_s = self.wall_s()
+        rollout_state = {"next_seed": self.seeds.next_seed, "buffer": self.buffer.state_dict() if self.buffer else None}
+        save_checkpoint(
+            self.run_dir, state.version, model=self.policy.model, optimizer=self.optimizer,
+            trainer_state=state.as_dict(), rollout_state=rollout_state, keep_last=self.config.train.keep_checkpoints,
+        )
+
+
 def _progress(enabled: bool):
     if not enabled:
         return contextlib.nullcontext(None)
@@ -354,166 +354,180 @@ def _progress(enabled: bool):
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[info]}"))
 
 
-async def run_training(config: RunConfig, *, resume: bool = False, progress: bool = True, print_fn: Callable[[str], None] = print) -> TrainingSummary:
-    """The whole job (see module docstring). Returns warm-start and final evaluations."""
-    from rollhub.rollout.buffer import GroupBuffer
-    from rollhub.rollout.engines.hf import HFEngine
-    from rollhub.rollout.manager import EnvManager, EnvManagerConfig
-
-    job_started = time.perf_counter()
-    phases: dict[str, float] = {}
+def open_run_dir(config: RunConfig, *, resume: bool) -> Path | None:
+    """Create the run folder, refuse to overwrite another run, and return the checkpoint to resume (if any)."""
     run_dir = Path(config.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(config.model.threads)
-    check_env_registered(config.env.id)
-    if config.cluster.backend == "ray":  # fail before the warm-start, not after it
-        from rollhub.rollout.cluster.backend import import_ray
-
-        import_ray()
     checkpoint = latest_checkpoint(run_dir) if resume else None
     if resume and checkpoint is None and (run_dir / "metrics.jsonl").exists():
         logger.warning("no complete checkpoint in %s; starting the run over", run_dir)
     if not resume and (run_dir / "metrics.jsonl").exists():
         raise UserError(f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, or choose another run_dir")
     (run_dir / "config.json").write_text(json.dumps(config_to_dict(config), indent=2))
-    seed_everything(config.seed)
+    return checkpoint
 
-    # 1. prepare
-    t = time.perf_counter()
-    model_dir = ensure_model(config)
-    sft_dir = run_dir / SFT_MODEL_DIR
-    start_from = sft_dir if (config.sft.enabled and (sft_dir / "config.json").exists()) else model_dir
-    policy = Policy(start_from, device=config.model.device, temperature=config.agent.temperature if config.agent.temperature > 0 else 1.0,
-                    micro_batch_size=config.optim.micro_batch_size, gradient_checkpointing=config.model.gradient_checkpointing, fsdp=config.model.fsdp)
-    phases["prepare_s"] = time.perf_counter() - t
-    metrics_log = MetricsLog(run_dir)
-    state = LoopState()
-    prior_wall_s = 0.0
-    make_env = make_env_factory(config)
-    eval_seeds = config.eval.seeds
 
-    # 2. warm-start (skipped when resuming an RL checkpoint or a finished SFT)
-    warmstart: EvalResult | None = None
-    if checkpoint is None:
-        metrics_log.truncate_after(-1)  # a resume without a complete checkpoint starts over
-        if config.sft.enabled and start_from is model_dir:
-            t = time.perf_counter()
-            demos = await collect_demonstrations(config, policy.tokenizer)
-            from rollhub.trainer.sft import sft_epochs
+async def warm_start(config: RunConfig, policy: Policy, sft_dir: Path, *, print_fn: Callable[[str], None]) -> float:
+    """SFT on scripted-expert demos, saved to `sft_dir`; returns its wall time."""
+    from rollhub.trainer.sft import sft_epochs
 
-            sft_log = MetricsLog(run_dir, tensorboard=False, filename="sft_metrics.jsonl")
-            history = await asyncio.to_thread(
-                sft_epochs, policy, demos, epochs=config.sft.epochs, lr=config.sft.lr, batch_size=config.sft.batch_size,
-                seed=config.seed, on_step=lambda i, m: sft_log.log(i, m),
-            )
-            policy.save_pretrained(sft_dir)
-            phases["sft_s"] = time.perf_counter() - t
-            print_fn(f"SFT warm-start: {len(demos)} demos, {len(history)} steps, final loss {history[-1]['sft/loss']:.3f} ({phases['sft_s']:.0f}s)")
+    started = time.perf_counter()
+    demos = await collect_demonstrations(config, policy.tokenizer)
+    sft_log = MetricsLog(sft_dir.parent, tensorboard=False, filename="sft_metrics.jsonl")
+    history = await asyncio.to_thread(
+        sft_epochs, policy, demos, epochs=config.sft.epochs, lr=config.sft.lr, batch_size=config.sft.batch_size,
+        seed=config.seed, on_step=lambda i, m: sft_log.log(i, m),
+    )
+    policy.save_pretrained(sft_dir)
+    wall = time.perf_counter() - started
+    print_fn(f"SFT warm-start: {len(demos)} demos, {len(history)} steps, final loss {history[-1]['sft/loss']:.3f} ({wall:.0f}s)")
+    return wall
 
-    engine_source = sft_dir if (config.sft.enabled and (sft_dir / "config.json").exists()) else model_dir
-    engine = HFEngine(engine_source, threads=config.rollout.engine_threads, max_batch_size=config.rollout.engine_max_batch_size, seed=config.rollout.seed)
-    optimizer = make_optimizer(policy, config)
-    # the KL anchor is the warm-start (or the base model without SFT), frozen
-    reference = Policy(engine_source, device=config.model.device, micro_batch_size=config.optim.micro_batch_size,
-                       temperature=policy.temperature) if config.loss.kl_coef > 0 else None
-    seeds = SeedCursor(config.env.train_seed_offset)
-    buffer = None if config.rollout.lockstep else GroupBuffer(config.rollout.groups_per_batch, config.rollout.async_ratio)
 
-    if checkpoint is not None:
-        payload = load_checkpoint(checkpoint, model=policy.model, optimizer=optimizer)
-        state = LoopState(**payload["trainer"])
-        prior_wall_s = state.wall_s
-        seeds.next_seed = payload["rollout"].get("next_seed", seeds.next_seed)
-        if buffer is not None and payload["rollout"].get("buffer"):
-            buffer.load_state_dict(payload["rollout"]["buffer"])
-        metrics_log.truncate_after(state.version)
-        await engine.update_weights(policy.engine_state_dict(), state.version)
-        print_fn(f"resumed {run_dir} at step {state.version}")
-        warm = run_dir / WARMSTART_FILE
-        if warm.exists():
-            state.warmstart_success = json.loads(warm.read_text()).get("success_rate", state.warmstart_success)
+async def restore(run: Run, checkpoint: Path, *, print_fn: Callable[[str], None]) -> None:
+    """Trainer, optimizer, seed cursor, buffer and logs as they were at `checkpoint`."""
+    payload = load_checkpoint(checkpoint, model=run.policy.model, optimizer=run.optimizer)
+    run.state = LoopState(**payload["trainer"])
+    run.prior_wall_s = run.state.wall_s
+    run.seeds.next_seed = payload["rollout"].get("next_seed", run.seeds.next_seed)
+    if run.buffer is not None and payload["rollout"].get("buffer"):
+        run.buffer.load_state_dict(payload["rollout"]["buffer"])
+    run.metrics_log.truncate_after(run.state.version)
+    await run.engine.update_weights(run.policy.engine_state_dict(), run.state.version)
+    print_fn(f"resumed {run.run_dir} at step {run.state.version}")
+    warm = run.run_dir / WARMSTART_FILE
+    if warm.exists():
+        run.state.warmstart_success = json.loads(warm.read_text()).get("success_rate", run.state.warmstart_success)
 
-    async def evaluate(label: str) -> EvalResult:
-        t0 = time.perf_counter()
-        if engine.weight_version != state.version:  # cluster.backend=ray pushes to remote engines only
-            await engine.update_weights(policy.engine_state_dict(), state.version)
-        result = await evaluate_policy(engine, policy.tokenizer, make_env, config.agent, eval_seeds, temperature=config.eval.temperature,
-                                       max_concurrent=config.env.max_concurrent, env_id=config.env.id,
-                                       samples_per_seed=config.eval.samples_per_seed)
-        phases[f"eval_{label}_s"] = phases.get(f"eval_{label}_s", 0.0) + time.perf_counter() - t0
-        return result
 
-    try:
-        if checkpoint is None:
-            t = time.perf_counter()
-            warmstart = await evaluate("warmstart")
-            state.warmstart_success = warmstart.success_rate
-            (run_dir / WARMSTART_FILE).write_text(json.dumps(warmstart.metrics(prefix="")))
-            metrics_log.log(0, {**warmstart.metrics(), "policy/version": 0})
-            print_fn(f"warm-start success on {config.eval.label}: {100 * warmstart.success_rate:.1f}%")
+async def evaluate(run: Run, label: str) -> EvalResult:
+    """Success on the held-out seeds with the current weights (timed under `eval_{label}_s`)."""
+    config = run.config
+    started = time.perf_counter()
+    if run.engine.weight_version != run.state.version:  # cluster.backend=ray pushes to remote engines only
+        await run.engine.update_weights(run.policy.engine_state_dict(), run.state.version)
+    result = await evaluate_policy(
+        run.engine, run.policy.tokenizer, make_env_factory(config), config.agent, config.eval.seeds,
+        temperature=config.eval.temperature, max_concurrent=config.env.max_concurrent, env_id=config.env.id,
+        samples_per_seed=config.eval.samples_per_seed,
+    )
+    key = f"eval_{label}_s"
+    run.phases[key] = run.phases.get(key, 0.0) + time.perf_counter() - started
+    return result
 
-        # 3. RL
-        manager_config = EnvManagerConfig(
-            env_id=config.env.id, env_kwargs=dict(config.env.kwargs), group_size=config.rollout.group_size,
-            max_concurrent_trajectories=config.env.max_concurrent, lockstep=config.rollout.lockstep,
-            jsonl_path=str(run_dir / "trajectories.jsonl") if config.train.log_trajectories else None, agent=config.agent,
-        )
-        if config.cluster.backend == "ray":  # env shards and engine servers as Ray actors (docs/ray.md)
-            from rollhub.rollout.cluster.backend import RayRollout
 
-            manager = RayRollout(engine_source, manager_config, config.cluster, buffer=buffer, seeds=seeds, run_dir=run_dir)
-            if state.version:
-                await manager.update_weights(policy.engine_state_dict(), state.version)
-        else:
-            manager = EnvManager(engine, policy.tokenizer, manager_config, buffer=buffer, seeds=seeds)
+async def evaluate_warm_start(run: Run, *, print_fn: Callable[[str], None]) -> EvalResult:
+    result = await evaluate(run, "warmstart")
+    run.state.warmstart_success = result.success_rate
+    (run.run_dir / WARMSTART_FILE).write_text(json.dumps(result.metrics(prefix="")))
+    run.metrics_log.log(0, {**result.metrics(), "policy/version": 0})
+    print_fn(f"warm-start success on {run.config.eval.label}: {100 * result.success_rate:.1f}%")
+    return result
 
-        def save(loop_state: LoopState) -> None:
-            loop_state.wall_s = prior_wall_s + time.perf_counter() - job_started
-            rollout_state = {"next_seed": seeds.next_seed, "buffer": buffer.state_dict() if buffer is not None else None}
-            save_checkpoint(run_dir, loop_state.version, model=policy.model, optimizer=optimizer, trainer_state=loop_state.as_dict(),
-                            rollout_state=rollout_state, keep_last=config.train.keep_checkpoints)
 
-        stop = asyncio.Event()
-        producer = None if buffer is None else asyncio.ensure_future(manager.run(stop))
-        t = time.perf_counter()
-        with _progress(progress) as bar:
-            task = bar.add_task("RL", total=config.train.steps, completed=state.version, info="") if bar is not None else None
+async def reinforce(run: Run, *, progress: bool) -> None:
+    """The RL phase: start the rollout source, run `rl_loop`, stop everything it started."""
+    config = run.config
+    rollout = build_rollout(config, run.engine, run.policy.tokenizer, model_dir=run.engine_model_dir,
+                            buffer=run.buffer, seeds=run.seeds, run_dir=run.run_dir)
+    if config.cluster.backend == "ray" and run.state.version:  # fresh remote engines load the base weights
+        await rollout.update_weights(run.policy.engine_state_dict(), run.state.version)
+    stop = asyncio.Event()
+    producer = None if run.buffer is None else asyncio.ensure_future(rollout.run(stop))
+    started = time.perf_counter()
+    with _progress(progress) as bar:
+        task = bar.add_task("RL", total=config.train.steps, completed=run.state.version, info="") if bar is not None else None
 
-            def on_step(step: int, record: dict[str, Any]) -> None:
-                if bar is not None:
-                    bar.update(task, completed=step, info=f"success {record.get('train/success_rate', 0):.2f}  idle {record['trainer/idle_fraction']:.2f}")
-                logger.info("step %d: %s", step, {k: v for k, v in record.items() if isinstance(v, float)})
+        def on_step(step: int, record: dict[str, Any]) -> None:
+            if bar is not None:
+                info = f"success {record.get('train/success_rate', 0):.2f}  idle {record['trainer/idle_fraction']:.2f}"
+                bar.update(task, completed=step, info=info)
+            logger.info("step %d: %s", step, {k: v for k, v in record.items() if isinstance(v, float)})
 
-            try:
-                await rl_loop(config, policy, optimizer, manager, buffer, state, metrics_log, save=save, on_step=on_step,
-                              evaluate=lambda: evaluate("periodic"), reference=reference)
-            finally:
-                stop.set()
-                if producer is not None:
-                    await asyncio.gather(producer, return_exceptions=True)
-                await manager.close()
-        phases["rl_s"] = time.perf_counter() - t
-        if state.version and (not config.train.checkpoint_every or state.version % config.train.checkpoint_every):
-            save(state)
+        try:
+            await rl_loop(config, run.policy, run.optimizer, rollout, run.buffer, run.state, run.metrics_log, save=run.save,
+                          on_step=on_step, evaluate=lambda: evaluate(run, "periodic"), reference=run.reference)
+        finally:
+            stop.set()
+            if producer is not None:
+                await asyncio.gather(producer, return_exceptions=True)
+            await rollout.close()
+    run.phases["rl_s"] = time.perf_counter() - started
+    every = config.train.checkpoint_every
+    if run.state.version and (not every or run.state.version % every):
+        run.save(run.state)
 
-        # 4. final evaluation on the same held-out seeds
-        final = await evaluate("final")
-        metrics_log.log(state.version, {**final.metrics(), "policy/version": state.version})
-        policy.save_pretrained(run_dir / "final_model")
-    finally:
-        await engine.close()
-        metrics_log.close()
 
-    wall = prior_wall_s + time.perf_counter() - job_started  # a resumed run counts its earlier processes too
+def report(run: Run, warmstart: EvalResult | None, final: EvalResult, *, print_fn: Callable[[str], None]) -> TrainingSummary:
+    """summary.json, the learning curve and the before/after line."""
+    config, state = run.config, run.state
+    wall = run.wall_s()  # a resumed run counts its earlier processes too
     before = state.warmstart_success if warmstart is None else warmstart.success_rate
-    records = read_jsonl(run_dir / "metrics.jsonl")
-    plot_learning_curve(records, run_dir / "learning_curve.png", title=f"{config.env.id}: {config.algorithm.estimator}, alpha={config.rollout.async_ratio}")
-    summary = {"warmstart_success_rate": before, "final_success_rate": final.success_rate, "eval_seeds": len(eval_seeds),
-               "eval_samples_per_seed": config.eval.samples_per_seed, "steps": state.version, "wall_s": wall, "phases_s": phases}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    records = read_jsonl(run.run_dir / "metrics.jsonl")
+    title = f"{config.env.id}: {config.algorithm.estimator}, alpha={config.rollout.async_ratio}"
+    plot_learning_curve(records, run.run_dir / "learning_curve.png", title=title)
+    summary = {"warmstart_success_rate": before, "final_success_rate": final.success_rate, "eval_seeds": config.eval.episodes,
+               "eval_samples_per_seed": config.eval.samples_per_seed, "steps": state.version, "wall_s": wall, "phases_s": run.phases}
+    (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     if before is not None:
         print_fn(f"warm-start success: {100 * before:.1f}%  ->  final success: {100 * final.success_rate:.1f}%  "
                  f"({final.success_rate - before:+.1%} on {config.eval.label}, {state.version} RL steps, {wall / 60:.1f} min)")
     else:
         print_fn(f"final success: {100 * final.success_rate:.1f}% ({state.version} RL steps, {wall / 60:.1f} min)")
-    return TrainingSummary(run_dir, warmstart, final, state.version, wall, phases)
+    return TrainingSummary(run.run_dir, warmstart, final, state.version, wall, run.phases)
+
+
+async def run_training(config: RunConfig, *, resume: bool = False, progress: bool = True, print_fn: Callable[[str], None] = print) -> TrainingSummary:
+    """The whole job (see module docstring). Returns warm-start and final evaluations."""
+    job_started = time.perf_counter()
+    torch.set_num_threads(config.model.threads)
+    check_env_registered(config.env.id)
+    if config.cluster.backend == "ray":  # fail before the warm-start, not after it
+        from rollhub.rollout.cluster.backend import import_ray
+
+        import_ray()
+    checkpoint = open_run_dir(config, resume=resume)
+    run_dir = Path(config.run_dir)
+    seed_everything(config.seed)
+
+    # 1. prepare: the policy starts from a finished SFT model when there is one
+    phases: dict[str, float] = {}
+    t = time.perf_counter()
+    model_dir = ensure_model(config)
+    sft_dir = run_dir / SFT_MODEL_DIR
+    sft_done = config.sft.enabled and (sft_dir / "config.json").exists()
+    policy = build_policy(config, sft_dir if sft_done else model_dir)
+    phases["prepare_s"] = time.perf_counter() - t
+    metrics_log = MetricsLog(run_dir)
+
+    # 2. warm-start (skipped when resuming an RL checkpoint or a finished SFT)
+    if checkpoint is None:
+        metrics_log.truncate_after(-1)  # a resume without a complete checkpoint starts over
+        if config.sft.enabled and not sft_done:
+            phases["sft_s"] = await warm_start(config, policy, sft_dir, print_fn=print_fn)
+    engine_model_dir = sft_dir if (config.sft.enabled and (sft_dir / "config.json").exists()) else model_dir
+    engine = build_engine(config, engine_model_dir)
+    optimizer = build_optimizer(policy, config)
+    reference = build_reference(config, engine_model_dir, policy)  # the KL anchor: the warm-start, frozen
+    run = Run(
+        config=config, run_dir=run_dir, policy=policy, optimizer=optimizer, engine=engine, reference=reference,
+        buffer=build_buffer(config), seeds=SeedCursor(config.env.train_seed_offset), metrics_log=metrics_log,
+        engine_model_dir=engine_model_dir, phases=phases, started=job_started,
+    )
+    if checkpoint is not None:
+        await restore(run, checkpoint, print_fn=print_fn)
+
+    warmstart: EvalResult | None = None
+    try:
+        if checkpoint is None:
+            warmstart = await evaluate_warm_start(run, print_fn=print_fn)
+        # 3. RL
+        await reinforce(run, progress=progress)
+        # 4. final evaluation on the same held-out seeds
+        final = await evaluate(run, "final")
+        metrics_log.log(run.state.version, {**final.metrics(), "policy/version": run.state.version})
+        policy.save_pretrained(run_dir / "final_model")
+    finally:
+        await run.engine.close()
+        metrics_log.close()
+    return report(run, warmstart, final, print_fn=print_fn)

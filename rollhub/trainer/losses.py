@@ -69,10 +69,6 @@ class LossConfig:
             raise ValueError("the mis band needs mis_low < 1 < mis_high")
         if self.kl_coef < 0 or self.entropy_coef < 0:
             raise ValueError("kl_coef and entropy_coef must be >= 0")
-        if self.proximal not in ("recompute", "behaviour"):
-            raise ValueError(f"proximal must be 'recompute' or 'behaviour', got {self.proximal!r}")
-        if self.kl_estimator not in ("k3", "full"):
-            raise ValueError(f"kl_estimator must be 'k3' or 'full', got {self.kl_estimator!r}")
 
 
 @dataclass

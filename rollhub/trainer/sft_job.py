@@ -14,9 +14,9 @@ from rollhub.trainer.config import RunConfig
 async def run_sft_job(config: RunConfig, *, out_dir: str | None = None, print_fn=print) -> float:
     """Fine-tune on expert demos, save the model, print and return held-out success."""
     from rollhub.trainer.evaluate import evaluate_model_dir
-    from rollhub.trainer.loop import check_env_registered, collect_demonstrations, ensure_model, seed_everything
+    from rollhub.trainer.build import build_policy, check_env_registered, ensure_model
+    from rollhub.trainer.loop import collect_demonstrations, seed_everything
     from rollhub.trainer.metrics import MetricsLog
-    from rollhub.trainer.policy import Policy
     from rollhub.trainer.sft import sft_epochs
 
     torch.set_num_threads(config.model.threads)
@@ -24,8 +24,7 @@ async def run_sft_job(config: RunConfig, *, out_dir: str | None = None, print_fn
     seed_everything(config.seed)
     started = time.perf_counter()
     out = Path(out_dir) if out_dir else Path(config.run_dir) / "sft_model"
-    policy = Policy(ensure_model(config), device=config.model.device, micro_batch_size=config.optim.micro_batch_size,
-                    temperature=config.agent.temperature if config.agent.temperature > 0 else 1.0)
+    policy = build_policy(config, ensure_model(config))
     demos = await collect_demonstrations(config, policy.tokenizer)
     log = MetricsLog(out.parent, tensorboard=False, filename="sft_metrics.jsonl")
     history = await asyncio.to_thread(sft_epochs, policy, demos, epochs=config.sft.epochs, lr=config.sft.lr,

@@ -3,7 +3,11 @@
 import pytest
 
 from rollhub.rollout.types import Group, Trajectory, TrajectoryStatus, Turn
-from rollhub.trainer.batch import build_training_batch
+from rollhub.trainer.batch import AlgorithmConfig, build_training_batch
+
+
+def _batch(groups, **algorithm):
+    return build_training_batch(groups, 0, AlgorithmConfig(**algorithm))
 
 
 def _turn(prompt, response, reward, anchor, valid=True):
@@ -22,7 +26,7 @@ def _trajectory(rewards, anchors, status=TrajectoryStatus.COMPLETED):
 
 def test_gigpo_batch_broadcasts_turn_advantages():
     group = Group("g", "e", 0, [_trajectory([0.0, 1.0], ["s", "t"]), _trajectory([0.0, 0.0], ["s", "u"])])
-    batch, stats = build_training_batch([group], pad_token_id=0, estimator="gigpo", omega=1.0, gamma=1.0, normalize_std=False,
+    batch, stats = _batch([group], estimator="gigpo", omega=1.0, gamma=1.0, normalize_std=False,
                                         episode_baseline="trajectory", invalid_action_penalty=0.0)
     assert stats.sequences == 2 and stats.trajectories == 2
     # trajectory 0: episode +0.5; at anchor "s" returns 1 vs 0 -> +0.5; so turn 0 gets 1.0, turn 1 gets 0.5
@@ -36,12 +40,12 @@ def test_gigpo_batch_broadcasts_turn_advantages():
 def test_infra_failures_are_not_scored_and_equal_groups_can_be_dropped():
     failed = _trajectory([0.0], ["s"], status=TrajectoryStatus.INFRA_FAILED)
     group = Group("g", "e", 0, [_trajectory([1.0], ["s"]), _trajectory([0.0], ["s"]), failed])
-    batch, stats = build_training_batch([group], 0, estimator="grpo", omega=1.0, gamma=1.0, normalize_std=False,
+    batch, stats = _batch([group], estimator="grpo", omega=1.0, gamma=1.0, normalize_std=False,
                                         episode_baseline="trajectory", invalid_action_penalty=0.0)
     assert stats.excluded_trajectories == 1 and len(batch) == 2
     assert batch.advantages[0][batch.response_mask[0] > 0].tolist() == pytest.approx([0.5, 0.5])
     flat = Group("f", "e", 1, [_trajectory([1.0], ["s"]), _trajectory([1.0], ["s"])])
-    batch, stats = build_training_batch([flat], 0, drop_zero_advantage_groups=True, estimator="grpo", omega=1.0, gamma=1.0,
+    batch, stats = _batch([flat], drop_zero_advantage_groups=True, estimator="grpo", omega=1.0, gamma=1.0,
                                         normalize_std=False, episode_baseline="trajectory", invalid_action_penalty=0.0)
     assert batch is None and stats.zero_advantage_groups == 1
 
@@ -49,7 +53,7 @@ def test_infra_failures_are_not_scored_and_equal_groups_can_be_dropped():
 def test_invalid_action_penalty_lowers_that_trajectory():
     group = Group("g", "e", 0, [_trajectory([0.0], ["s"]), _trajectory([0.0], ["t"])])
     group.trajectories[0].turns[0].action_valid = False
-    batch, _ = build_training_batch([group], 0, estimator="grpo", omega=1.0, gamma=1.0, normalize_std=False,
+    batch, _ = _batch([group], estimator="grpo", omega=1.0, gamma=1.0, normalize_std=False,
                                     episode_baseline="trajectory", invalid_action_penalty=-0.2, cap_invalid_advantage=False)
     assert batch.advantages[0][batch.response_mask[0] > 0].tolist() == pytest.approx([-0.1, -0.1])
 
@@ -60,8 +64,8 @@ def test_rejected_turn_of_a_winning_episode_is_never_reinforced(estimator):
     winner, loser = _trajectory([0.0, 1.0], ["s", "s"]), _trajectory([0.0, 0.0], ["s", "u"])
     winner.turns[0].action_valid = False
     kwargs = dict(estimator=estimator, omega=1.0, gamma=1.0, normalize_std=False, episode_baseline="trajectory", invalid_action_penalty=-0.1)
-    uncapped, _ = build_training_batch([Group("g", "e", 0, [winner, loser])], 0, cap_invalid_advantage=False, **kwargs)
-    capped, _ = build_training_batch([Group("g", "e", 0, [winner, loser])], 0, **kwargs)
+    uncapped, _ = _batch([Group("g", "e", 0, [winner, loser])], cap_invalid_advantage=False, **kwargs)
+    capped, _ = _batch([Group("g", "e", 0, [winner, loser])], **kwargs)
     first_turn = lambda b: b.advantages[0][b.response_mask[0] > 0].tolist()[:2]  # noqa: E731 - two tokens of turn 0
     second_turn = lambda b: b.advantages[0][b.response_mask[0] > 0].tolist()[2:]  # noqa: E731
     assert min(first_turn(uncapped)) > 0  # the rejected turn inherits the win
@@ -74,9 +78,9 @@ def test_zero_advantage_sequences_can_be_dropped():
     group = Group("g", "e", 0, [_trajectory([1.0, 0.0], ["s", "t"]), _trajectory([0.0, 0.0], ["s", "u"]), _trajectory([0.0], ["v"])])
     kwargs = dict(estimator="gigpo", omega=1.0, gamma=1.0, normalize_std=False, episode_baseline="trajectory",
                   invalid_action_penalty=0.0, episode_weight=0.0)
-    full, stats = build_training_batch([group], 0, **kwargs)
+    full, stats = _batch([group], **kwargs)
     assert stats.dropped_sequences == 0 and len(full) == 3
-    kept, stats = build_training_batch([group], 0, drop_zero_advantage_sequences=True, **kwargs)
+    kept, stats = _batch([group], drop_zero_advantage_sequences=True, **kwargs)
     assert stats.dropped_sequences == 1 and len(kept) == 2  # the third trajectory carries no gradient
     assert kept.advantages[0][kept.response_mask[0] > 0].tolist()[:2] == pytest.approx([0.5, 0.5])
     assert kept.advantages[1][kept.response_mask[1] > 0].tolist()[:2] == pytest.approx([-0.5, -0.5])

@@ -147,13 +147,13 @@ def test_behaviour_proximal_skips_the_pass_and_matches_recompute_on_policy(tiny_
 
 def test_frozen_embeddings_stay_put_while_the_rest_trains(tiny_model_dir):
     from rollhub.trainer.config import RunConfig
-    from rollhub.trainer.loop import make_optimizer
+    from rollhub.trainer.build import build_optimizer
 
     config = RunConfig()
     config.optim.train_embeddings = False
     config.optim.lr = 1e-2
     policy = Policy(tiny_model_dir)
-    optimizer = make_optimizer(policy, config)
+    optimizer = build_optimizer(policy, config)
     embedding = policy.model.get_input_embeddings().weight
     before_embedding = embedding.detach().clone()
     layer = next(p for n, p in policy.model.named_parameters() if "layers.0" in n and p.requires_grad)

@@ -94,10 +94,11 @@ def test_train_rejects_unknown_keys_and_env_ids(tiny_model_dir, tmp_path, capsys
 
 def test_alpha0_lockstep_loop_equals_a_plain_synchronous_step(tiny_model_dir, tmp_path):
     """The loop with alpha = 0 and lockstep rollout performs exactly a plain sync update."""
-    from rollhub.rollout.engines.hf import HFEngine
+    from rollhub.rollout.engines.build import build_engine
     from rollhub.rollout.manager import EnvManager, EnvManagerConfig
     from rollhub.trainer.batch import build_training_batch
-    from rollhub.trainer.loop import make_optimizer, run_training, seed_everything
+    from rollhub.trainer.build import build_optimizer
+    from rollhub.trainer.loop import run_training, seed_everything
     from rollhub.trainer.policy import Policy
     from rollhub.trainer.update import policy_update
 
@@ -109,17 +110,15 @@ def test_alpha0_lockstep_loop_equals_a_plain_synchronous_step(tiny_model_dir, tm
     async def plain_sync_step():
         seed_everything(config.seed)
         policy = Policy(tiny_model_dir, device="cpu", micro_batch_size=config.optim.micro_batch_size)
-        optimizer = make_optimizer(policy, config)
-        engine = HFEngine(tiny_model_dir, threads=config.rollout.engine_threads, max_batch_size=config.rollout.engine_max_batch_size, seed=config.rollout.seed)
+        optimizer = build_optimizer(policy, config)
+        engine = build_engine(config.engine, tiny_model_dir)
         manager_config = EnvManagerConfig(env_id=config.env.id, env_kwargs=config.env.kwargs, group_size=config.rollout.group_size, lockstep=True, agent=config.agent)
         manager = EnvManager(engine, policy.tokenizer, manager_config, seeds=iter(range(config.env.train_seed_offset, 10**9)))
         try:
             groups = await manager.collect_batch(config.rollout.groups_per_batch)
         finally:
             await engine.close()
-        a = config.algorithm
-        batch, _ = build_training_batch(groups, policy.tokenizer.pad_token_id, estimator=a.estimator, omega=a.omega, gamma=a.gamma,
-                                        normalize_std=a.normalize_std, episode_baseline=a.episode_baseline, invalid_action_penalty=a.invalid_action_penalty)
+        batch, _ = build_training_batch(groups, policy.tokenizer.pad_token_id, config.algorithm)
         policy_update(policy, optimizer, batch, policy.compute_logprobs(batch), config.loss, max_grad_norm=config.optim.max_grad_norm)
         return {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
 
@@ -192,7 +191,7 @@ def test_rollhub_sft_learns_the_answer_format(tiny_model_dir, tmp_path, capsys):
 
 def test_missing_model_is_built_or_explained(tmp_path):
     from rollhub.core.errors import UserError
-    from rollhub.trainer.loop import ensure_model
+    from rollhub.trainer.build import ensure_model
 
     config = load_config(RunConfig, None, [f"model.path={tmp_path / 'tiny'}", "model.init_tiny=5m"])
     assert (ensure_model(config) / "config.json").is_file()

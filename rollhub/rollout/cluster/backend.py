@@ -44,6 +44,7 @@ from typing import Any, Iterator
 from rollhub.core.errors import MissingExtraError, UserError
 from rollhub.rollout.buffer import GroupBuffer, Ticket
 from rollhub.rollout.cluster.config import ClusterConfig
+from rollhub.rollout.engines.build import EngineConfig
 from rollhub.rollout.tasks import TaskOwner
 from rollhub.rollout.types import Group
 
@@ -133,6 +134,7 @@ class RayRollout(TaskOwner):
         manager_config: Any,
         cluster: ClusterConfig,
         *,
+        engine: EngineConfig | None = None,
         buffer: GroupBuffer | None = None,
         seeds: Iterator[int] | None = None,
         run_dir: str | Path = "runs/ray",
@@ -143,6 +145,7 @@ class RayRollout(TaskOwner):
         self.model_path = str(model_path)
         self.config = manager_config
         self.cluster = cluster
+        self.engine_config = engine or EngineConfig()
         self.buffer = buffer
         self._seeds = seeds if seeds is not None else itertools.count(manager_config.seed_start)
         self.run_dir = Path(run_dir)
@@ -205,7 +208,7 @@ class RayRollout(TaskOwner):
         options: dict[str, Any] = {"name": self._actor_name(slot), "num_cpus": c.engine_num_cpus, "num_gpus": c.engine_num_gpus, "scheduling_strategy": "SPREAD", "max_concurrency": 1000}
         actor = self._ray.remote(EngineServer).options(**options).remote(
             slot.slot_id, c.engine, self._latest_weights, self.weight_version,
-            threads=c.engine_threads, max_batch_size=c.engine_max_batch_size, extra_args=c.engine_extra_args, startup_timeout_s=c.startup_timeout_s,
+            engine=self.engine_config, extra_args=c.engine_extra_args, startup_timeout_s=c.startup_timeout_s,
         )
         slot.handle = actor  # recorded before it is up, so close() can kill it whatever happens
         slot.info = await asyncio.wait_for(actor.start.remote(), timeout=c.startup_timeout_s)

@@ -7,20 +7,20 @@ places env-manager shards and engine servers as Ray actors (see docs/ray.md).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 
 @dataclass
 class ClusterConfig:
-    """Placement of rollout work. Only read when `backend == "ray"`."""
+    """Placement of rollout work. Only read when `backend == "ray"`; the engines' own knobs
+    (threads, batch size) are the run's `engine:` section, the same as in a local run."""
 
-    backend: str = "local"  # local | ray
+    backend: Literal["local", "ray"] = "local"
     address: str | None = None  # Ray address ("auto", "ray://host:10001"); None = join RAY_ADDRESS or start a local instance
     local_num_cpus: int | None = None  # num_cpus of a local Ray instance started by rollhub (None = all cores)
     num_env_shards: int = 2  # K EnvShard actors, each owning an EnvManager and its envs
     num_engines: int = 2  # M engine servers behind the router
-    engine: str = "rollhub"  # rollhub = transformers engine behind `rollhub serve`'s HTTP app (CPU); sglang = sglang.launch_server
-    engine_threads: int = 1  # torch threads per rollhub engine
-    engine_max_batch_size: int = 32
+    engine: Literal["rollhub", "sglang"] = "rollhub"  # rollhub = transformers engine behind `rollhub serve`'s HTTP app (CPU); sglang = sglang.launch_server
     engine_num_cpus: float = 0.5  # Ray scheduling resources of one engine actor
     engine_num_gpus: float = 0.0  # set 1 (or tensor-parallel size) for SGLang on GPU nodes
     engine_extra_args: list[str] = field(default_factory=list)  # extra sglang.launch_server flags
@@ -34,14 +34,8 @@ class ClusterConfig:
     startup_timeout_s: float = 600.0
 
     def validate(self) -> None:
-        if self.backend not in ("local", "ray"):
-            raise ValueError("cluster.backend must be 'local' or 'ray'")
-        if self.engine not in ("rollhub", "sglang"):
-            raise ValueError("cluster.engine must be 'rollhub' (CPU) or 'sglang' (GPU)")
         if self.num_env_shards < 1 or self.num_engines < 1:
             raise ValueError("cluster.num_env_shards and cluster.num_engines must be >= 1")
-        if self.engine_threads < 1 or self.engine_max_batch_size < 1:
-            raise ValueError("cluster.engine_threads and cluster.engine_max_batch_size must be >= 1")
         if min(self.engine_num_cpus, self.engine_num_gpus, self.shard_num_cpus) < 0:
             raise ValueError("cluster resource requests must be >= 0")
         if self.keep_weight_versions < 1:

@@ -19,6 +19,8 @@ import subprocess
 import sys
 from typing import Any
 
+from rollhub.rollout.engines.build import EngineConfig
+
 logger = logging.getLogger(__name__)
 
 
@@ -42,13 +44,12 @@ def _free_port() -> int:
 class EngineServer:
     """Construct through `ray.remote(...)(EngineServer)`; call `start()` once, then use the URL."""
 
-    def __init__(self, engine_id: str, kind: str, model_path: str, weight_version: int = 0, *, threads: int = 1, max_batch_size: int = 32, extra_args: list[str] | None = None, startup_timeout_s: float = 600.0) -> None:
+    def __init__(self, engine_id: str, kind: str, model_path: str, weight_version: int = 0, *, engine: EngineConfig | None = None, extra_args: list[str] | None = None, startup_timeout_s: float = 600.0) -> None:
         self.engine_id = engine_id
         self.kind = kind
         self.model_path = model_path
         self.weight_version = weight_version
-        self.threads = threads
-        self.max_batch_size = max_batch_size
+        self.engine_config = engine or EngineConfig()
         self.extra_args = list(extra_args or [])
         self.startup_timeout_s = startup_timeout_s
         self._runner: Any = None
@@ -74,14 +75,14 @@ class EngineServer:
         import torch
         from aiohttp import web
 
-        from rollhub.rollout.engines.hf import HFEngine
+        from rollhub.rollout.engines.build import build_engine
         from rollhub.rollout.server import build_app
 
-        torch.set_num_threads(self.threads)
+        torch.set_num_threads(self.engine_config.threads)
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()  # one "Loading weights" bar per push would flood the driver's log
-        engine = HFEngine(self.model_path, threads=self.threads, max_batch_size=self.max_batch_size)
+        engine = build_engine(self.engine_config, self.model_path)
         engine.weight_version = self.weight_version
         self._runner = web.AppRunner(build_app(engine), access_log=None)
         await self._runner.setup()
