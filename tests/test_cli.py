@@ -155,5 +155,5 @@ def test_env_needing_docker_or_a_missing_extra(capsys, toy_specs, monkeypatch):
     code, _, err = run(capsys, "envs", "try", "test/NeedsExtra-v0")
     assert_one_line_error(code, err, "pip install -e '.[swe]'")
     code, out, _ = run(capsys, "envs", "list")
-    line = next(l for l in out.splitlines() if l.startswith("test/NeedsDocker-v0"))
+    line = next(row for row in out.splitlines() if row.startswith("test/NeedsDocker-v0"))
     assert "docker (missing)" in line

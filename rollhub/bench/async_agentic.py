@@ -15,7 +15,7 @@ Workloads: `bench/LatencySokoban-v0` (short episodes, step N(10 s, σ)) swept ov
 over the simulated GPU count, and `bench/LatencySWE-v0` (long episodes, container start).
 
 Everything runs through the real EnvManager / GroupBuffer on a virtual clock (see
-sim_training.py); times are simulated seconds. Options: `--set key=value` on
+`rollhub/bench/sim/training.py`); times are simulated seconds. Options: `--set key=value` on
 `AgenticBenchConfig`. Row columns: bound_S / bound_vs_lockstep / of_prop2_bound are Prop. 2;
 bound_agentic_S (over env-async) / bound_agentic_vs_lockstep / of_bound are the agentic bound
 at the best GPU split beta_star; *_at_beta the same at the run's own split; floor_s / of_floor
@@ -55,7 +55,7 @@ class AgenticBenchConfig:
     gpus: int = 16
     gpu_sweep: list[int] = field(default_factory=lambda: [8, 32, 64])  # 16 is the σ sweep
     # 2048 GPU-s = 128 s on 16 GPUs: training is ~23% of the lockstep step at σ = 10, the
-    # share RollArt measured on SWE (reference/async_system.md §6)
+    # share the RollArt paper reports for SWE
     train_gpu_s: float = 2048.0
     steps: int = 4
     warmup_steps: int = 1

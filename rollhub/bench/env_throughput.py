@@ -4,8 +4,8 @@ For every registered env that can run here (others are skipped with the reason p
 reset latency p50/p95, steps/s under the random agent (step time only), and memory per
 live env (RSS growth while N envs are reset and held, divided by N, next to the
 Python/numpy allocations tracemalloc sees). Also Sokoban room generation on one core
-(6x6, 1 box, search depth 30, as `rollhub/Sokoban-v0` builds them); issue 2 aims at >= 200 rooms/s. Envs added later (plugins, ALFWorld, SWE) are
-picked up from the registry without edits here.
+(6x6, 1 box, search depth 30, as `rollhub/Sokoban-v0` builds them); the target is >= 200 rooms/s.
+Envs added later (plugins, ALFWorld, SWE) are picked up from the registry without edits here.
 
 Options (`--set key=value`): envs=[ids] (default all), resets, steps, live_envs,
 live_envs_sandboxed (for envs that need Docker), rooms, phase_budget_s (a cap on each

@@ -7,8 +7,9 @@ real engine. This script measures HFEngine on the tiny CPU model:
    times every model step on the engine thread (CPU time, so neighbours on a shared
    machine do not leak into the numbers);
 2. keeps the median decode iteration per batch size as a table (interpolated between
-   points; the curve is concave, so one straight line misses batch 1 by ~15%), plus a
-   least-squares line `decode_base_s + decode_per_request_s * (b - 1)` for reference, and
+   points; the curve is concave, so one straight line misses batch 1 by about the whole
+   validation tolerance), plus a least-squares line
+   `decode_base_s + decode_per_request_s * (b - 1)` for reference, and
    fits `prefill_s(p) = prefill_base_s + prefill_per_token_s * p`
    on the steps that admitted requests;
 3. validates on workloads the fit never saw (mixed lengths, staggered arrivals, one long

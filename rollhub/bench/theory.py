@@ -2,7 +2,7 @@
 
 The benchmarks print these next to what they measure, so a reader can see how close the
 scheduler gets to the best any scheduler could do with the same workload. Symbols follow
-/work/shared/reference/algorithms.md §4:
+the paper's Propositions 1-2:
 
 * K  inference workers (GPUs), N samples per training step,
 * mu_gen / L_gen  mean and longest (tail) generation time of one sample,
@@ -13,8 +13,8 @@ The second half extends Prop. 2 to agentic workloads (AgenticWorkload, agentic_*
 trajectory's time is split into GPU work and off-GPU env latency, which async training can
 overlap; with no env latency it is Prop. 2 again.
 
-Everything here is closed-form; the tests check it against the worked numbers in the notes
-and against hand-computed agentic examples.
+Everything here is closed-form; the tests (tests/bench/test_theory.py) check it against
+worked numbers and against hand-computed agentic examples.
 """
 
 from __future__ import annotations
@@ -113,9 +113,9 @@ def tail_fraction_removed(alpha: float) -> float:
 # Prop. 2 counts a sample's whole time as GPU generation. In agentic RL a trajectory
 # alternates model turns (GPU) with env steps, resets and tool calls (off the GPU: env
 # latency), and async training overlaps that latency with training, so Prop. 2 is not a cap
-# there (async-agentic measures 1.42x its value). The functions below split a trajectory
+# there (`rollhub bench async-agentic` exceeds it). The functions below split a trajectory
 # into GPU work and env latency and redo the derivation; with zero env latency they are
-# Prop. 2 exactly (tests/benchmarks/test_theory.py checks it).
+# Prop. 2 exactly (tests/bench/test_theory.py checks it).
 # ---------------------------------------------------------------------------------------
 
 
@@ -220,7 +220,8 @@ def agentic_async_terms_s(w: AgenticWorkload, alpha: float, train_share: float, 
     no token older than version s - alpha, so its time from its first model call is at most
     (alpha + 1) T - t_train, i.e. T >= (that time + t_train) / (alpha + 1) on average; but a
     run measured over a few steps after one warm-up step consumes mostly the fast trajectories
-    of the first (alpha + 1) B admitted at once, and `--quick` beats that floor by 22%."""
+    of the first (alpha + 1) B admitted at once, so `rollhub bench async-agentic --quick` beats
+    that floor."""
     if not 0 < train_share < 1:
         raise ValueError("train_share must be in (0, 1)")
     queued = _in_flight(w, alpha, in_flight)

@@ -39,13 +39,12 @@ class AgentConfig:
     """How the agent talks to the env and the engine."""
 
     # replaces (or adds) the system message of reset(); "" drops it (a tiny model that reads
-    # no English learns the task from the observations alone, 10 fewer tokens a turn)
+    # no English learns the task from the observations alone)
     system_prompt: str | None = None
     history_window: int | None = None  # None = full history; k = last k turns after the opening
     # Markov agent: each prompt is the system message(s) + the latest observation only. For
-    # envs whose observation is the whole state (Sokoban): prompts stay short (CPU recipe:
-    # 57 prompt tokens a turn vs 129 with the opening + last turn) and the policy cannot
-    # latch onto stale turns
+    # envs whose observation is the whole state (Sokoban): prompts stay short and the policy
+    # cannot latch onto stale turns
     observation_only: bool = False
     max_new_tokens: int = 64  # per turn
     min_new_tokens: int = 8  # context guard: end the episode if less room than this is left

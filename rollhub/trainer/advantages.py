@@ -5,8 +5,8 @@ group (same task, same seed). GiGPO adds a second, finer comparison: steps taken
 same environment state (the env's history-free `anchor`) are judged against each other by
 their discounted return, which gives credit to individual turns of a long episode.
 
-Formulas and defaults: /work/shared/reference/algorithms.md §1-2 (GRPO arXiv 2402.03300,
-GiGPO arXiv 2505.10978). Everything here is computed before any batch padding, so padded
+Formulas and defaults: GRPO (arXiv 2402.03300, sec. 4.1) and GiGPO (arXiv 2505.10978,
+sec. 3). Everything here is computed before any batch padding, so padded
 or duplicated rows can never leak into the group statistics.
 """
 

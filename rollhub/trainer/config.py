@@ -11,7 +11,7 @@ reaches it whole through the composition root, rollhub.trainer.build.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from rollhub.rollout.agent import AgentConfig
 from rollhub.rollout.cluster.config import ClusterConfig
@@ -23,7 +23,7 @@ from rollhub.trainer.losses import LossConfig
 @dataclass
 class ModelConfig:
     path: str = "runs/models/tiny-5m"  # HF checkpoint dir
-    init_tiny: str | None = "5m"  # build a random-init tiny model at `path` when it is missing; null = must exist
+    init_tiny: Literal["5m", "30m"] | None = "5m"  # build a random-init tiny model at `path` when it is missing; null = must exist
     device: str = "auto"  # auto = cuda (bf16) when present, else cpu (fp32)
     threads: int = 1  # torch threads of the trainer (the engine has its own)
     gradient_checkpointing: bool = False

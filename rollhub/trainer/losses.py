@@ -1,6 +1,6 @@
 """Policy-gradient losses with off-policy correction, over per-token tensors.
 
-Three policies are kept apart (algorithms.md §3):
+Three policies are kept apart (decoupled PPO):
   * mu      - behaviour: the log-probs the inference engine reported while sampling;
   * pi_prox - proximal: the trainer's recompute at the start of the step (= the weights
               last pushed to the engine);

@@ -108,9 +108,8 @@ def sft_epochs(
     order = order[:total]
     history = []
     num_steps = len(order) // batch_size
-    # Warm up, then decay linearly to zero. With a constant lr of 2e-3 the 5M model's
-    # last steps could undo what it had learned (measured: held-out demo loss 0.18 ->
-    # 2.4 in the final step while the logged pre-step batch loss still read 0.16).
+    # Warm up, then decay linearly to zero: with a constant lr the tiny model's last steps
+    # can undo what it learned, unseen in the logged pre-step batch loss.
     warmup = max(1, num_steps // 20)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min((i + 1) / warmup, max(0.0, (num_steps - i) / max(1, num_steps - warmup))))
     policy.model.train()

@@ -1,4 +1,4 @@
-"""ROLL Flash bounds against the worked numbers in reference/algorithms.md §4."""
+"""ROLL Flash bounds (arXiv 2510.11345, sec. 3) against numbers worked out by hand."""
 
 import math
 

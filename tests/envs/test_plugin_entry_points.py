@@ -38,7 +38,7 @@ def run_rollhub(plugin_path, *args):
 def test_installed_plugin_env_is_listed(plugin_path):
     result = run_rollhub(plugin_path, "envs", "list")
     assert result.returncode == 0, result.stderr
-    line = next(l for l in result.stdout.splitlines() if l.startswith("plugin/Echo-v0"))
+    line = next(row for row in result.stdout.splitlines() if row.startswith("plugin/Echo-v0"))
     assert "repeat a word" in line
     assert "rollhub/Sokoban-v0" in result.stdout
 

@@ -56,10 +56,9 @@ class SocketRelay:
                 dest.sendall(data)
         except OSError:
             pass
-        finally:
-            if key in self.frozen:
-                return  # a wedged engine does not even close the connection
-            for end in (source, dest):
+        if key in self.frozen:
+            return  # a wedged engine does not even close the connection
+        for end in (source, dest):
                 try:
                     end.shutdown(socket.SHUT_RDWR)
                 except OSError:

@@ -22,7 +22,7 @@ re-armed on every arrival/finish/abort), so cost is per event, not per token.
 
 `time_scale` multiplies every duration: 0.01 makes a simulated second last 10 ms of wall
 time. On `rollhub.bench.sim.virtual_clock` leave it at 1 and simulated time costs nothing.
-Parameters are fit from the real transformers engine by `benchmarks/fit_latency_model.py`.
+Parameters are fit from the real transformers engine by `rollhub bench fit-latency`.
 
 Semantics follow rollhub/rollout/engines/base.py: `pause()` aborts in-flight requests (they return
 their partial tokens with finish "abort") and holds new ones until `resume()`;
@@ -38,7 +38,7 @@ import itertools
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -276,7 +276,6 @@ class EngineStats:
     aborted: int = 0
     tokens: int = 0
     prompt_tokens: int = 0
-    queue_s: list[float] = field(default_factory=list)
 
 
 class LatencyModelEngine(InferenceEngine):

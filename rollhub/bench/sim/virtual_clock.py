@@ -55,10 +55,3 @@ def run_virtual(main: Awaitable[T]) -> T:
     """`asyncio.run` on a fresh virtual-clock loop."""
     with asyncio.Runner(loop_factory=VirtualClockEventLoop) as runner:
         return runner.run(main)  # type: ignore[arg-type]
-
-
-def run_clock(main: Awaitable[T], *, virtual: bool) -> T:
-    """Run on a virtual-clock loop, or on the ordinary loop when `virtual` is False."""
-    if virtual:
-        return run_virtual(main)
-    return asyncio.run(main)  # type: ignore[arg-type]

@@ -1,7 +1,7 @@
 """`rollhub/ALFWorld-v0`: household tasks in text on the real ALFWorld/TextWorld engine.
 
 The env object lives in the caller's event loop; the game itself runs in a worker process
-(see `pool.py`, `worker.py`), because the engine is not thread-safe.
+(see `rollhub.envs.alfworld.pool` and `.worker`), because the engine is not thread-safe.
 
 * Observation: a system message with the rules, then a user message with the task goal, the
   current text and (by default) the admissible commands; each step returns the engine's

@@ -2,10 +2,10 @@
 
 ALFWorld's shipped games come from ALFRED's THOR scenes; training beyond them needs more.
 A game file is plain JSON (`pddl_domain`, `grammar`, `pddl_problem`, `walkthrough`), so a
-new game only needs a new problem. We use the engine's own domain (`alfred.pddl`) and
-grammar (`alfred.twl2`, with the goal sentence filled in from ALFWorld's goal library), and
-ALFWorld's object/receptacle compatibility tables, so the commands, texts and rules are
-exactly those of the real games.
+new game only needs a new problem. We use the engine's own domain (`ALFRED_PDDL_PATH`)
+and grammar (`ALFRED_TWL2_PATH`, with the goal sentence filled in from ALFWorld's goal
+library), and ALFWorld's object/receptacle compatibility tables, so the commands, texts
+and rules are exactly those of the real games.
 
 Every candidate is loaded into the real engine: it is kept only if it is not already won
 at reset and fast-downward finds a plan that, replayed step by step, wins it. The plan is

@@ -1,9 +1,10 @@
 """Entry point of one ALFWorld worker process (`python -m rollhub.envs.alfworld.worker`).
 
 The worker owns a shard of game sessions (engine objects) and serves their calls one at a
-time, in arrival order, over stdin/stdout frames (see `protocol.py`). It exits when stdin
-closes, so a worker never outlives its client. Engine objects are reused across slots and
-games; a freed session that already holds the requested game skips the ~1 s load.
+time, in arrival order, over stdin/stdout frames (see `rollhub.envs.alfworld.protocol`). It
+exits when stdin closes, so a worker never outlives its client. Engine objects are reused
+across slots and games; a freed session that already holds the requested game skips the
+~1 s load.
 
 The real stdout is kept for frames only: fd 1 is pointed at stderr so a stray print in a
 library cannot corrupt the protocol.

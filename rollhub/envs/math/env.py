@@ -26,7 +26,7 @@ class MathEnv(Env):
 
     Args:
         dataset_path: GSM8K/MATH-style jsonl; None = procedural problems.
-        kinds, difficulty, answer_length: procedural problem choice (see problems.py).
+        kinds, difficulty, answer_length: procedural problem choice (see `rollhub.envs.math.problems`).
         max_attempts: answers allowed per problem; a wrong one gets "Incorrect." back.
         correct_reward, wrong_reward, invalid_reward: reward values.
     Options of reset: {"index": i} picks dataset problem i instead of a random one.

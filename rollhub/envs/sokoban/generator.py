@@ -1,5 +1,5 @@
 # Room generation by reverse play, after the algorithm of gym-sokoban
-# (https://github.com/mpSchrader/gym-sokoban, gym_sokoban/envs/room_utils.py).
+# (https://github.com/mpSchrader/gym-sokoban).
 # This file is our own implementation of that algorithm's ideas (carve a room by a random
 # walk, put every box on its target, then pull boxes away from their targets and keep the
 # most displaced state). gym-sokoban's licence is reproduced as it asks:

@@ -8,10 +8,10 @@
 reset starts a container from the task's image (repository at /testbed, at base_commit).
 Actions are tool calls (`bash`, `str_replace_editor`, `submit`; schemas in `env.tools`).
 `submit` ends the episode: the diff (test files excluded) is graded in a fresh container
-(`evaluate.py`), reward 1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test passes. The step
-limit gives truncated=True (reward 0, nothing graded unless `grade_on_truncation`); the
-episode time limit does the same. A broken container sets `info["infra_failure"]` and ends
-the episode without a score.
+(`rollhub.envs.swe.evaluate`), reward 1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test
+passes. The step limit gives truncated=True (reward 0, nothing graded unless
+`grade_on_truncation`); the episode time limit does the same. A broken container sets
+`info["infra_failure"]` and ends the episode without a score.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The offline task factory behind `rollhub swe make-tasks PACKAGE==VERSION` (SWE-smith style).
 
-1. host: sdist + wheels (package_repo.py); 2. package image built with the network off
-(images.py); 3. baseline suite twice in fresh containers, flaky tests dropped; 4. AST
-mutants (mutation.py), bug patch = `git diff`, gold = its reverse; 5. each mutant
+1. host: sdist + wheels (`package_repo`); 2. package image built with the network off
+(`images`); 3. baseline suite twice in fresh containers, flaky tests dropped; 4. AST
+mutants (`mutation`), bug patch = `git diff`, gold = its reverse; 5. each mutant
 validated in a long-lived container per worker (apply, run the suite under a timeout,
 reset): FAIL_TO_PASS = stable passers that now fail, PASS_TO_PASS = the rest; valid iff
 both are non-empty, F2P stays under a fraction of the suite, nothing failed to collect

@@ -10,7 +10,7 @@ A server that drops the connection (dead process or node) is marked down and the
 is sent again, whole, to another server: its prompt ids already hold the full history, so
 only the KV cache is lost, never tokens. Such re-sends are counted (`requests_rerouted`).
 
-Weight versions are stamped by the clients at submit (see engines/sglang.py). `hold()`
+Weight versions are stamped by the clients at submit (see rollhub.rollout.engines.sglang). `hold()`
 closes a client-side gate so that no request is submitted between "servers paused" and
 "new version set"; with it every token's version is exact across a weight push.
 """

@@ -1,4 +1,4 @@
-"""Inference engines behind one async interface (see base.py)."""
+"""Inference engines behind one async interface (see `rollhub.rollout.engines.base`)."""
 
 from rollhub.rollout.engines.base import Generation, InferenceEngine, SamplingParams
 

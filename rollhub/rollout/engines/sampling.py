@@ -1,7 +1,7 @@
 """Token sampling with the behaviour log-prob every RL trainer needs.
 
 The reported log-prob is log_softmax(logits / T)[token]: after temperature, before
-top-k/top-p truncation (the SGLang convention; reference/sglang.md §6), so the trainer
+top-k/top-p truncation (the SGLang convention), so the trainer
 divides its logits by the same T. T = 0 means greedy, reported at T = 1.
 """
 

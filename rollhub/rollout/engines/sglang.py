@@ -2,8 +2,7 @@
 
 Works against a real SGLang server (`python -m sglang.launch_server`, launched here or
 reached by URL) and against `rollhub serve`. Only the fields we need are sent and
-unknown response keys are ignored, because SGLang's schema drifts between releases
-(reference/sglang.md §1).
+unknown response keys are ignored, because SGLang's schema drifts between releases.
 
 Versions are stamped on our side: SGLang reports `weight_version` when the output is
 emitted, which hides the mix after a pause. The manager's protocol is pause (requests

@@ -29,7 +29,7 @@ def tiny(x):
 
 
 def changed_lines(before, after):
-    return [l for l in difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0) if l[:1] in "+-" and l[:3] not in ("+++", "---")]
+    return [row for row in difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0) if row[:1] in "+-" and row[:3] not in ("+++", "---")]
 
 
 def test_every_family_finds_one_site_that_parses_and_keeps_the_rest():
