@@ -53,7 +53,19 @@ def test_expert_sokoban_json_ends_with_success(capsys):
 
 
 def test_random_agent_and_max_steps(capsys):
-    code, out, _ = run(capsys, "envs", "try", "rollhub/Sokoban-v0", "--max-steps", "2", "--json", "--seed", "1", "--set", "solved_reward=0")
+    code, out, _ = run(
+        capsys,
+        "envs",
+        "try",
+        "rollhub/Sokoban-v0",
+        "--max-steps",
+        "2",
+        "--json",
+        "--seed",
+        "1",
+        "--set",
+        "solved_reward=0",
+    )
     last = json.loads(out.strip().splitlines()[-1])
     assert code == 0 and last["steps"] <= 2
 
@@ -98,7 +110,10 @@ def test_unknown_id_in_a_fresh_process():
         (["envs", "try", "rollhub/Sokoban-v0", "--set", "dim=2"], ["bad arguments", "4x4"]),
         (["envs", "try", "rollhub/Sokoban-v0", "--set", "reward=dense"], ["sparse"]),
         (["envs", "try", "rollhub/Sokoban-v0", "--set", "num_boxes=40"], ["do not fit"]),
-        (["envs", "try", "rollhub/Sokoban-v0", "--set", "num_boxes=5", "--set", "max_steps=2"], ["could not start", "fewer boxes"]),
+        (
+            ["envs", "try", "rollhub/Sokoban-v0", "--set", "num_boxes=5", "--set", "max_steps=2"],
+            ["could not start", "fewer boxes"],
+        ),
         (["envs", "try", "rollhub/Math-v0", "--set", "difficulty=9"], ["difficulty must be 1..5"]),
         (["envs", "try", "rollhub/Math-v0", "--set", "dataset_path=/no/such.jsonl"], ["not found"]),
         (["envs", "list", "--colour"], ["unrecognized arguments"]),

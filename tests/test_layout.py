@@ -49,8 +49,8 @@ def test_package_imports_only_from_the_layers_below(package):
             target = name.split(".")[1] if "." in name else "rollhub"
             if target != package and target not in ALLOWED[package]:
                 violations.append(f"{path.relative_to(ROOT.parent)} imports {name}")
-    assert not violations, f"rollhub.{package} may import only {sorted(ALLOWED[package]) or 'nothing else'}:\n" + "\n".join(
-        violations
+    assert not violations, (
+        f"rollhub.{package} may import only {sorted(ALLOWED[package]) or 'nothing else'}:\n" + "\n".join(violations)
     )
 
 

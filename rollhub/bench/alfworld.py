@@ -186,7 +186,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ["games", "live_envs", "worker_base_rss_mb", "rss_mb_per_env"],
     )
     print_table("ALFWorld concurrent episodes", [concurrency])
-    result = {"config": asdict(cfg), "latency": latency, "memory_distinct_games": memory_distinct, "memory_one_game": memory_shared, "concurrency": concurrency}
+    result = {
+        "config": asdict(cfg),
+        "latency": latency,
+        "memory_distinct_games": memory_distinct,
+        "memory_one_game": memory_shared,
+        "concurrency": concurrency,
+    }
     path = save_json(Path(args.out) / "alfworld.json", result)
     print(f"wrote {path}")
     return result

@@ -32,7 +32,16 @@ from typing import Any
 
 from rollhub.bench import theory
 from rollhub.bench.report import bench_setup, print_table, save_json, save_plot
-from rollhub.bench.sim.training import SimResult, SimRun, best_train_share, make_tokenizer, measured_agentic_workload, measured_speedup_bound, pipeline_floor_s, simulate_virtual
+from rollhub.bench.sim.training import (
+    SimResult,
+    SimRun,
+    best_train_share,
+    make_tokenizer,
+    measured_agentic_workload,
+    measured_speedup_bound,
+    pipeline_floor_s,
+    simulate_virtual,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +77,9 @@ class AgenticBenchConfig:
             raise ValueError("sigmas and alphas must not be empty")
         for started_groups, started_size in self.redundancy:
             if started_groups < self.groups or started_size < self.group_size:
-                raise ValueError(f"redundancy {started_groups}x{started_size} must start at least {self.groups}x{self.group_size}")
+                raise ValueError(
+                    f"redundancy {started_groups}x{started_size} must start at least {self.groups}x{self.group_size}"
+                )
 
 
 # printed (the JSON rows have every key): Prop. 2 beside the agentic bound
@@ -77,7 +88,19 @@ COLUMNS = [
     "bound_vs_lockstep", "bound_agentic_vs_lockstep", "beta_star", "of_bound", "bound_agentic_at_beta_vs_lockstep", "of_bound_at_beta", "of_floor",
 ]  # fmt: skip
 
-QUICK = ["groups=4", "group_size=4", "sigmas=[10.0]", "alphas=[2.0]", "redundancy=[[5,5]]", "train_shares=[0.5]", "gpu_sweep=[]", "steps=3", "turns=4", "swe=false", "train_gpu_s=160.0"]
+QUICK = [
+    "groups=4",
+    "group_size=4",
+    "sigmas=[10.0]",
+    "alphas=[2.0]",
+    "redundancy=[[5,5]]",
+    "train_shares=[0.5]",
+    "gpu_sweep=[]",
+    "steps=3",
+    "turns=4",
+    "swe=false",
+    "train_gpu_s=160.0",
+]
 
 
 def _agentic_bounds(run: SimRun, result: SimResult, lockstep: SimResult, env_async: SimResult) -> dict[str, float]:
@@ -103,7 +126,14 @@ def _agentic_bounds(run: SimRun, result: SimResult, lockstep: SimResult, env_asy
     }
 
 
-def _row(label: str, result: SimResult, baseline: SimResult, env_async: SimResult, alpha: float | None, run: SimRun | None = None) -> dict[str, Any]:
+def _row(
+    label: str,
+    result: SimResult,
+    baseline: SimResult,
+    env_async: SimResult,
+    alpha: float | None,
+    run: SimRun | None = None,
+) -> dict[str, Any]:
     row: dict[str, Any] = {
         "config": label,
         "step_s": result.step_s,
@@ -129,7 +159,9 @@ def _row(label: str, result: SimResult, baseline: SimResult, env_async: SimResul
     return row
 
 
-def sweep_workload(cfg: AgenticBenchConfig, env_id: str, env_kwargs: dict[str, Any], gpus: int, tokenizer: Any, *, full: bool) -> dict[str, Any]:
+def sweep_workload(
+    cfg: AgenticBenchConfig, env_id: str, env_kwargs: dict[str, Any], gpus: int, tokenizer: Any, *, full: bool
+) -> dict[str, Any]:
     """Run (a)-(d) for one workload; `full=False` runs only (a), (b) and the headline (d)."""
     base = SimRun(
         env_id=env_id,
@@ -144,18 +176,35 @@ def sweep_workload(cfg: AgenticBenchConfig, env_id: str, env_kwargs: dict[str, A
     )
     lockstep = simulate_virtual(replace(base, name="lockstep", mode="lockstep"), tokenizer)
     env_async = simulate_virtual(replace(base, name="env-async"), tokenizer)
-    rows = [_row("(a) lockstep", lockstep, lockstep, env_async, None), _row("(b) env-async", env_async, lockstep, env_async, None)]
+    rows = [
+        _row("(a) lockstep", lockstep, lockstep, env_async, None),
+        _row("(b) env-async", env_async, lockstep, env_async, None),
+    ]
     results = {"lockstep": lockstep.as_dict(), "env_async": env_async.as_dict()}
     if full:
         for alpha in cfg.alphas:
             run = replace(base, name=f"async-a{alpha:g}", alpha=alpha)
             result, share = best_train_share(run, cfg.train_shares, tokenizer)
-            rows.append(_row(f"(c) async α={alpha:g} β={share:g}", result, lockstep, env_async, alpha, replace(run, train_share=share)))
+            rows.append(
+                _row(
+                    f"(c) async α={alpha:g} β={share:g}",
+                    result,
+                    lockstep,
+                    env_async,
+                    alpha,
+                    replace(run, train_share=share),
+                )
+            )
             results[f"async_a{alpha:g}"] = result.as_dict()
     redundancy = cfg.redundancy if full else cfg.redundancy[-1:]
     if full:  # redundancy alone, with sync training: the first G of G' groups cut the tail
         started_groups, started_size = cfg.redundancy[-1]
-        run = replace(base, name="redundant-sync", extra_groups=started_groups - cfg.groups, extra_per_group=started_size - cfg.group_size)
+        run = replace(
+            base,
+            name="redundant-sync",
+            extra_groups=started_groups - cfg.groups,
+            extra_per_group=started_size - cfg.group_size,
+        )
         result = simulate_virtual(run, tokenizer)
         rows.append(_row(f"(b+) α=0 + {started_groups}x{started_size}", result, lockstep, env_async, None))
         results[f"redundant_sync_{started_groups}x{started_size}"] = result.as_dict()
@@ -168,7 +217,16 @@ def sweep_workload(cfg: AgenticBenchConfig, env_id: str, env_kwargs: dict[str, A
             extra_per_group=started_size - cfg.group_size,
         )
         result, share = best_train_share(run, cfg.train_shares, tokenizer)
-        rows.append(_row(f"(d) α={cfg.redundancy_alpha:g} + {started_groups}x{started_size} β={share:g}", result, lockstep, env_async, cfg.redundancy_alpha, replace(run, train_share=share)))
+        rows.append(
+            _row(
+                f"(d) α={cfg.redundancy_alpha:g} + {started_groups}x{started_size} β={share:g}",
+                result,
+                lockstep,
+                env_async,
+                cfg.redundancy_alpha,
+                replace(run, train_share=share),
+            )
+        )
         results[f"redundant_{started_groups}x{started_size}"] = result.as_dict()
     return {"rows": rows, "runs": results}
 
@@ -177,24 +235,41 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg, out = bench_setup(AgenticBenchConfig, args, QUICK)
     tokenizer = make_tokenizer(cfg.tokenizer)
     started = time.perf_counter()
-    report: dict[str, Any] = {"benchmark": "async-agentic", "config": asdict(cfg), "simulation": True, "sokoban_by_sigma": {}, "by_gpus": {}, "swe": None}
+    report: dict[str, Any] = {
+        "benchmark": "async-agentic",
+        "config": asdict(cfg),
+        "simulation": True,
+        "sokoban_by_sigma": {},
+        "by_gpus": {},
+        "swe": None,
+    }
     headline = None
     for sigma in cfg.sigmas:
         kwargs = {"turns": cfg.turns, "step_mean_s": cfg.step_mean_s, "step_std_s": sigma}
         section = sweep_workload(cfg, "bench/LatencySokoban-v0", kwargs, cfg.gpus, tokenizer, full=True)
         report["sokoban_by_sigma"][str(sigma)] = section
-        print_table(f"async-agentic, Sokoban-like, step latency N({cfg.step_mean_s:g} s, {sigma:g} s), {cfg.gpus} simulated GPUs, batch {cfg.groups}x{cfg.group_size}", section["rows"], COLUMNS)
+        print_table(
+            f"async-agentic, Sokoban-like, step latency N({cfg.step_mean_s:g} s, {sigma:g} s), {cfg.gpus} simulated GPUs, batch {cfg.groups}x{cfg.group_size}",
+            section["rows"],
+            COLUMNS,
+        )
         headline = section
     for gpus in cfg.gpu_sweep:
         kwargs = {"turns": cfg.turns, "step_mean_s": cfg.step_mean_s, "step_std_s": max(cfg.sigmas)}
         section = sweep_workload(cfg, "bench/LatencySokoban-v0", kwargs, gpus, tokenizer, full=False)
         report["by_gpus"][str(gpus)] = section
-        print_table(f"async-agentic, Sokoban-like σ={max(cfg.sigmas):g}, {gpus} simulated GPUs", section["rows"], COLUMNS)
+        print_table(
+            f"async-agentic, Sokoban-like σ={max(cfg.sigmas):g}, {gpus} simulated GPUs", section["rows"], COLUMNS
+        )
     if cfg.swe:
         kwargs = {"step_mean_s": cfg.step_mean_s, "step_std_s": max(cfg.sigmas)}
         section = sweep_workload(cfg, "bench/LatencySWE-v0", kwargs, cfg.gpus, tokenizer, full=False)
         report["swe"] = section
-        print_table(f"async-agentic, SWE-like (20 turns, container start N(30 s, 10 s)), σ={max(cfg.sigmas):g}", section["rows"], COLUMNS)
+        print_table(
+            f"async-agentic, SWE-like (20 turns, container start N(30 s, 10 s)), σ={max(cfg.sigmas):g}",
+            section["rows"],
+            COLUMNS,
+        )
     assert headline is not None
     best = max((r for r in headline["rows"] if r["config"].startswith("(d)")), key=lambda r: r["speedup_vs_lockstep"])
     report["headline"] = {
@@ -219,7 +294,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report["wall_s"] = time.perf_counter() - started
     save_json(out / "result.json", report)
     save_plot(out / "speedup.png", _plot, cfg, report, panels=2)
-    print(f"headline (σ={max(cfg.sigmas):g}): {best['config']} {best['speedup_vs_lockstep']:.2f}x over lockstep (ROLL Flash: {ROLL_FLASH_AGENTIC}x)")
+    print(
+        f"headline (σ={max(cfg.sigmas):g}): {best['config']} {best['speedup_vs_lockstep']:.2f}x over lockstep (ROLL Flash: {ROLL_FLASH_AGENTIC}x)"
+    )
     print(
         f"  agentic bound over lockstep: {best['bound_agentic_vs_lockstep']:.2f}x at the best split β*={best['beta_star']:.3f} "
         f"({best['of_bound']:.0%} of it), {best['bound_agentic_at_beta_vs_lockstep']:.2f}x at the run's split ({best['of_bound_at_beta']:.0%}); "
@@ -228,7 +305,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-def _series(sections: dict[str, Any], prefix: str, value: str = "speedup_vs_lockstep") -> tuple[list[float], list[float]]:
+def _series(
+    sections: dict[str, Any], prefix: str, value: str = "speedup_vs_lockstep"
+) -> tuple[list[float], list[float]]:
     """Per section, `value` of the fastest row whose config starts with `prefix`."""
     xs, ys = [], []
     for key, section in sections.items():
@@ -241,14 +320,22 @@ def _series(sections: dict[str, Any], prefix: str, value: str = "speedup_vs_lock
 
 def _plot(axes: Any, cfg: AgenticBenchConfig, report: dict[str, Any]) -> None:
     by_sigma, by_gpus = report["sokoban_by_sigma"], report["by_gpus"]
-    series = (("(b)", "env-level async", "C0", "o-"), ("(c)", "+ async training (best α)", "C1", "s-"), ("(d)", "+ redundancy", "C2", "o--"))
+    series = (
+        ("(b)", "env-level async", "C0", "o-"),
+        ("(c)", "+ async training (best α)", "C1", "s-"),
+        ("(d)", "+ redundancy", "C2", "o--"),
+    )
     for prefix, label, color, style in series:
         xs, ys = _series(by_sigma, prefix)
         axes[0].plot(xs, ys, style, color=color, label=label)
         xs, ys = _series(by_gpus, prefix)
         if xs:
             axes[1].plot(xs, ys, style, color=color, label=label)
-    bounds = (("bound_agentic_vs_lockstep", "agentic bound of (d), best split β*", ":", "C3"), ("bound_agentic_at_beta_vs_lockstep", "agentic bound of (d), its split", "-.", "C3"), ("bound_vs_lockstep", "Prop. 2 of (d) (no cap here)", ":", "C7"))
+    bounds = (
+        ("bound_agentic_vs_lockstep", "agentic bound of (d), best split β*", ":", "C3"),
+        ("bound_agentic_at_beta_vs_lockstep", "agentic bound of (d), its split", "-.", "C3"),
+        ("bound_vs_lockstep", "Prop. 2 of (d) (no cap here)", ":", "C7"),
+    )
     for value, label, style, color in bounds:
         for ax, sections in ((axes[0], by_sigma), (axes[1], by_gpus)):
             xs, ys = _series(sections, "(d)", value)

@@ -24,8 +24,16 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from rollhub.bench.report import bench_setup, print_table, save_json, save_plot
-from rollhub.bench.sim.training import GPU_REPLICA, SimRun, best_train_share, make_tokenizer, measured_speedup_bound, pipeline_floor_s, simulate_virtual
 from rollhub.bench.sim.latency_model import OutputLengths
+from rollhub.bench.sim.training import (
+    GPU_REPLICA,
+    SimRun,
+    best_train_share,
+    make_tokenizer,
+    measured_speedup_bound,
+    pipeline_floor_s,
+    simulate_virtual,
+)
 
 ROLL_FLASH_RLVR = 2.24  # best RLVR speedup over sync reported by ROLL Flash
 
@@ -48,7 +56,17 @@ class RlvrBenchConfig:
     seed: int = 0
 
 
-QUICK = ["prompts=4", "samples_per_prompt=4", "gpus=[16]", "alphas=[2.0]", "train_shares=[0.5]", "max_new_tokens=2048", "mean_tokens=300.0", "steps=3", "train_gpu_s=200.0"]
+QUICK = [
+    "prompts=4",
+    "samples_per_prompt=4",
+    "gpus=[16]",
+    "alphas=[2.0]",
+    "train_shares=[0.5]",
+    "max_new_tokens=2048",
+    "mean_tokens=300.0",
+    "steps=3",
+    "train_gpu_s=200.0",
+]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -75,10 +93,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         replicated = simulate_virtual(replace(base, name="sync-replicated"), tokenizer)
         rows = []
         for label, result in (("sync, prompt-pinned", pinned), ("sync, replicated", replicated)):
-            rows.append({"config": label, "step_s": result.step_s, "speedup": pinned.step_s / result.step_s, "idle_frac": result.trainer_idle_fraction, "gen_gpus": result.replicas})
+            rows.append(
+                {
+                    "config": label,
+                    "step_s": result.step_s,
+                    "speedup": pinned.step_s / result.step_s,
+                    "idle_frac": result.trainer_idle_fraction,
+                    "gen_gpus": result.replicas,
+                }
+            )
         runs = {"sync_pinned": pinned.as_dict(), "sync_replicated": replicated.as_dict()}
         for alpha in cfg.alphas:
-            result, share = best_train_share(replace(base, name=f"async-a{alpha:g}", alpha=alpha), cfg.train_shares, tokenizer)
+            result, share = best_train_share(
+                replace(base, name=f"async-a{alpha:g}", alpha=alpha), cfg.train_shares, tokenizer
+            )
             bound = measured_speedup_bound(replicated, alpha)
             rows.append(
                 {
@@ -98,13 +126,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             runs[f"async_a{alpha:g}"] = result.as_dict()
         report["by_gpus"][str(gpus)] = {"rows": rows, "runs": runs}
-        print_table(f"async-rlvr, Math-v0, {cfg.prompts}x{cfg.samples_per_prompt} samples, lengths lognormal(mean {cfg.mean_tokens:g}, σ {cfg.length_sigma:g}) ≤ {cfg.max_new_tokens}, {gpus} simulated GPUs", rows)
+        print_table(
+            f"async-rlvr, Math-v0, {cfg.prompts}x{cfg.samples_per_prompt} samples, lengths lognormal(mean {cfg.mean_tokens:g}, σ {cfg.length_sigma:g}) ≤ {cfg.max_new_tokens}, {gpus} simulated GPUs",
+            rows,
+        )
     best_overall = max((r["speedup"], k, r["config"]) for k, sec in report["by_gpus"].items() for r in sec["rows"])
-    report["headline"] = {"speedup": best_overall[0], "gpus": int(best_overall[1]), "config": best_overall[2], "roll_flash_rlvr": ROLL_FLASH_RLVR}
+    report["headline"] = {
+        "speedup": best_overall[0],
+        "gpus": int(best_overall[1]),
+        "config": best_overall[2],
+        "roll_flash_rlvr": ROLL_FLASH_RLVR,
+    }
     report["wall_s"] = time.perf_counter() - started
     save_json(out / "result.json", report)
     save_plot(out / "speedup.png", _plot, cfg, report)
-    print(f"headline: {best_overall[2]} at {best_overall[1]} GPUs: {best_overall[0]:.2f}x over sync (ROLL Flash RLVR: up to {ROLL_FLASH_RLVR}x)")
+    print(
+        f"headline: {best_overall[2]} at {best_overall[1]} GPUs: {best_overall[0]:.2f}x over sync (ROLL Flash RLVR: up to {ROLL_FLASH_RLVR}x)"
+    )
     return report
 
 

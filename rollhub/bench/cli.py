@@ -15,18 +15,54 @@ from rollhub.core.errors import UserError
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
     # name: ("module:function", one-line description)
-    "alfworld": ("rollhub.bench.alfworld:run", "ALFWorld real engine: cold/cached reset, step latency, worker memory per env, 64 concurrent envs"),
-    "envs": ("rollhub.bench.env_throughput:run", "reset latency, steps/s, memory per env for every registered env; Sokoban rooms/s"),
-    "async-agentic": ("rollhub.bench.async_agentic:run", "SIMULATED agentic RL: lockstep vs env-level async vs async training vs redundancy"),
-    "async-rlvr": ("rollhub.bench.async_rlvr:run", "SIMULATED RLVR on Math-v0: sync vs replication vs async training over GPU counts"),
-    "sched-overhead": ("rollhub.bench.sched_overhead:run", "scheduler CPU per step at ~1,000 concurrent trajectories (simulated engine/envs subtracted)"),
-    "e2e-cpu": ("rollhub.bench.e2e_cpu:run", "real tiny-model Sokoban training, sync vs async: s/step, trainer idle, time-to-score"),
-    "policy-probe": ("rollhub.bench.policy_probe:run", "exact P(optimal move) / P(wall move) of Sokoban checkpoints on fixed held-out boards (no sampling noise)"),
-    "grad-snr": ("rollhub.bench.grad_snr:run", "cosine between policy gradients of disjoint batches from a run's logged groups: signal or noise?"),
-    "fit-latency": ("rollhub.bench.fit_latency_model:run", "fit the SIMULATED latency-model engine to the real HFEngine and validate it"),
-    "sandbox": ("rollhub.bench.sandbox:run", "Docker sandbox start/exec latency, throughput at 1/8/32/64 concurrent, idle memory, leaks"),
-    "rollout-engine": ("rollhub.bench.rollout_engine:run", "real HFEngine on CPU: decode tok/s at 1/8/32 concurrent, prefix-cache and lockstep effects on Sokoban"),
-    "swe": ("rollhub.bench.swe:run", "SWE-v0 reset/tool/eval latencies; gold and empty patches graded by us and by the official swebench harness"),
+    "alfworld": (
+        "rollhub.bench.alfworld:run",
+        "ALFWorld real engine: cold/cached reset, step latency, worker memory per env, 64 concurrent envs",
+    ),
+    "envs": (
+        "rollhub.bench.env_throughput:run",
+        "reset latency, steps/s, memory per env for every registered env; Sokoban rooms/s",
+    ),
+    "async-agentic": (
+        "rollhub.bench.async_agentic:run",
+        "SIMULATED agentic RL: lockstep vs env-level async vs async training vs redundancy",
+    ),
+    "async-rlvr": (
+        "rollhub.bench.async_rlvr:run",
+        "SIMULATED RLVR on Math-v0: sync vs replication vs async training over GPU counts",
+    ),
+    "sched-overhead": (
+        "rollhub.bench.sched_overhead:run",
+        "scheduler CPU per step at ~1,000 concurrent trajectories (simulated engine/envs subtracted)",
+    ),
+    "e2e-cpu": (
+        "rollhub.bench.e2e_cpu:run",
+        "real tiny-model Sokoban training, sync vs async: s/step, trainer idle, time-to-score",
+    ),
+    "policy-probe": (
+        "rollhub.bench.policy_probe:run",
+        "exact P(optimal move) / P(wall move) of Sokoban checkpoints on fixed held-out boards (no sampling noise)",
+    ),
+    "grad-snr": (
+        "rollhub.bench.grad_snr:run",
+        "cosine between policy gradients of disjoint batches from a run's logged groups: signal or noise?",
+    ),
+    "fit-latency": (
+        "rollhub.bench.fit_latency_model:run",
+        "fit the SIMULATED latency-model engine to the real HFEngine and validate it",
+    ),
+    "sandbox": (
+        "rollhub.bench.sandbox:run",
+        "Docker sandbox start/exec latency, throughput at 1/8/32/64 concurrent, idle memory, leaks",
+    ),
+    "rollout-engine": (
+        "rollhub.bench.rollout_engine:run",
+        "real HFEngine on CPU: decode tok/s at 1/8/32 concurrent, prefix-cache and lockstep effects on Sokoban",
+    ),
+    "swe": (
+        "rollhub.bench.swe:run",
+        "SWE-v0 reset/tool/eval latencies; gold and empty patches graded by us and by the official swebench harness",
+    ),
 }
 
 
@@ -36,7 +72,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--list", action="store_true", help="list benchmarks")
     parser.add_argument("--out", default=None, help="output folder (default runs/bench/NAME)")
     parser.add_argument("--quick", action="store_true", help="smallest sizes (smoke test)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="benchmark option")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="benchmark option"
+    )
     parser.set_defaults(func=_run)
 
 

@@ -95,7 +95,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     warm_dir = out / "warmstart"
     warm = _train(cfg.recipe, _recipe_overrides(cfg, warm_dir, "train.steps=0"))
     runs: dict[str, Any] = {}
-    for name, extra in (("sync", ["rollout.lockstep=true", "rollout.async_ratio=0"]), ("async", ["rollout.lockstep=false", f"rollout.async_ratio={cfg.alpha}"])):
+    for name, extra in (
+        ("sync", ["rollout.lockstep=true", "rollout.async_ratio=0"]),
+        ("async", ["rollout.lockstep=false", f"rollout.async_ratio={cfg.alpha}"]),
+    ):
         run_dir = out / name
         run_dir.mkdir()
         shutil.copytree(warm_dir / "sft_model", run_dir / "sft_model")  # same warm-start, SFT skipped
@@ -115,9 +118,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "mode": name,
                 "steps": len(records),
                 "s_per_step": rl_s / max(1, len(records)),
-                "trainer_idle_frac": float(np.mean([r["trainer/idle_fraction"] for r in records])) if records else float("nan"),
+                "trainer_idle_frac": float(np.mean([r["trainer/idle_fraction"] for r in records]))
+                if records
+                else float("nan"),
                 "final_success": data["summary"].final.success_rate if data["summary"].final else float("nan"),
-                "last_train_success": float(records[-1].get("train/success_rate", float("nan"))) if records else float("nan"),
+                "last_train_success": float(records[-1].get("train/success_rate", float("nan")))
+                if records
+                else float("nan"),
                 "steps_to_score": steps_to if steps_to is not None else "not reached",
                 "s_to_score": seconds_to if seconds_to is not None else "not reached",
             }
@@ -130,11 +137,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "score_threshold": threshold,
         "rows": rows,
         "step_speedup": sync_row["s_per_step"] / async_row["s_per_step"],
-        "curves": {name: [{k: r.get(k) for k in ("time/elapsed_s", "train/success_rate", "trainer/idle_fraction", "time/step_s")} for r in d["records"]] for name, d in runs.items()},
+        "curves": {
+            name: [
+                {k: r.get(k) for k in ("time/elapsed_s", "train/success_rate", "trainer/idle_fraction", "time/step_s")}
+                for r in d["records"]
+            ]
+            for name, d in runs.items()
+        },
         "wall_s": time.perf_counter() - started,
     }
-    print_table(f"e2e-cpu: tiny-model Sokoban, {cfg.steps} RL steps each from one SFT warm-start (threshold {threshold:.2f})", rows)
-    print(f"async is {report['step_speedup']:.2f}x faster per step; warm-start held-out success {report['warmstart_success']}")
+    print_table(
+        f"e2e-cpu: tiny-model Sokoban, {cfg.steps} RL steps each from one SFT warm-start (threshold {threshold:.2f})",
+        rows,
+    )
+    print(
+        f"async is {report['step_speedup']:.2f}x faster per step; warm-start held-out success {report['warmstart_success']}"
+    )
     save_json(out / "result.json", report)
     save_plot(out / "e2e.png", _plot, report, panels=2)
     return report

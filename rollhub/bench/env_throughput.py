@@ -219,10 +219,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             failed[spec.id] = f"{type(exc).__name__}: {exc}"
             print(f"fail {spec.id}: {failed[spec.id]}")
     rooms = sokoban_rooms_per_s(cfg)
-    headers = {"env": "env", "reset_p50_ms": "reset p50 ms", "reset_p95_ms": "reset p95 ms", "steps_per_s": "steps/s", "rss_kib_per_env": "RSS KiB/env", "traced_kib_per_env": "py KiB/env", "live_envs": "live"}
+    headers = {
+        "env": "env",
+        "reset_p50_ms": "reset p50 ms",
+        "reset_p95_ms": "reset p95 ms",
+        "steps_per_s": "steps/s",
+        "rss_kib_per_env": "RSS KiB/env",
+        "traced_kib_per_env": "py KiB/env",
+        "live_envs": "live",
+    }
     shown = [{headers[k]: row[k] for k in headers} for row in rows]
     print_table("env throughput (one process, one core)", shown, list(headers.values()))
-    print(f"Sokoban room generation (6x6, 1 box, depth 30): {rooms['rooms_per_s']:.0f} rooms/s over {rooms['rooms']} rooms (aim >= 200)")
+    print(
+        f"Sokoban room generation (6x6, 1 box, depth 30): {rooms['rooms_per_s']:.0f} rooms/s over {rooms['rooms']} rooms (aim >= 200)"
+    )
     result = {"config": asdict(cfg), "envs": rows, "skipped": skipped, "failed": failed, "sokoban_generation": rooms}
     path = save_json(Path(args.out) / "env_throughput.json", result)
     print(f"wrote {path}")

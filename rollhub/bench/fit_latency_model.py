@@ -86,7 +86,9 @@ async def _makespan(engine: Any, requests: list[Request], *, force_length: bool,
         else:
             gen = await engine.generate(prompts[index], sampling)
         if len(gen.token_ids) != request.output_tokens:
-            raise RuntimeError(f"expected {request.output_tokens} tokens, got {len(gen.token_ids)} ({gen.finish_reason})")
+            raise RuntimeError(
+                f"expected {request.output_tokens} tokens, got {len(gen.token_ids)} ({gen.finish_reason})"
+            )
 
     await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
     return loop.time() - start
@@ -126,7 +128,9 @@ class StepRecorder:
 
         engine._step = timed_step
 
-    def measure(self, loop: asyncio.AbstractEventLoop, engine: Any, requests: list[Request], repeats: int, seed: int = 0) -> dict[str, float]:
+    def measure(
+        self, loop: asyncio.AbstractEventLoop, engine: Any, requests: list[Request], repeats: int, seed: int = 0
+    ) -> dict[str, float]:
         """Run the workload `repeats` times; the fastest wall makespan and the fastest
         process-CPU makespan."""
         walls, cpus = [], []
@@ -145,8 +149,8 @@ class StepRecorder:
 
 
 def _simulate(params: Any, requests: list[Request]) -> float:
-    from rollhub.bench.sim.virtual_clock import run_virtual
     from rollhub.bench.sim.latency_model import LatencyModelEngine
+    from rollhub.bench.sim.virtual_clock import run_virtual
 
     return run_virtual(_makespan(LatencyModelEngine(params), requests, force_length=True))
 
@@ -173,7 +177,9 @@ def fit(records: list[StepRecord], max_batch: int, source: str) -> tuple[Any, li
     def iteration_s(batch: int) -> float:
         return float(intercept + slope * (batch - 1))
 
-    prefill = [(r.prefill_tokens, r.cpu_s + r.overhead_cpu_s - iteration_s(r.batch)) for r in records if r.prefill_tokens > 0]
+    prefill = [
+        (r.prefill_tokens, r.cpu_s + r.overhead_cpu_s - iteration_s(r.batch)) for r in records if r.prefill_tokens > 0
+    ]
     tokens = np.array([p[0] for p in prefill], dtype=float)
     extra = np.array([p[1] for p in prefill])
     if len(set(tokens.tolist())) > 1:
@@ -190,7 +196,13 @@ def fit(records: list[StepRecord], max_batch: int, source: str) -> tuple[Any, li
         source=source,
     )
     rows = [
-        {"batch": int(b), "steps": len(decode[int(b)]), "measured_ms": 1000 * it, "fitted_ms": 1000 * params.iteration_s(int(b)), "tokens_per_s": b / it}
+        {
+            "batch": int(b),
+            "steps": len(decode[int(b)]),
+            "measured_ms": 1000 * it,
+            "fitted_ms": 1000 * params.iteration_s(int(b)),
+            "tokens_per_s": b / it,
+        }
         for b, it in zip(batches, iteration)
     ]
     return params, rows
@@ -200,7 +212,9 @@ def validation_workloads(rng: np.random.Generator, long_tokens: int) -> dict[str
     """Workloads unlike the fitting ones: mixed lengths, staggered arrivals, a long tail."""
     long_tokens = max(long_tokens, 24)
     mixed = [Request(0.0, int(rng.integers(16, 128)), int(rng.integers(8, long_tokens + 1))) for _ in range(12)]
-    staggered = [Request(0.05 * i, int(rng.integers(16, 96)), int(rng.integers(16, long_tokens + 1))) for i in range(10)]
+    staggered = [
+        Request(0.05 * i, int(rng.integers(16, 96)), int(rng.integers(16, long_tokens + 1))) for i in range(10)
+    ]
     tail = [Request(0.0, 48, 12) for _ in range(7)] + [Request(0.0, 48, 3 * long_tokens)]
     return {"mixed-12": mixed, "staggered-10": staggered, "long-tail-8": tail}
 
@@ -231,7 +245,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for p in cfg.prompt_tokens:
                     recorder.measure(loop, engine, [Request(0.0, p, cfg.long_tokens)] * c, cfg.repeats, seed=c)
             fit_records = list(recorder.records)
-            params, fit_rows = fit(fit_records, max_batch=engine.max_batch_size, source=f"fit: HFEngine tiny-{cfg.model_size}, {cfg.threads} thread(s)")
+            params, fit_rows = fit(
+                fit_records,
+                max_batch=engine.max_batch_size,
+                source=f"fit: HFEngine tiny-{cfg.model_size}, {cfg.threads} thread(s)",
+            )
             validation = []
             for name, requests in validation_workloads(np.random.default_rng(0), cfg.long_tokens).items():
                 measured = recorder.measure(loop, engine, requests, cfg.repeats, seed=7)

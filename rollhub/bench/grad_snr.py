@@ -59,7 +59,11 @@ def load_groups(trajectories_file: Path, max_version: int) -> list[Any]:
                 by_group[trajectory.group_id].append(trajectory)
     sizes = collections.Counter(len(t) for t in by_group.values())
     full = max(sizes, key=lambda n: (sizes[n], n)) if sizes else 0  # the run's group size
-    return [Group(group_id=g, env_id=t[0].env_id, seed=t[0].seed, trajectories=t) for g, t in by_group.items() if len(t) == full]
+    return [
+        Group(group_id=g, env_id=t[0].env_id, seed=t[0].seed, trajectories=t)
+        for g, t in by_group.items()
+        if len(t) == full
+    ]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -84,7 +88,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     groups = load_groups(run_dir / "trajectories.jsonl", cfg.max_version)
     needed = 2 * max(sizes)
     if len(groups) < needed:
-        raise UserError(f"{len(groups)} complete groups with versions <= {cfg.max_version}; {needed} needed (raise max_version or lower sizes)")
+        raise UserError(
+            f"{len(groups)} complete groups with versions <= {cfg.max_version}; {needed} needed (raise max_version or lower sizes)"
+        )
     policy = Policy(model, micro_batch_size=recipe.optim.micro_batch_size, temperature=recipe.agent.temperature)
     # the policy-gradient part only: a KL term to the warm-start has zero gradient at the warm-start
     loss_config = dataclasses.replace(recipe.loss, kl_coef=0.0)
@@ -104,8 +110,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             rng.shuffle(groups)
             first, second = gradient(groups[:size]), gradient(groups[size : 2 * size])
             cosines.append(float(torch.nn.functional.cosine_similarity(first, second, dim=0)))
-        rows.append({"groups_per_batch": size, "repeats": cfg.repeats, "cosine_mean": sum(cosines) / len(cosines), "cosines": cosines})
-    print_table(f"gradient cosine between disjoint batches ({len(groups)} groups, versions <= {cfg.max_version})", [{k: v for k, v in r.items() if k != "cosines"} for r in rows])
+        rows.append(
+            {
+                "groups_per_batch": size,
+                "repeats": cfg.repeats,
+                "cosine_mean": sum(cosines) / len(cosines),
+                "cosines": cosines,
+            }
+        )
+    print_table(
+        f"gradient cosine between disjoint batches ({len(groups)} groups, versions <= {cfg.max_version})",
+        [{k: v for k, v in r.items() if k != "cosines"} for r in rows],
+    )
     result = {"benchmark": "grad-snr", "config": vars(cfg), "groups_available": len(groups), "rows": rows}
     save_json(out / "result.json", result)
     save_plot(out / "grad_snr.png", _draw, rows)
@@ -115,7 +131,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def _draw(ax: Any, rows: list[dict[str, Any]]) -> None:
     for row in rows:
         ax.scatter([row["groups_per_batch"]] * len(row["cosines"]), row["cosines"], color="tab:blue", alpha=0.6)
-    ax.plot([r["groups_per_batch"] for r in rows], [r["cosine_mean"] for r in rows], color="tab:blue", marker="o", label="mean")
+    ax.plot(
+        [r["groups_per_batch"] for r in rows],
+        [r["cosine_mean"] for r in rows],
+        color="tab:blue",
+        marker="o",
+        label="mean",
+    )
     ax.axhline(0.0, color="grey", lw=0.8)
     ax.set_xlabel("groups per batch")
     ax.set_ylabel("cosine between two batch gradients")

@@ -89,7 +89,9 @@ async def collect_boards(env_id: str, env_kwargs: dict[str, Any], seeds: range) 
     return boards
 
 
-def score_model(path: str, boards: list[Board], system_prompt: str | None, temperature: float) -> dict[str, dict[str, float]]:
+def score_model(
+    path: str, boards: list[Board], system_prompt: str | None, temperature: float
+) -> dict[str, dict[str, float]]:
     """P(optimal move) and P(wall move) per board kind, from whole-answer likelihoods."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -98,7 +100,9 @@ def score_model(path: str, boards: list[Board], system_prompt: str | None, tempe
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path).eval()
-    answers = [tokenizer.encode(f"<action>{m}</action>", add_special_tokens=False) + [tokenizer.eos_token_id] for m in MOVES]
+    answers = [
+        tokenizer.encode(f"<action>{m}</action>", add_special_tokens=False) + [tokenizer.eos_token_id] for m in MOVES
+    ]
     system = [{"role": "system", "content": system_prompt}] if system_prompt else []
     sums: dict[str, dict[str, float]] = {}
     with torch.no_grad():
@@ -139,7 +143,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     recipe = load_config(RunConfig, cfg.recipe, [])
     if not recipe.env.id.startswith("rollhub/Sokoban"):
         raise UserError(f"policy-probe knows Sokoban only; the recipe's env is {recipe.env.id}")
-    boards = asyncio.run(collect_boards(recipe.env.id, dict(recipe.env.kwargs), range(cfg.seed_offset, cfg.seed_offset + cfg.seeds)))
+    boards = asyncio.run(
+        collect_boards(recipe.env.id, dict(recipe.env.kwargs), range(cfg.seed_offset, cfg.seed_offset + cfg.seeds))
+    )
     rows = []
     for path in models:
         for kind, stats in score_model(path, boards, recipe.agent.system_prompt, recipe.agent.temperature).items():

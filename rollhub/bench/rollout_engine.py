@@ -62,21 +62,43 @@ async def decode_throughput(model_dir: Path, cfg: EngineBenchConfig) -> list[dic
             results = await asyncio.gather(*(engine.generate(p, sampling) for p in prompts))
             elapsed = time.perf_counter() - started
             tokens = sum(len(r.token_ids) for r in results)
-            rows.append({"concurrency": concurrency, "tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed})
+            rows.append(
+                {"concurrency": concurrency, "tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed}
+            )
     base = rows[0]["tokens_per_s"]
     for row in rows:
         row["speedup_vs_1"] = row["tokens_per_s"] / base
     return rows
 
 
-async def collect(model_dir: Path, cfg: EngineBenchConfig, *, prefix_cache_tokens: int, lockstep: bool, env_id: str = "rollhub/Sokoban-v0", env_kwargs: dict[str, Any] | None = None, group_redundancy: int = 0) -> dict[str, Any]:
+async def collect(
+    model_dir: Path,
+    cfg: EngineBenchConfig,
+    *,
+    prefix_cache_tokens: int,
+    lockstep: bool,
+    env_id: str = "rollhub/Sokoban-v0",
+    env_kwargs: dict[str, Any] | None = None,
+    group_redundancy: int = 0,
+) -> dict[str, Any]:
     from rollhub.rollout.agent import AgentConfig
     from rollhub.rollout.engines.hf import HFEngine
     from rollhub.rollout.manager import EnvManager, EnvManagerConfig
 
-    agent = AgentConfig(max_new_tokens=cfg.turn_tokens, max_turns=cfg.max_turns, max_context_tokens=2048, temperature=1.0)
-    config = EnvManagerConfig(env_id=env_id, env_kwargs=dict(env_kwargs or {}), group_size=cfg.group_size, lockstep=lockstep, agent=agent, group_redundancy=group_redundancy)
-    async with HFEngine(model_dir, threads=cfg.threads, max_batch_size=64, prefix_cache_tokens=prefix_cache_tokens, seed=0) as engine:
+    agent = AgentConfig(
+        max_new_tokens=cfg.turn_tokens, max_turns=cfg.max_turns, max_context_tokens=2048, temperature=1.0
+    )
+    config = EnvManagerConfig(
+        env_id=env_id,
+        env_kwargs=dict(env_kwargs or {}),
+        group_size=cfg.group_size,
+        lockstep=lockstep,
+        agent=agent,
+        group_redundancy=group_redundancy,
+    )
+    async with HFEngine(
+        model_dir, threads=cfg.threads, max_batch_size=64, prefix_cache_tokens=prefix_cache_tokens, seed=0
+    ) as engine:
         manager = EnvManager(engine, engine.tokenizer, config)
         started = time.perf_counter()
         groups = await manager.collect_batch(cfg.groups)
@@ -112,19 +134,37 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         no_cache = asyncio.run(collect(model_dir, cfg, prefix_cache_tokens=0, lockstep=False))
         cached = asyncio.run(collect(model_dir, cfg, prefix_cache_tokens=65536, lockstep=False))
         lockstep = asyncio.run(collect(model_dir, cfg, prefix_cache_tokens=65536, lockstep=True))
-        print("simulated env latencies (bench/LatencySokoban-v0): lockstep / async / async + redundancy ...", flush=True)
+        print(
+            "simulated env latencies (bench/LatencySokoban-v0): lockstep / async / async + redundancy ...", flush=True
+        )
         latency_env = {"env_id": "bench/LatencySokoban-v0", "env_kwargs": {"time_scale": cfg.latency_scale}}
         latency_rows = [
-            {"mode": "lockstep", **asyncio.run(collect(model_dir, cfg, prefix_cache_tokens=65536, lockstep=True, **latency_env))},
-            {"mode": "env-level async", **asyncio.run(collect(model_dir, cfg, prefix_cache_tokens=65536, lockstep=False, **latency_env))},
-            {"mode": "async + 1 redundant/group", **asyncio.run(collect(model_dir, cfg, prefix_cache_tokens=65536, lockstep=False, group_redundancy=1, **latency_env))},
+            {
+                "mode": "lockstep",
+                **asyncio.run(collect(model_dir, cfg, prefix_cache_tokens=65536, lockstep=True, **latency_env)),
+            },
+            {
+                "mode": "env-level async",
+                **asyncio.run(collect(model_dir, cfg, prefix_cache_tokens=65536, lockstep=False, **latency_env)),
+            },
+            {
+                "mode": "async + 1 redundant/group",
+                **asyncio.run(
+                    collect(
+                        model_dir, cfg, prefix_cache_tokens=65536, lockstep=False, group_redundancy=1, **latency_env
+                    )
+                ),
+            },
         ]
     rollout_rows = [
         {"mode": "async, no prefix cache", **no_cache},
         {"mode": "async, prefix cache", **cached},
         {"mode": "lockstep, prefix cache", **lockstep},
     ]
-    print_table(f"Sokoban-v0 rollout, {cfg.groups}x{cfg.group_size} trajectories, {cfg.turn_tokens} tokens/turn, <= {cfg.max_turns} turns", rollout_rows)
+    print_table(
+        f"Sokoban-v0 rollout, {cfg.groups}x{cfg.group_size} trajectories, {cfg.turn_tokens} tokens/turn, <= {cfg.max_turns} turns",
+        rollout_rows,
+    )
     result = {
         "config": asdict(cfg),
         "decode": decode,
@@ -136,11 +176,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "latency_env_async_vs_lockstep_speedup": latency_rows[0]["seconds"] / latency_rows[1]["seconds"],
         "latency_env_redundancy_vs_lockstep_speedup": latency_rows[0]["seconds"] / latency_rows[2]["seconds"],
     }
-    print_table(f"bench/LatencySokoban-v0 (SIMULATED env latency, real engine), step N(10, 5) x {cfg.latency_scale} s", latency_rows)
-    print(f"prefix cache: {result['prefix_cache_speedup']:.2f}x faster, {result['prefix_cache_prefill_reduction']:.1f}x fewer prefill tokens; "
-          f"env-level async vs lockstep: {result['async_vs_lockstep_speedup']:.2f}x on Sokoban, "
-          f"{result['latency_env_async_vs_lockstep_speedup']:.2f}x with simulated env latencies "
-          f"({result['latency_env_redundancy_vs_lockstep_speedup']:.2f}x with redundancy)")
+    print_table(
+        f"bench/LatencySokoban-v0 (SIMULATED env latency, real engine), step N(10, 5) x {cfg.latency_scale} s",
+        latency_rows,
+    )
+    print(
+        f"prefix cache: {result['prefix_cache_speedup']:.2f}x faster, {result['prefix_cache_prefill_reduction']:.1f}x fewer prefill tokens; "
+        f"env-level async vs lockstep: {result['async_vs_lockstep_speedup']:.2f}x on Sokoban, "
+        f"{result['latency_env_async_vs_lockstep_speedup']:.2f}x with simulated env latencies "
+        f"({result['latency_env_redundancy_vs_lockstep_speedup']:.2f}x with redundancy)"
+    )
     path = save_json(Path(args.out) / "rollout_engine.json", result)
     print(f"wrote {path}")
     return result

@@ -105,7 +105,19 @@ def _docker_cli_baseline(cfg: SandboxBenchConfig) -> dict:
 
     if shutil.which("docker") is None:
         return {}
-    run_argv = ["docker", "run", "-d", "--init", "--network", "none", "--label", "rollhub.run=bench-cli-baseline", cfg.image, "sleep", "infinity"]
+    run_argv = [
+        "docker",
+        "run",
+        "-d",
+        "--init",
+        "--network",
+        "none",
+        "--label",
+        "rollhub.run=bench-cli-baseline",
+        cfg.image,
+        "sleep",
+        "infinity",
+    ]
     start_s, exec_s = [], []
     container_ids = []
     try:
@@ -161,7 +173,9 @@ async def _throughput(backend, cfg: SandboxBenchConfig, limits, concurrency: int
     from rollhub.sandbox.base import SandboxError
     from rollhub.sandbox.pool import SandboxPool
 
-    pool = SandboxPool(backend, max_concurrent=concurrency, max_concurrent_starts=cfg.max_concurrent_starts, start_retries=0)
+    pool = SandboxPool(
+        backend, max_concurrent=concurrency, max_concurrent_starts=cfg.max_concurrent_starts, start_retries=0
+    )
     failures = 0
 
     async def episode(index: int) -> None:
@@ -268,7 +282,16 @@ def run(args: argparse.Namespace) -> dict:
         raise UserError(str(exc)) from exc
     print_table("sandbox latency (ms)", [results["latency"]])
     print_table("sandbox throughput", results["throughput"])
-    print_table("idle memory and leaks", [{**results["memory"], "leaked_containers": results["leaked_containers"], "load_avg_1m": results["load_avg_1m_before"]}])
+    print_table(
+        "idle memory and leaks",
+        [
+            {
+                **results["memory"],
+                "leaked_containers": results["leaked_containers"],
+                "load_avg_1m": results["load_avg_1m_before"],
+            }
+        ],
+    )
     path = save_json(Path(args.out) / "sandbox.json", results)
     plot = save_plot(Path(args.out) / "sandbox.png", _draw_throughput, results["throughput"], panels=2)
     print(f"wrote {path} and {plot}")

@@ -55,21 +55,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg, out = bench_setup(OverheadConfig, args, QUICK)
     started = time.perf_counter()
     env_kwargs = {"turns": cfg.turns, "step_std_s": cfg.step_std_s}
-    base = SimRun(env_kwargs=env_kwargs, group_size=cfg.group_size, gpus=cfg.gpus, train_gpu_s=cfg.train_gpu_s, steps=cfg.steps)
+    base = SimRun(
+        env_kwargs=env_kwargs, group_size=cfg.group_size, gpus=cfg.gpus, train_gpu_s=cfg.train_gpu_s, steps=cfg.steps
+    )
     tokenizer = make_tokenizer("sim")
     rows = []
     for groups, size in cfg.concurrent:
         result = simulate_virtual(replace(base, name="env-async", groups=groups, group_size=size), tokenizer)
         rows.append(_row(f"sync env-async {groups}x{size}", result))
-    result = simulate_virtual(replace(base, name="async", groups=cfg.async_groups, alpha=1.0, train_share=0.75), tokenizer)
+    result = simulate_virtual(
+        replace(base, name="async", groups=cfg.async_groups, alpha=1.0, train_share=0.75), tokenizer
+    )
     rows.append(_row(f"async α=1 {cfg.async_groups}x{cfg.group_size}", result))
     print_table(f"scheduler CPU per training step (simulators subtracted), target < {cfg.target:.0%}", rows)
 
     tokenizer_rows = []
     for kind in ("sim", "real"):
-        small = simulate_virtual(replace(base, name=kind, groups=cfg.real_tokenizer_groups, steps=2, warmup_steps=1), make_tokenizer(kind))
+        small = simulate_virtual(
+            replace(base, name=kind, groups=cfg.real_tokenizer_groups, steps=2, warmup_steps=1), make_tokenizer(kind)
+        )
         cpu_total = small.cpu_s_per_step * len(small.step_times_s)
-        tokenizer_rows.append({"tokenizer": kind, "env_calls": small.env_calls, "ms_cpu_per_turn_all": 1000 * cpu_total / max(1, small.env_calls)})
+        tokenizer_rows.append(
+            {
+                "tokenizer": kind,
+                "env_calls": small.env_calls,
+                "ms_cpu_per_turn_all": 1000 * cpu_total / max(1, small.env_calls),
+            }
+        )
     print_table("agent-layer CPU per turn (everything in the process, simulators included)", tokenizer_rows)
 
     at_1000 = [r for r in rows if r["trajectories_in_flight"] >= 900]

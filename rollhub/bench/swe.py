@@ -50,7 +50,9 @@ class _NoNetworkClient:
         return getattr(self._client, name)
 
 
-def official_verdicts(tasks: list[SweTask], patches: dict[str, dict[str, str]], workdir: Path, max_workers: int = 2) -> dict[tuple[str, str], bool | None]:
+def official_verdicts(
+    tasks: list[SweTask], patches: dict[str, dict[str, str]], workdir: Path, max_workers: int = 2
+) -> dict[tuple[str, str], bool | None]:
     """(instance_id, patch name) -> resolved per swebench's `run_instance` (None = error)."""
     import docker
     from swebench.harness.run_evaluation import run_instance
@@ -61,7 +63,13 @@ def official_verdicts(tasks: list[SweTask], patches: dict[str, dict[str, str]], 
     jobs = []
     for task in tasks:
         for name, patch in patches[task.instance_id].items():
-            jobs.append((task, name, {"instance_id": task.instance_id, "model_name_or_path": f"rollhub-{name}", "model_patch": patch}))
+            jobs.append(
+                (
+                    task,
+                    name,
+                    {"instance_id": task.instance_id, "model_name_or_path": f"rollhub-{name}", "model_patch": patch},
+                )
+            )
     cwd = os.getcwd()
     workdir.mkdir(parents=True, exist_ok=True)
     os.chdir(workdir)  # run_instance writes logs/run_evaluation/... relative to the cwd
@@ -84,7 +92,9 @@ def official_verdicts(tasks: list[SweTask], patches: dict[str, dict[str, str]], 
         raw_client.close()
 
 
-async def _ours(tasks: list[SweTask], patches: dict[str, dict[str, str]]) -> tuple[dict[tuple[str, str], float], dict[str, list[float]], list[str]]:
+async def _ours(
+    tasks: list[SweTask], patches: dict[str, dict[str, str]]
+) -> tuple[dict[tuple[str, str], float], dict[str, list[float]], list[str]]:
     from rollhub.envs.swe.env import SWEEnv
     from rollhub.envs.swe.evaluate import evaluate_patch
     from rollhub.envs.swe.tools import ToolCall
@@ -145,7 +155,17 @@ def run(args: Any) -> dict[str, Any]:
         **{f"{name}_max": round(max(values), 3) for name, values in timings.items() if values},
     }
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "swe.json").write_text(json.dumps({"summary": summary, "infra_failures": infra_failures, "rewards": {f"{k[0]}:{k[1]}": v for k, v in rewards.items()}, "official": {f"{k[0]}:{k[1]}": v for k, v in official.items()}}, indent=2))
+    (Path(args.out) / "swe.json").write_text(
+        json.dumps(
+            {
+                "summary": summary,
+                "infra_failures": infra_failures,
+                "rewards": {f"{k[0]}:{k[1]}": v for k, v in rewards.items()},
+                "official": {f"{k[0]}:{k[1]}": v for k, v in official.items()},
+            },
+            indent=2,
+        )
+    )
     width = max(len(k) for k in summary)
     for key, value in summary.items():
         print(f"{key:{width}s}  {value}")

@@ -148,7 +148,9 @@ class AgenticWorkload:
         if self.gen_tail_s < self.gen_s:
             raise ValueError("gen_tail_s (the largest trajectory's GPU work) must be >= gen_s (the mean)")
         if self.tail_s < self.gen_tail_s:
-            raise ValueError("tail_s (slowest trajectory's wall time) must be >= gen_tail_s (its GPU work is part of it)")
+            raise ValueError(
+                "tail_s (slowest trajectory's wall time) must be >= gen_tail_s (its GPU work is part of it)"
+            )
         if self.wall_s is not None and (not self.wall_s >= self.env_s or math.isinf(self.wall_s)):
             raise ValueError("wall_s (mean trajectory wall time) must be finite and >= env_s")
 
@@ -197,7 +199,9 @@ def agentic_sync_step_s(w: AgenticWorkload) -> float:
     return w.gen_load_s + w.tail_s + w.train_load_s + w.push_s
 
 
-def agentic_async_terms_s(w: AgenticWorkload, alpha: float, train_share: float, in_flight: float | None = None) -> dict[str, float]:
+def agentic_async_terms_s(
+    w: AgenticWorkload, alpha: float, train_share: float, in_flight: float | None = None
+) -> dict[str, float]:
     """The limits of an async step with ratio alpha and beta = train_share of the K GPUs
     training while (1 - beta) K generate (equal budget); the step is at least each of them:
 
@@ -265,7 +269,9 @@ def agentic_async_best_step_s(w: AgenticWorkload, alpha: float, in_flight: float
     return max(w.push_s, w.gen_term_load_s(alpha), latency)  # no training: the limits as beta -> 0
 
 
-def agentic_speedup_bound(w: AgenticWorkload, alpha: float, train_share: float | None = None, in_flight: float | None = None) -> float:
+def agentic_speedup_bound(
+    w: AgenticWorkload, alpha: float, train_share: float | None = None, in_flight: float | None = None
+) -> float:
     """S <= T_sync / T_async: agentic_sync_step_s over agentic_async_step_s at beta =
     train_share, or over agentic_async_best_step_s (the best split) when it is None.
 

@@ -10,7 +10,18 @@ optional extra is missing still shows in `rollhub envs list`.
 from rollhub.envs.base import Env, Message, Observation, extract_action, wrap_action
 from rollhub.envs.registry import EnvSpec, all_specs, make, register, spec
 
-__all__ = ["Env", "EnvSpec", "Message", "Observation", "all_specs", "extract_action", "make", "register", "spec", "wrap_action"]
+__all__ = [
+    "Env",
+    "EnvSpec",
+    "Message",
+    "Observation",
+    "all_specs",
+    "extract_action",
+    "make",
+    "register",
+    "spec",
+    "wrap_action",
+]
 
 from rollhub.envs import builtin as _builtin  # noqa: E402  (registers the built-in ids)
 

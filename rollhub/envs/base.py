@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import abc
 import re
-from typing import Any, Hashable, TypedDict
+from collections.abc import Hashable
+from typing import Any, TypedDict
 
 
 class Message(TypedDict):
@@ -61,7 +62,9 @@ class Env(abc.ABC):
     spec: Any = None
 
     @abc.abstractmethod
-    async def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
+    async def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Observation, dict[str, Any]]:
         """Start an episode. Same seed -> same task and the same first observation."""
 
     @abc.abstractmethod
@@ -85,7 +88,7 @@ class Env(abc.ABC):
         """Human-readable current state (for transcripts and `--agent human`)."""
         return ""
 
-    async def __aenter__(self) -> "Env":
+    async def __aenter__(self) -> Env:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -204,7 +204,11 @@ def _check_messages(obs: Any, where: str, problems: list[str]) -> None:
         problems.append(f"{where}: the observation must be a non-empty list of chat messages")
         return
     for message in obs:
-        if not (isinstance(message, dict) and isinstance(message.get("role"), str) and isinstance(message.get("content"), str)):
+        if not (
+            isinstance(message, dict)
+            and isinstance(message.get("role"), str)
+            and isinstance(message.get("content"), str)
+        ):
             problems.append(f"{where}: every message needs str 'role' and 'content', got {message!r:.80}")
             return
         if message["role"] not in ("system", "user", "assistant", "tool"):

@@ -31,7 +31,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     trying.add_argument("--agent", choices=AGENTS, default="random", help="who plays (default random)")
     trying.add_argument("--json", action="store_true", help="end with one JSON line: env, seed, steps, return, success")
     trying.add_argument("--max-steps", type=int, default=None, help="stop after N steps (default: the env's limit)")
-    trying.add_argument("--set", dest="env_args", action="append", default=[], metavar="KEY=VALUE", help="env constructor argument, e.g. --set num_boxes=2")
+    trying.add_argument(
+        "--set",
+        dest="env_args",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="env constructor argument, e.g. --set num_boxes=2",
+    )
     trying.set_defaults(func=try_env)
 
 
@@ -46,7 +53,9 @@ def list_envs(args: argparse.Namespace) -> int:
     specs = all_specs()
     rows = []
     for spec in specs:
-        needs = list(spec.requires) + ([f"extra:{spec.extra}"] if spec.extra and f"extra:{spec.extra}" not in spec.requires else [])
+        needs = list(spec.requires) + (
+            [f"extra:{spec.extra}"] if spec.extra and f"extra:{spec.extra}" not in spec.requires else []
+        )
         missing = missing_requirements(spec) if needs else []
         rows.append({"id": spec.id, "description": spec.description, "needs": needs, "available": not missing})
     if args.json:
@@ -147,14 +156,20 @@ async def _play(env, args: argparse.Namespace) -> int:
             steps += 1
             total += reward
             _print_messages(obs)
-            print(f"[reward {reward:+.2f}  return {total:+.2f}{'  terminated' if terminated else ''}{'  truncated' if truncated else ''}]")
+            print(
+                f"[reward {reward:+.2f}  return {total:+.2f}{'  terminated' if terminated else ''}{'  truncated' if truncated else ''}]"
+            )
             if terminated or truncated:
                 success = bool(info.get("success", False))
                 break
     finally:
         await env.close()
     if args.json:
-        print(json.dumps({"env": args.env_id, "seed": args.seed, "steps": steps, "return": round(total, 6), "success": success}))
+        print(
+            json.dumps(
+                {"env": args.env_id, "seed": args.seed, "steps": steps, "return": round(total, 6), "success": success}
+            )
+        )
     else:
         print(f"episode: {steps} steps, return {total:+.2f}, success {success}")
     return 0

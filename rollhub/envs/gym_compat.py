@@ -49,7 +49,14 @@ class GymnasiumTextEnv(Env):
     Envs that are not thread-safe must instead run in a worker process.
     """
 
-    def __init__(self, gym_env: gymnasium.Env, *, max_steps: int = 50, action_tag: str = "action", system_prompt: str | None = None):
+    def __init__(
+        self,
+        gym_env: gymnasium.Env,
+        *,
+        max_steps: int = 50,
+        action_tag: str = "action",
+        system_prompt: str | None = None,
+    ):
         self.gym_env = gym_env
         self.max_steps = max_steps
         self.action_tag = action_tag
@@ -73,7 +80,9 @@ class GymnasiumTextEnv(Env):
 
         self._steps += 1
         parsed = extract_action(action, self.action_tag)
-        obs, reward, terminated, truncated, info = await asyncio.to_thread(self.gym_env.step, parsed if parsed is not None else action)
+        obs, reward, terminated, truncated, info = await asyncio.to_thread(
+            self.gym_env.step, parsed if parsed is not None else action
+        )
         info = dict(info)
         info.setdefault("anchor", str(obs))
         info.setdefault("success", bool(terminated and reward > 0))

@@ -13,8 +13,9 @@ import importlib
 import importlib.metadata
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from rollhub.core.errors import MissingExtraError, UserError
 
@@ -69,7 +70,14 @@ def register(
         raise ValueError(f"env id '{id}' must look like 'namespace/Name-vN' (e.g. 'rollhub/Sokoban-v0')")
     if id in _REGISTRY:
         logger.warning("env id %s registered again; replacing", id)
-    spec = EnvSpec(id=id, entry_point=entry_point, kwargs=dict(kwargs), description=description, requires=tuple(requires), extra=extra)
+    spec = EnvSpec(
+        id=id,
+        entry_point=entry_point,
+        kwargs=dict(kwargs),
+        description=description,
+        requires=tuple(requires),
+        extra=extra,
+    )
     _REGISTRY[id] = spec
     if gymnasium_compat:
         from rollhub.envs.gym_compat import register_in_gymnasium

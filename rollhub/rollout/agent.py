@@ -54,7 +54,9 @@ class AgentConfig:
     top_p: float = 1.0
     top_k: int = -1
     format_penalty: float = 0.0  # added to the turn reward when the env reports format_ok=False
-    resume_mode: Literal["partial", "regenerate"] = "partial"  # partial = continue aborted output; regenerate = redo the turn
+    resume_mode: Literal["partial", "regenerate"] = (
+        "partial"  # partial = continue aborted output; regenerate = redo the turn
+    )
     max_resubmits: int = 16  # per turn, after aborts (weight updates)
 
     def validate(self) -> None:
@@ -70,7 +72,9 @@ class AgentConfig:
             raise ValueError("resume_mode must be 'partial' or 'regenerate'")
         if self.max_resubmits < 0:
             raise ValueError("max_resubmits must be >= 0")
-        SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+        SamplingParams(
+            max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k
+        )
 
 
 @dataclass
@@ -84,13 +88,26 @@ class _TurnSegments:
 class EpisodeRunner:
     """One trajectory's state; see module docstring for the driving protocol."""
 
-    def __init__(self, env: Any, tokenizer: Any, config: AgentConfig, *, env_id: str, seed: int | None, trajectory_id: str = "", group_id: str = "", segments: ChatSegments | None = None) -> None:
+    def __init__(
+        self,
+        env: Any,
+        tokenizer: Any,
+        config: AgentConfig,
+        *,
+        env_id: str,
+        seed: int | None,
+        trajectory_id: str = "",
+        group_id: str = "",
+        segments: ChatSegments | None = None,
+    ) -> None:
         self.env = env
         self.tokenizer = tokenizer
         config.validate()  # checked where used (load_config also checks it, as a UserError)
         self.config = config
         self.segments = segments or ChatSegments(tokenizer)
-        self.trajectory = Trajectory(env_id=env_id, seed=seed, trajectory_id=trajectory_id or uuid.uuid4().hex[:12], group_id=group_id)
+        self.trajectory = Trajectory(
+            env_id=env_id, seed=seed, trajectory_id=trajectory_id or uuid.uuid4().hex[:12], group_id=group_id
+        )
         self.done = False
         self._messages: list[dict[str, str]] = []  # full conversation as text (for delta rendering and logs)
         self._head: list[int] = []
@@ -173,14 +190,27 @@ class EpisodeRunner:
                 self.current_request_id = f"{self.trajectory.trajectory_id}-{self._request_counter}"
                 remaining = sampling.max_new_tokens - len(token_ids)
                 segment_sampling = SamplingParams(
-                    max_new_tokens=remaining, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, stop_token_ids=sampling.stop_token_ids
+                    max_new_tokens=remaining,
+                    temperature=sampling.temperature,
+                    top_p=sampling.top_p,
+                    top_k=sampling.top_k,
+                    stop_token_ids=sampling.stop_token_ids,
                 )
-                generation = await engine.generate(prompt + token_ids, segment_sampling, request_id=self.current_request_id)
+                generation = await engine.generate(
+                    prompt + token_ids, segment_sampling, request_id=self.current_request_id
+                )
                 if generation.finish_reason != "abort":
                     token_ids += generation.token_ids
                     logprobs += generation.logprobs
                     versions += generation.token_versions
-                    return Generation(token_ids, logprobs, versions, generation.finish_reason, request_id=generation.request_id, prompt_tokens=len(prompt))
+                    return Generation(
+                        token_ids,
+                        logprobs,
+                        versions,
+                        generation.finish_reason,
+                        request_id=generation.request_id,
+                        prompt_tokens=len(prompt),
+                    )
                 self.trajectory.info["aborts"] += 1
                 if self.config.resume_mode == "partial":
                     token_ids += generation.token_ids
@@ -190,7 +220,13 @@ class EpisodeRunner:
                     self.trajectory.info["discarded_tokens"] += len(generation.token_ids) + len(token_ids)
                     token_ids, logprobs, versions = [], [], []
                 if resubmits >= self.config.max_resubmits or len(token_ids) >= sampling.max_new_tokens:
-                    return Generation(token_ids, logprobs, versions, "abort" if len(token_ids) < sampling.max_new_tokens else "length", prompt_tokens=len(prompt))
+                    return Generation(
+                        token_ids,
+                        logprobs,
+                        versions,
+                        "abort" if len(token_ids) < sampling.max_new_tokens else "length",
+                        prompt_tokens=len(prompt),
+                    )
                 resubmits += 1
                 self.trajectory.info["resubmits"] += 1
         finally:
@@ -238,7 +274,9 @@ class EpisodeRunner:
         self._anchor = info.get("anchor")
         assistant = {"role": "assistant", "content": text}
         reply_ids = self.segments.encode_reply(self._messages + [assistant], list(observation))
-        self._turn_segments.append(_TurnSegments(turn.response_ids + self.segments.close_assistant(turn.response_ids), reply_ids))
+        self._turn_segments.append(
+            _TurnSegments(turn.response_ids + self.segments.close_assistant(turn.response_ids), reply_ids)
+        )
         self._messages += [assistant, *observation]
         if terminated or truncated:
             self.trajectory.success = bool(info.get("success", False))
@@ -290,7 +328,16 @@ async def run_episode(
 ) -> Trajectory:
     """Play one episode of `env` with `engine`; the env is not closed here (the caller owns it)."""
     env_id = env_id or getattr(getattr(env, "spec", None), "id", None) or type(env).__name__
-    runner = EpisodeRunner(env, tokenizer, config, env_id=env_id, seed=seed, trajectory_id=trajectory_id, group_id=group_id, segments=segments)
+    runner = EpisodeRunner(
+        env,
+        tokenizer,
+        config,
+        env_id=env_id,
+        seed=seed,
+        trajectory_id=trajectory_id,
+        group_id=group_id,
+        segments=segments,
+    )
     await runner.reset()
     while (request := runner.next_request()) is not None:
         prompt, sampling = request

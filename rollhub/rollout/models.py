@@ -105,7 +105,9 @@ def load_model_and_tokenizer(path: str | Path, dtype: Any = None, device: str = 
 
     path = Path(path)
     if not (path / "config.json").exists():
-        raise UserError(f"{path} is not a model directory (no config.json); create one with 'rollhub model init-tiny --out {path}'")
+        raise UserError(
+            f"{path} is not a model directory (no config.json); create one with 'rollhub model init-tiny --out {path}'"
+        )
     dtype = dtype or torch.float32
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     model.eval()

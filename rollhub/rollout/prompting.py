@@ -39,15 +39,21 @@ class ChatSegments:
         without = _render(tokenizer, probe, False)
         with_prompt = _render(tokenizer, probe, True)
         if not with_prompt.startswith(without):
-            raise ValueError("chat template is not prefix-stable: the generation prompt does not extend the rendered history")
+            raise ValueError(
+                "chat template is not prefix-stable: the generation prompt does not extend the rendered history"
+            )
         self.generation_prompt_ids = _encode(tokenizer, with_prompt[len(without) :])
         closed = _render(tokenizer, probe + [{"role": "assistant", "content": _SENTINEL}], False)
         if _SENTINEL not in closed or not closed.startswith(with_prompt):
-            raise ValueError("chat template is not prefix-stable for assistant messages; rollhub needs a ChatML-like template")
+            raise ValueError(
+                "chat template is not prefix-stable for assistant messages; rollhub needs a ChatML-like template"
+            )
         self._assistant_close_text = closed.split(_SENTINEL, 1)[1]
         eos = tokenizer.eos_token or ""
         self._eos_id = tokenizer.eos_token_id
-        self._close_after_eos = self._assistant_close_text[len(eos) :] if eos and self._assistant_close_text.startswith(eos) else None
+        self._close_after_eos = (
+            self._assistant_close_text[len(eos) :] if eos and self._assistant_close_text.startswith(eos) else None
+        )
 
     def encode_head(self, messages: list[dict[str, str]]) -> list[int]:
         """Ids of the opening messages (no generation prompt)."""

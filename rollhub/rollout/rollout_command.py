@@ -45,7 +45,9 @@ async def _collect(args: argparse.Namespace, model_dir: Path, jsonl_path: Path) 
     if args.engine == "hf":
         from rollhub.rollout.engines.build import EngineConfig, build_engine
 
-        engine: Any = build_engine(EngineConfig(threads=args.threads, max_batch_size=max(8, min(64, args.concurrency))), model_dir)
+        engine: Any = build_engine(
+            EngineConfig(threads=args.threads, max_batch_size=max(8, min(64, args.concurrency))), model_dir
+        )
         tokenizer = engine.tokenizer
     else:
         from transformers import AutoTokenizer
@@ -94,7 +96,9 @@ def run_rollout_command(args: argparse.Namespace) -> int:
     if args.model:
         model_dir = Path(args.model)
         if not (model_dir / "config.json").exists():
-            raise UserError(f"{model_dir} is not a model directory; create one with 'rollhub model init-tiny --out {model_dir}'")
+            raise UserError(
+                f"{model_dir} is not a model directory; create one with 'rollhub model init-tiny --out {model_dir}'"
+            )
     else:
         model_dir = out / "model"
         if not (model_dir / "config.json").exists():
@@ -104,6 +108,8 @@ def run_rollout_command(args: argparse.Namespace) -> int:
     summary = asyncio.run(_collect(args, model_dir, jsonl_path))
     if not args.json:
         print(f"{summary['trajectories']} trajectories in {summary['groups']} groups -> {jsonl_path}")
-        print(f"generation {summary['generation_tokens_per_s']:.0f} tok/s, success {summary['success_rate']:.2f}, mean reward {summary['mean_reward']:.3f}")
+        print(
+            f"generation {summary['generation_tokens_per_s']:.0f} tok/s, success {summary['success_rate']:.2f}, mean reward {summary['mean_reward']:.3f}"
+        )
     print(json.dumps(summary, default=str))
     return 0

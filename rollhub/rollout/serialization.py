@@ -59,7 +59,10 @@ def trajectory_to_dict(trajectory: Trajectory) -> dict[str, Any]:
 def trajectory_from_dict(data: dict[str, Any]) -> Trajectory:
     fields = {f.name for f in dataclasses.fields(Trajectory)}
     turn_fields = {f.name for f in dataclasses.fields(Turn)}
-    turns = [Turn(**{k: (decode_value(v) if k == "anchor" else v) for k, v in t.items() if k in turn_fields}) for t in data.get("turns", [])]
+    turns = [
+        Turn(**{k: (decode_value(v) if k == "anchor" else v) for k, v in t.items() if k in turn_fields})
+        for t in data.get("turns", [])
+    ]
     kwargs = {k: v for k, v in data.items() if k in fields and k != "turns"}
     kwargs["status"] = TrajectoryStatus(kwargs.get("status", "completed"))
     kwargs["info"] = decode_value(kwargs.get("info", {}))

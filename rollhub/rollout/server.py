@@ -103,7 +103,9 @@ async def handle_generate(request: web.Request) -> web.Response:
     return_logprob = bool(body.get("return_logprob", False))
     started = time.perf_counter()
     try:
-        generations = await asyncio.gather(*(engine.generate(p, sampling, request_id=str(r)) for p, r in zip(prompts, rids)))
+        generations = await asyncio.gather(
+            *(engine.generate(p, sampling, request_id=str(r)) for p, r in zip(prompts, rids))
+        )
     except ValueError as exc:
         return _bad_request(str(exc))
     results = [generation_json(engine, g, return_logprob, started) for g in generations]
@@ -147,8 +149,12 @@ async def handle_update_from_disk(request: web.Request) -> web.Response:
     try:
         await engine.update_weights(path, int(version) if version is not None else engine.weight_version + 1)
     except (OSError, ValueError, TypeError, RuntimeError) as exc:
-        return web.json_response({"success": False, "message": f"update failed: {exc}", "num_paused_requests": 0}, status=400)
-    return web.json_response({"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": in_flight})
+        return web.json_response(
+            {"success": False, "message": f"update failed: {exc}", "num_paused_requests": 0}, status=400
+        )
+    return web.json_response(
+        {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": in_flight}
+    )
 
 
 async def handle_flush_cache(request: web.Request) -> web.Response:
@@ -195,14 +201,16 @@ async def handle_health_generate(request: web.Request) -> web.Response:
         return web.Response(status=200)  # a paused engine is healthy; a generation would block
     try:
         await asyncio.wait_for(engine.generate([engine.pad_token_id], SamplingParams(max_new_tokens=1)), timeout=30)
-    except (asyncio.TimeoutError, RuntimeError):
+    except (TimeoutError, RuntimeError):
         return web.Response(status=503)
     return web.Response(status=200)
 
 
 async def handle_loads(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
-    return web.json_response({"num_reqs": engine.num_in_flight, "num_running_reqs": engine.num_in_flight, "num_waiting_reqs": 0})
+    return web.json_response(
+        {"num_reqs": engine.num_in_flight, "num_running_reqs": engine.num_in_flight, "num_waiting_reqs": 0}
+    )
 
 
 async def _json_or_empty(request: web.Request) -> dict[str, Any]:
@@ -239,14 +247,18 @@ def build_app(engine: HFEngine) -> web.Application:
     return app
 
 
-def serve_forever(model_path: str, *, host: str = "127.0.0.1", port: int = 30000, threads: int = 1, max_batch_size: int = 32) -> None:
+def serve_forever(
+    model_path: str, *, host: str = "127.0.0.1", port: int = 30000, threads: int = 1, max_batch_size: int = 32
+) -> None:
     """Load the model and serve until interrupted (the `rollhub serve` command)."""
     from pathlib import Path
 
     from rollhub.core.errors import UserError
 
     if not (Path(model_path) / "config.json").exists():
-        raise UserError(f"{model_path} is not a model directory; create one with 'rollhub model init-tiny --out {model_path}'")
+        raise UserError(
+            f"{model_path} is not a model directory; create one with 'rollhub model init-tiny --out {model_path}'"
+        )
     import torch
 
     torch.set_num_threads(threads)

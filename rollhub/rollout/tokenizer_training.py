@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 import random
 import sysconfig
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 logger = logging.getLogger(__name__)
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from rollhub.rollout.serialization import trajectory_from_dict, trajectory_to_dict
 from rollhub.rollout.types import Group, Trajectory
@@ -39,7 +40,7 @@ class TrajectoryWriter:
         if not self._file.closed:
             self._file.close()
 
-    def __enter__(self) -> "TrajectoryWriter":
+    def __enter__(self) -> TrajectoryWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -9,8 +9,9 @@ what makes `packed_sequences()` reproduce precisely what the model saw.
 from __future__ import annotations
 
 import enum
+from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any, Hashable
+from typing import Any
 
 
 class TrajectoryStatus(str, enum.Enum):
@@ -73,7 +74,7 @@ class Trajectory:
         per_turn = [min(t.token_versions) for t in self.turns if t.token_versions]
         return min(per_turn) if per_turn else None
 
-    def packed_sequences(self) -> list["PackedSequence"]:
+    def packed_sequences(self) -> list[PackedSequence]:
         """Merge turns into as few training sequences as possible.
 
         With full history, turn k+1's prompt starts with turn k's prompt + response, so the
@@ -91,7 +92,13 @@ class Trajectory:
                 sequences.append(current)
                 extra = turn.prompt_ids
             current.extend(extra, mask=False, turn_index=-1)
-            current.extend(turn.response_ids, mask=True, turn_index=index, logprobs=turn.behaviour_logprobs, versions=turn.token_versions)
+            current.extend(
+                turn.response_ids,
+                mask=True,
+                turn_index=index,
+                logprobs=turn.behaviour_logprobs,
+                versions=turn.token_versions,
+            )
         return sequences
 
 
@@ -105,7 +112,15 @@ class PackedSequence:
     token_versions: list[int] = field(default_factory=list)  # -1 where mask is False
     turn_index: list[int] = field(default_factory=list)  # -1 where mask is False
 
-    def extend(self, ids: list[int], *, mask: bool, turn_index: int, logprobs: list[float] | None = None, versions: list[int] | None = None) -> None:
+    def extend(
+        self,
+        ids: list[int],
+        *,
+        mask: bool,
+        turn_index: int,
+        logprobs: list[float] | None = None,
+        versions: list[int] | None = None,
+    ) -> None:
         self.input_ids.extend(ids)
         self.response_mask.extend([mask] * len(ids))
         self.behaviour_logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))

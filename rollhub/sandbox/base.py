@@ -11,7 +11,7 @@ report it as an infra failure instead of scoring it as a model failure.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 class SandboxError(RuntimeError):
@@ -56,7 +56,9 @@ class Sandbox(abc.ABC):
     id: str = ""
 
     @abc.abstractmethod
-    async def exec(self, cmd: str, timeout_s: float, workdir: str | None = None, env: dict[str, str] | None = None) -> ExecResult: ...
+    async def exec(
+        self, cmd: str, timeout_s: float, workdir: str | None = None, env: dict[str, str] | None = None
+    ) -> ExecResult: ...
 
     @abc.abstractmethod
     async def write_file(self, path: str, content: str | bytes) -> None: ...
@@ -71,7 +73,7 @@ class Sandbox(abc.ABC):
     async def close(self) -> None:
         """Remove the sandbox. Idempotent; never raises for an already-gone sandbox."""
 
-    async def __aenter__(self) -> "Sandbox":
+    async def __aenter__(self) -> Sandbox:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -82,7 +84,9 @@ class SandboxBackend(abc.ABC):
     """Starts sandboxes; owns cleanup of everything it started."""
 
     @abc.abstractmethod
-    async def start(self, image: str, limits: Limits = Limits(), *, labels: dict[str, str] | None = None) -> Sandbox: ...
+    async def start(
+        self, image: str, limits: Limits = Limits(), *, labels: dict[str, str] | None = None
+    ) -> Sandbox: ...
 
     @abc.abstractmethod
     async def close(self) -> None:

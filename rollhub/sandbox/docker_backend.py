@@ -20,8 +20,9 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from rollhub.sandbox import exit_cleanup, ownership, reaper
 from rollhub.sandbox.base import ExecResult, Limits, Sandbox, SandboxBackend, SandboxError
@@ -39,7 +40,9 @@ IDLE_COMMAND = ["sleep", "infinity"]
 _TIMEOUT_EXIT_CODES = (124, 137)
 _SIGKILL_EXIT_CODE = 137
 # The cgroup's OOM-kill counter, as seen from inside the container (cgroup v2, then v1).
-_OOM_COUNTER_PROBE = "cat /sys/fs/cgroup/memory.events 2>/dev/null || cat /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null"
+_OOM_COUNTER_PROBE = (
+    "cat /sys/fs/cgroup/memory.events 2>/dev/null || cat /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null"
+)
 _OOM_KILL_LINE = re.compile(rb"^oom_kill (\d+)$", re.MULTILINE)
 
 
@@ -79,7 +82,7 @@ def _container_gone(exc: Exception) -> bool:
 
 
 class DockerSandbox(Sandbox):
-    def __init__(self, backend: "DockerBackend", container_id: str, image: str, limits: Limits):
+    def __init__(self, backend: DockerBackend, container_id: str, image: str, limits: Limits):
         self.backend = backend
         self.id = container_id
         self.image = image
@@ -91,7 +94,9 @@ class DockerSandbox(Sandbox):
         return f"DockerSandbox({self.id[:12]}, image={self.image!r})"
 
     # ----------------------------------------------------------------- async interface
-    async def exec(self, cmd: str, timeout_s: float, workdir: str | None = None, env: dict[str, str] | None = None) -> ExecResult:
+    async def exec(
+        self, cmd: str, timeout_s: float, workdir: str | None = None, env: dict[str, str] | None = None
+    ) -> ExecResult:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         self._check_open()
@@ -195,9 +200,13 @@ class DockerSandbox(Sandbox):
         except SandboxError:
             raise
         except Exception as exc:  # the engine lost the exec or the container under us
-            raise SandboxError(f"{self!r}: could not read the exec's outcome ({exc.__class__.__name__}: {exc})") from exc
+            raise SandboxError(
+                f"{self!r}: could not read the exec's outcome ({exc.__class__.__name__}: {exc})"
+            ) from exc
         output, truncated = buffer.text()
-        return ExecResult(exit_code, output, timed_out=timed_out, duration_s=duration_s, truncated=truncated, oom_killed=oom_killed)
+        return ExecResult(
+            exit_code, output, timed_out=timed_out, duration_s=duration_s, truncated=truncated, oom_killed=oom_killed
+        )
 
     def _exit_code(self, exec_id: str) -> int:
         """The exec's exit status; SandboxError when the container died under it."""
@@ -299,11 +308,15 @@ class DockerBackend(SandboxBackend):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
 
-    async def start(self, image: str, limits: Limits = Limits(), *, labels: dict[str, str] | None = None) -> DockerSandbox:
+    async def start(
+        self, image: str, limits: Limits = Limits(), *, labels: dict[str, str] | None = None
+    ) -> DockerSandbox:
         if self._closed or self._executor is None:
             raise SandboxError(f"{self!r} is closed")
         loop = asyncio.get_running_loop()
-        starting = loop.run_in_executor(self._executor, functools.partial(self._start_blocking, image, limits, labels or {}))
+        starting = loop.run_in_executor(
+            self._executor, functools.partial(self._start_blocking, image, limits, labels or {})
+        )
         try:
             return await asyncio.shield(starting)
         except asyncio.CancelledError:
@@ -312,7 +325,7 @@ class DockerBackend(SandboxBackend):
             starting.add_done_callback(self._remove_abandoned)
             raise
 
-    def _remove_abandoned(self, starting: "asyncio.Future[DockerSandbox]") -> None:
+    def _remove_abandoned(self, starting: asyncio.Future[DockerSandbox]) -> None:
         if starting.cancelled() or starting.exception() is not None:
             return
         box = starting.result()
@@ -344,14 +357,20 @@ class DockerBackend(SandboxBackend):
         )
         all_labels = {**self.extra_labels, **labels, **ownership.owner_labels(self.run_id)}
         try:
-            created = self.api.create_container(image, command=IDLE_COMMAND, labels=all_labels, host_config=host_config, detach=True)
+            created = self.api.create_container(
+                image, command=IDLE_COMMAND, labels=all_labels, host_config=host_config, detach=True
+            )
         except errors.ImageNotFound as exc:
             raise ImageMissingError(
                 f"image {image!r} is not on the engine and nothing is pulled during a run; build it first "
                 "(`rollhub sandbox build-base` for rollhub/base:bookworm)"
             ) from exc
         except Exception as exc:
-            hint = " (disk_mb needs overlay2 on xfs with pquota, or devicemapper)" if limits.disk_mb and "storage" in str(exc).lower() else ""
+            hint = (
+                " (disk_mb needs overlay2 on xfs with pquota, or devicemapper)"
+                if limits.disk_mb and "storage" in str(exc).lower()
+                else ""
+            )
             raise SandboxError(f"could not create a container from {image!r}: {exc}{hint}") from exc
         container_id = created["Id"]
         try:
@@ -401,7 +420,12 @@ class DockerBackend(SandboxBackend):
         try:
             client = connect(self.base_url, api_timeout_s=30.0, max_connections=16)
         except SandboxError as exc:
-            logger.warning("%r: cannot reach the engine to remove %d sandbox(es): %s; run `rollhub sandbox gc` later", self, len(self._live), exc)
+            logger.warning(
+                "%r: cannot reach the engine to remove %d sandbox(es): %s; run `rollhub sandbox gc` later",
+                self,
+                len(self._live),
+                exc,
+            )
             return
         try:
             self._remove_everything(client.api)

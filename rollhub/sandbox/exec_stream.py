@@ -8,13 +8,12 @@ thread forever; this one raises TimeoutError and lets the caller remove the cont
 from __future__ import annotations
 
 import select
-import socket
 import struct
 import time
 from typing import Any
 
 
-def open_exec_stream(api: Any, exec_id: str) -> "ExecStream":
+def open_exec_stream(api: Any, exec_id: str) -> ExecStream:
     """Start an exec and take over its connection.
 
     Like the SDK's `exec_start(socket=True)`, plus one fix: http.client reads the upgrade
@@ -89,7 +88,7 @@ class ExecStream:
                     raise TimeoutError
             try:
                 chunk = self.raw.recv(65536) if hasattr(self.raw, "recv") else (self.sock.read(65536) or b"")
-            except (InterruptedError, BlockingIOError, socket.timeout):
+            except (TimeoutError, InterruptedError, BlockingIOError):
                 continue
             if not chunk:
                 self.eof = True

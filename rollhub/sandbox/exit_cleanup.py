@@ -25,7 +25,7 @@ class _Cleanable(Protocol):
 
 # Strong references on purpose: a backend dropped without close() (a crash unwinding the
 # stack) must still be cleaned at exit, so the registry keeps it alive until then.
-_registered: "set[_Cleanable]" = set()
+_registered: set[_Cleanable] = set()
 _lock = threading.Lock()
 _installed = False
 _previous_handlers: dict[int, object] = {}

@@ -91,7 +91,15 @@ def build_base_image(
     with tempfile.TemporaryDirectory(prefix="rollhub-base-", dir=work_dir or "/var/tmp") as scratch:
         rootfs = os.path.join(scratch, "rootfs")
         _run(
-            ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", f"--cache-dir={DEB_CACHE_DIR}", suite, rootfs, mirror],
+            [
+                "debootstrap",
+                "--variant=minbase",
+                f"--include={','.join(packages)}",
+                f"--cache-dir={DEB_CACHE_DIR}",
+                suite,
+                rootfs,
+                mirror,
+            ],
             "debootstrap",
         )
         _trim_rootfs(rootfs)
@@ -121,7 +129,7 @@ def _trim_rootfs(rootfs: str) -> None:
 
 
 # ---------------------------------------------------------------------- layered images
-def _hash_path(digest: "hashlib._Hash", path: Path) -> None:
+def _hash_path(digest: hashlib._Hash, path: Path) -> None:
     """Feed a file's or a directory tree's names, modes and bytes into `digest`."""
     if path.is_file():
         digest.update(b"F" + oct(path.stat().st_mode & 0o777).encode())
@@ -137,7 +145,9 @@ def _hash_path(digest: "hashlib._Hash", path: Path) -> None:
             _hash_path(digest, child)
 
 
-def layered_image_hash(base_id: str, files: dict[str, str], run: list[str], env: dict[str, str], workdir: str | None) -> str:
+def layered_image_hash(
+    base_id: str, files: dict[str, str], run: list[str], env: dict[str, str], workdir: str | None
+) -> str:
     """The content hash that names a layered image: base image id, every input file's
     destination and bytes, the RUN steps, env and workdir."""
     digest = hashlib.sha256()
@@ -170,7 +180,9 @@ def build_layered_image(
     try:
         base_id = client.images.get(base).id
     except docker.errors.ImageNotFound as exc:
-        raise SandboxError(f"base image {base!r} is missing; build it first (`rollhub sandbox build-base` for {BASE_IMAGE})") from exc
+        raise SandboxError(
+            f"base image {base!r} is missing; build it first (`rollhub sandbox build-base` for {BASE_IMAGE})"
+        ) from exc
     for dest in files:
         if not dest.startswith("/"):
             raise ValueError(f"image destinations must be absolute, got {dest!r}")
@@ -211,7 +223,20 @@ def download_wheels(requirements: list[str], dest: str, *, extra_args: list[str]
     """`pip download` wheels for `requirements` (and pip itself, to install them inside)
     into `dest` on the host. Binary-only, for the base image's Python (3.11)."""
     os.makedirs(dest, exist_ok=True)
-    argv = [sys.executable, "-m", "pip", "download", "--quiet", "--dest", dest, "--only-binary=:all:", "--python-version", "3.11", "pip", *requirements]
+    argv = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--dest",
+        dest,
+        "--only-binary=:all:",
+        "--python-version",
+        "3.11",
+        "pip",
+        *requirements,
+    ]
     _run(argv + list(extra_args or []), "pip download")
     return dest
 

@@ -24,8 +24,8 @@ import contextlib
 import logging
 import statistics
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import AsyncIterator
 
 from rollhub.sandbox.base import ExecResult, Limits, Sandbox, SandboxBackend, SandboxError
 
@@ -79,7 +79,7 @@ class PooledSandbox(Sandbox):
     """A leased sandbox: records exec latency and infra failures; `close()` releases the lease
     (and removes the sandbox)."""
 
-    def __init__(self, pool: "SandboxPool", inner: Sandbox):
+    def __init__(self, pool: SandboxPool, inner: Sandbox):
         self.pool = pool
         self.inner = inner
         self.id = inner.id
@@ -88,7 +88,9 @@ class PooledSandbox(Sandbox):
     def __repr__(self) -> str:
         return f"Pooled({self.inner!r})"
 
-    async def exec(self, cmd: str, timeout_s: float, workdir: str | None = None, env: dict[str, str] | None = None) -> ExecResult:
+    async def exec(
+        self, cmd: str, timeout_s: float, workdir: str | None = None, env: dict[str, str] | None = None
+    ) -> ExecResult:
         started = time.monotonic()
         try:
             result = await self.inner.exec(cmd, timeout_s, workdir=workdir, env=env)

@@ -38,7 +38,11 @@ logger = logging.getLogger(__name__)
 
 _HOST_SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "etc")
 _RESERVED_TOP_LEVEL = frozenset(_HOST_SYSTEM_DIRS) | {"dev", "proc"}
-_BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+_BASE_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "LANG": "C.UTF-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
 
 
 def bubblewrap_available() -> bool:
@@ -58,7 +62,7 @@ def _system_binds() -> list[str]:
 
 
 class ProcessSandbox(Sandbox):
-    def __init__(self, backend: "ProcessBackend", root: Path, limits: Limits):
+    def __init__(self, backend: ProcessBackend, root: Path, limits: Limits):
         self.backend = backend
         self.root = root
         self.id = root.name
@@ -102,7 +106,9 @@ class ProcessSandbox(Sandbox):
         memory_bytes = self.limits.memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
 
-    async def exec(self, cmd: str, timeout_s: float, workdir: str | None = None, env: dict[str, str] | None = None) -> ExecResult:
+    async def exec(
+        self, cmd: str, timeout_s: float, workdir: str | None = None, env: dict[str, str] | None = None
+    ) -> ExecResult:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         self._check_open()
@@ -130,7 +136,7 @@ class ProcessSandbox(Sandbox):
         outer_timed_out = False
         try:
             await asyncio.wait_for(self._drain(process, buffer), timeout_s + self.backend.exec_grace_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             outer_timed_out = True
             _kill_group(process)
             await process.wait()
@@ -228,7 +234,9 @@ class ProcessBackend(SandboxBackend):
     def live_count(self) -> int:
         return len(self._live)
 
-    async def start(self, image: str, limits: Limits = Limits(), *, labels: dict[str, str] | None = None) -> ProcessSandbox:
+    async def start(
+        self, image: str, limits: Limits = Limits(), *, labels: dict[str, str] | None = None
+    ) -> ProcessSandbox:
         root = Path(tempfile.mkdtemp(prefix="rollhub-sandbox-", dir=self.root_dir))
         box = ProcessSandbox(self, root, limits)
         self._live[box.id] = box

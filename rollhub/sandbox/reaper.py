@@ -64,7 +64,12 @@ def remove_containers(api: Any, container_ids: list[str], parallelism: int = 8) 
             logger.warning("could not remove container %s: %s", container_id[:12], exc)
             return False
         except Exception as exc:  # engine unreachable: gc removes it once the engine is back
-            logger.warning("could not remove container %s (%s: %s); run `rollhub sandbox gc` later", container_id[:12], exc.__class__.__name__, exc)
+            logger.warning(
+                "could not remove container %s (%s: %s); run `rollhub sandbox gc` later",
+                container_id[:12],
+                exc.__class__.__name__,
+                exc,
+            )
             return False
 
     if not container_ids:
@@ -84,7 +89,12 @@ def remove_run(api: Any, run_id: str) -> int:
     try:
         records = list_rollhub_containers(api, run_id)
     except Exception as exc:
-        logger.warning("could not list the containers of run %s (%s: %s); run `rollhub sandbox gc` later", run_id, exc.__class__.__name__, exc)
+        logger.warning(
+            "could not list the containers of run %s (%s: %s); run `rollhub sandbox gc` later",
+            run_id,
+            exc.__class__.__name__,
+            exc,
+        )
         return 0
     return remove_containers(api, [record.id for record in records])
 

@@ -53,7 +53,7 @@ def directory_tar(local_dir: str, dest: str) -> IO[bytes]:
     return spool
 
 
-def first_file_from_tar(chunks: "io.RawIOBase | object") -> bytes:
+def first_file_from_tar(chunks: io.RawIOBase | object) -> bytes:
     """Read the first regular file out of a tar stream given as an iterable of byte chunks."""
     data = b"".join(chunks)  # type: ignore[arg-type]
     with tarfile.open(fileobj=io.BytesIO(data), mode="r") as archive:

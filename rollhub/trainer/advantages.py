@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Hashable, Literal, Sequence
+from collections.abc import Hashable, Sequence
+from typing import Literal
 
 EpisodeBaseline = Literal["trajectory", "step_weighted"]
 
@@ -131,10 +132,15 @@ def gigpo_advantages(
         if len(members) < 2:
             continue  # singleton anchor group: nothing to compare against
         values = [step_returns[i][t] for i, t in members]
-        for (i, t), adv in zip(members, _normalise(values, normalize_std=normalize_std, eps=eps, singleton_mean_zero=False)):
+        for (i, t), adv in zip(
+            members, _normalise(values, normalize_std=normalize_std, eps=eps, singleton_mean_zero=False)
+        ):
             step_adv[i][t] = adv
 
-    return [[episode_weight * e + omega * s for e, s in zip(ep_row, st_row)] for ep_row, st_row in zip(per_step_episode_adv, step_adv)]
+    return [
+        [episode_weight * e + omega * s for e, s in zip(ep_row, st_row)]
+        for ep_row, st_row in zip(per_step_episode_adv, step_adv)
+    ]
 
 
 def anchor_group_stats(anchors: Sequence[Sequence[Hashable]]) -> dict[str, float]:

@@ -7,8 +7,9 @@ Each turn's advantage is broadcast to that turn's response tokens in the packed 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Literal
 
 from rollhub.rollout.types import Group, Trajectory, TrajectoryStatus
 from rollhub.trainer.advantages import anchor_group_stats, gigpo_advantages, grpo_advantages
@@ -70,23 +71,38 @@ def turn_advantages(trajectories: Sequence[Trajectory], algorithm: AlgorithmConf
     (the experiment log, docs/sokoban-rl-log.md, has the runs).
     """
     rewards = [[turn.reward for turn in t.turns] for t in trajectories]
-    penalties = [[(algorithm.invalid_action_penalty if not turn.action_valid else 0.0) for turn in t.turns] for t in trajectories]
+    penalties = [
+        [(algorithm.invalid_action_penalty if not turn.action_valid else 0.0) for turn in t.turns] for t in trajectories
+    ]
     if algorithm.estimator == "grpo":
         totals = [sum(r) + sum(p) for r, p in zip(rewards, penalties)]
-        advantages = [[a] * len(t.turns) for a, t in zip(grpo_advantages(totals, normalize_std=algorithm.normalize_std), trajectories)]
+        advantages = [
+            [a] * len(t.turns)
+            for a, t in zip(grpo_advantages(totals, normalize_std=algorithm.normalize_std), trajectories)
+        ]
     elif algorithm.estimator == "gigpo":
         # a turn without an anchor can only be compared with itself
-        anchors = [[turn.anchor if turn.anchor is not None else ("__no_anchor__", i, k) for k, turn in enumerate(t.turns)] for i, t in enumerate(trajectories)]
+        anchors = [
+            [turn.anchor if turn.anchor is not None else ("__no_anchor__", i, k) for k, turn in enumerate(t.turns)]
+            for i, t in enumerate(trajectories)
+        ]
         advantages = gigpo_advantages(
-            rewards, anchors, omega=algorithm.omega, gamma=algorithm.gamma, normalize_std=algorithm.normalize_std,
+            rewards,
+            anchors,
+            omega=algorithm.omega,
+            gamma=algorithm.gamma,
+            normalize_std=algorithm.normalize_std,
             episode_baseline=algorithm.episode_baseline,  # type: ignore[arg-type]
-            episode_weight=algorithm.episode_weight, step_penalties=penalties,
+            episode_weight=algorithm.episode_weight,
+            step_penalties=penalties,
         )
     else:
         raise ValueError(f"unknown advantage estimator {algorithm.estimator!r}")
     if algorithm.cap_invalid_advantage:
-        advantages = [[a if turn.action_valid else min(a, algorithm.invalid_action_penalty) for a, turn in zip(row, t.turns)]
-                      for row, t in zip(advantages, trajectories)]
+        advantages = [
+            [a if turn.action_valid else min(a, algorithm.invalid_action_penalty) for a, turn in zip(row, t.turns)]
+            for row, t in zip(advantages, trajectories)
+        ]
     return advantages
 
 

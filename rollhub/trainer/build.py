@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import difflib
 import logging
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -73,7 +74,10 @@ def build_reference(config: RunConfig, model_dir: Path, policy: Policy) -> Polic
     if config.loss.kl_coef <= 0:
         return None
     return Policy(
-        model_dir, device=config.model.device, micro_batch_size=config.optim.micro_batch_size, temperature=policy.temperature
+        model_dir,
+        device=config.model.device,
+        micro_batch_size=config.optim.micro_batch_size,
+        temperature=policy.temperature,
     )
 
 

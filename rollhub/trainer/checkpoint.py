@@ -111,7 +111,9 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
-def load_checkpoint(path: str | Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, restore_rng: bool = True) -> dict[str, Any]:
+def load_checkpoint(
+    path: str | Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, restore_rng: bool = True
+) -> dict[str, Any]:
     """Load model/optimizer state in place, restore RNGs; returns the whole payload."""
     payload = torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=False)
     model.load_state_dict(payload["model"])

@@ -11,8 +11,17 @@ from rollhub.core.errors import UserError
 def register(subparsers: argparse._SubParsersAction) -> None:
     train = subparsers.add_parser("train", help="train a policy: optional SFT warm-start, then async RL (GRPO/GiGPO)")
     train.add_argument("config", nargs="?", help="recipe YAML, e.g. configs/sokoban_tiny.yaml (optional with --resume)")
-    train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config value, e.g. --set train.steps=5")
-    train.add_argument("--resume", metavar="RUN_DIR", default=None, help="continue the run in RUN_DIR from its latest checkpoint")
+    train.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set train.steps=5",
+    )
+    train.add_argument(
+        "--resume", metavar="RUN_DIR", default=None, help="continue the run in RUN_DIR from its latest checkpoint"
+    )
     train.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
     train.set_defaults(func=_cmd_train)
 
@@ -25,7 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     evaluate = subparsers.add_parser("eval", help="success rate of a model dir on a recipe's held-out seeds")
     evaluate.add_argument("config", help="recipe YAML (env, agent and eval sections are used)")
     evaluate.add_argument("--model", required=True, help="HF checkpoint dir, e.g. RUN/final_model or RUN/sft_model")
-    evaluate.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="e.g. eval.temperature=1.0")
+    evaluate.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="e.g. eval.temperature=1.0"
+    )
     evaluate.set_defaults(func=_cmd_eval)
 
     view = subparsers.add_parser("view", help="read a run's trajectories: static HTML (default) or text")
@@ -61,7 +72,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     config = load_run_config(args.config, args.overrides, args.resume)
     logging.getLogger("rollhub").setLevel(min(logging.getLogger().level, logging.WARNING))
     summary = asyncio.run(run_training(config, resume=args.resume is not None, progress=not args.no_progress))
-    print(f"run folder: {summary.run_dir} (metrics.jsonl, tensorboard/, learning_curve.png; rollhub view {summary.run_dir})")
+    print(
+        f"run folder: {summary.run_dir} (metrics.jsonl, tensorboard/, learning_curve.png; rollhub view {summary.run_dir})"
+    )
     return 0
 
 
@@ -82,13 +95,15 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     config = load_run_config(args.config, args.overrides, None)
     result = asyncio.run(evaluate_model_dir(config, Path(args.model)))
-    print(f"success on {config.eval.label} (temperature {config.eval.temperature}): {100 * result.success_rate:.1f}%  "
-          f"invalid actions {100 * result.invalid_action_rate:.1f}%  mean turns {result.mean_turns:.1f}")
+    print(
+        f"success on {config.eval.label} (temperature {config.eval.temperature}): {100 * result.success_rate:.1f}%  "
+        f"invalid actions {100 * result.invalid_action_rate:.1f}%  mean turns {result.mean_turns:.1f}"
+    )
     return 0
 
 
 def _cmd_view(args: argparse.Namespace) -> int:
-    from rollhub.trainer.view import render_html, render_text, find_trajectory_file
+    from rollhub.trainer.view import find_trajectory_file, render_html, render_text
 
     source = find_trajectory_file(Path(args.run))
     if args.text:

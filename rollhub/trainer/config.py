@@ -23,7 +23,9 @@ from rollhub.trainer.losses import LossConfig
 @dataclass
 class ModelConfig:
     path: str = "runs/models/tiny-5m"  # HF checkpoint dir
-    init_tiny: Literal["5m", "30m"] | None = "5m"  # build a random-init tiny model at `path` when it is missing; null = must exist
+    init_tiny: Literal["5m", "30m"] | None = (
+        "5m"  # build a random-init tiny model at `path` when it is missing; null = must exist
+    )
     device: str = "auto"  # auto = cuda (bf16) when present, else cpu (fp32)
     threads: int = 1  # torch threads of the trainer (the engine has its own)
     gradient_checkpointing: bool = False
@@ -60,7 +62,9 @@ class RolloutConfig:
         if self.async_ratio < 0:
             raise ValueError("async_ratio must be >= 0 (0 = synchronous)")
         if self.lockstep and self.async_ratio != 0:
-            raise ValueError("lockstep runs each batch to the end before training: set async_ratio: 0 with lockstep: true")
+            raise ValueError(
+                "lockstep runs each batch to the end before training: set async_ratio: 0 with lockstep: true"
+            )
 
 
 @dataclass
@@ -136,7 +140,9 @@ class EvalConfig:
     @property
     def label(self) -> str:
         """How a reading is described: '100 held-out seeds' or '100 held-out seeds x 4 samples'."""
-        return f"{self.episodes} held-out seeds" + (f" x {self.samples_per_seed} samples" if self.samples_per_seed > 1 else "")
+        return f"{self.episodes} held-out seeds" + (
+            f" x {self.samples_per_seed} samples" if self.samples_per_seed > 1 else ""
+        )
 
     @property
     def seeds(self) -> list[int]:
@@ -165,6 +171,11 @@ class RunConfig:
 
     def validate(self) -> None:
         held_out = self.eval.seeds
-        for name, start in (("env.train_seed_offset", self.env.train_seed_offset), ("sft.seed_offset", self.sft.seed_offset)):
+        for name, start in (
+            ("env.train_seed_offset", self.env.train_seed_offset),
+            ("sft.seed_offset", self.sft.seed_offset),
+        ):
             if start in held_out:
-                raise ValueError(f"{name} overlaps the evaluation seeds starting at eval.seed_offset={self.eval.seed_offset}")
+                raise ValueError(
+                    f"{name} overlaps the evaluation seeds starting at eval.seed_offset={self.eval.seed_offset}"
+                )

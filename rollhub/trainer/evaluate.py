@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from rollhub.rollout.agent import AgentConfig, run_episode
 from rollhub.rollout.types import Trajectory, TrajectoryStatus
@@ -68,7 +69,9 @@ async def evaluate_policy(
             env = make_env()
             name = f"eval-{seed}" if samples_per_seed == 1 else f"eval-{seed}-{sample}"
             try:
-                return await run_episode(env, engine, tokenizer, config, seed, env_id=env_id, trajectory_id=name, segments=segments)
+                return await run_episode(
+                    env, engine, tokenizer, config, seed, env_id=env_id, trajectory_id=name, segments=segments
+                )
             finally:
                 await env.close()
                 if on_done is not None:
@@ -101,8 +104,14 @@ async def evaluate_model_dir(config: RunConfig, model_dir: Path) -> EvalResult:
     engine = build_engine(config, model_dir)
     try:
         return await evaluate_policy(
-            engine, engine.tokenizer, make_env_factory(config), config.agent, config.eval.seeds,
-            temperature=config.eval.temperature, max_concurrent=config.env.max_concurrent, env_id=config.env.id,
+            engine,
+            engine.tokenizer,
+            make_env_factory(config),
+            config.agent,
+            config.eval.seeds,
+            temperature=config.eval.temperature,
+            max_concurrent=config.env.max_concurrent,
+            env_id=config.env.id,
             samples_per_seed=config.eval.samples_per_seed,
         )
     finally:

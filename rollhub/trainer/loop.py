@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import logging
 import random
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -118,7 +118,9 @@ async def collect_demonstrations(config: RunConfig, tokenizer: Any) -> list[Any]
         seed = config.sft.seed_offset + k
         expert = ExpertEngine(env, tokenizer, noise=config.sft.noise, rng=random.Random(seed))
         try:
-            demos.append(await run_episode(env, expert, tokenizer, config.agent, seed, env_id=config.env.id, segments=segments))
+            demos.append(
+                await run_episode(env, expert, tokenizer, config.agent, seed, env_id=config.env.id, segments=segments)
+            )
         finally:
             await env.close()
     solved = sum(d.success for d in demos)
@@ -200,12 +202,23 @@ async def rl_loop(
                 _set_lr(optimizer, config, state.version)
                 o = config.optim
                 step_metrics = await compute.run(
-                    ppo_update, policy, optimizer, batch, config.loss, minibatches=o.minibatches, epochs=o.epochs,
-                    max_grad_norm=o.max_grad_norm, seed=config.seed * 1_000_003 + state.version, reference=reference,
+                    ppo_update,
+                    policy,
+                    optimizer,
+                    batch,
+                    config.loss,
+                    minibatches=o.minibatches,
+                    epochs=o.epochs,
+                    max_grad_norm=o.max_grad_norm,
+                    seed=config.seed * 1_000_003 + state.version,
+                    reference=reference,
                 )
                 step_metrics["lr"] = optimizer.param_groups[0]["lr"]
             else:
-                logger.warning("step %d: nothing to train on in the batch (every group or sequence filtered out, e.g. all advantages 0); skipping the update", state.version + 1)
+                logger.warning(
+                    "step %d: nothing to train on in the batch (every group or sequence filtered out, e.g. all advantages 0); skipping the update",
+                    state.version + 1,
+                )
 
             # new policy version -> engine (pause, abort in-flight, load, resume)
             state.version += 1
@@ -244,7 +257,12 @@ async def rl_loop(
             warning = collapse_warning(record, trained=bool(step_metrics))
             if warning:
                 logger.warning("step %d: %s", state.version, warning)
-            if evaluate is not None and config.eval.every and state.version % config.eval.every == 0 and state.version < config.train.steps:
+            if (
+                evaluate is not None
+                and config.eval.every
+                and state.version % config.eval.every == 0
+                and state.version < config.train.steps
+            ):
                 result = await evaluate()
                 record.update(result.metrics())
             metrics_log.log(state.version, record)
@@ -254,7 +272,9 @@ async def rl_loop(
             if config.train.checkpoint_every and state.version % config.train.checkpoint_every == 0:
                 save(state)
             if config.train.max_wall_s is not None and now - started > config.train.max_wall_s:
-                logger.warning("stopping RL after %d steps: train.max_wall_s=%s reached", state.version, config.train.max_wall_s)
+                logger.warning(
+                    "stopping RL after %d steps: train.max_wall_s=%s reached", state.version, config.train.max_wall_s
+                )
                 break
     finally:
         compute.close()
@@ -271,8 +291,10 @@ def collapse_warning(record: dict[str, Any], *, trained: bool = True) -> str | N
         return None
     format_errors = record.get("train/format_error_rate", 0.0)
     if format_errors >= 0.5:
-        return (f"every group has zero advantage and {format_errors:.0%} of turns are format errors: the policy has "
-                "collapsed; resume from an earlier checkpoint with a lower optim.lr, or add loss.kl_coef")
+        return (
+            f"every group has zero advantage and {format_errors:.0%} of turns are format errors: the policy has "
+            "collapsed; resume from an earlier checkpoint with a lower optim.lr, or add loss.kl_coef"
+        )
     if not trained:  # the loop already warned that it skipped the update
         return None
     return "every group has zero advantage (all samples of each task scored alike): this step taught nothing"
@@ -291,10 +313,18 @@ def _set_lr(optimizer: torch.optim.Optimizer, config: RunConfig, version: int) -
 def _rollout_metrics(rollout: RolloutSource, buffer: GroupBuffer | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     summary = rollout.summary()
-    for key in ("generation_tokens_per_s", "generated_tokens", "wasted_tokens", "redundant_cancelled", "infra_failures"):
+    for key in (
+        "generation_tokens_per_s",
+        "generated_tokens",
+        "wasted_tokens",
+        "redundant_cancelled",
+        "infra_failures",
+    ):
         if key in summary:
             out[f"rollout/{key}"] = summary[key]
-    out.update({k: v for k, v in summary.items() if k.startswith(("cluster/", "router/")) and isinstance(v, (int, float))})  # Ray backend
+    out.update(
+        {k: v for k, v in summary.items() if k.startswith(("cluster/", "router/")) and isinstance(v, (int, float))}
+    )  # Ray backend
     if buffer is not None:
         for key, value in buffer.metrics().items():
             if isinstance(value, (int, float)):
@@ -341,8 +371,13 @@ class Run:
         state.wall_s = self.wall_s()
         rollout_state = {"next_seed": self.seeds.next_seed, "buffer": self.buffer.state_dict() if self.buffer else None}
         save_checkpoint(
-            self.run_dir, state.version, model=self.policy.model, optimizer=self.optimizer,
-            trainer_state=state.as_dict(), rollout_state=rollout_state, keep_last=self.config.train.keep_checkpoints,
+            self.run_dir,
+            state.version,
+            model=self.policy.model,
+            optimizer=self.optimizer,
+            trainer_state=state.as_dict(),
+            rollout_state=rollout_state,
+            keep_last=self.config.train.keep_checkpoints,
         )
 
 
@@ -351,7 +386,13 @@ def _progress(enabled: bool):
         return contextlib.nullcontext(None)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[info]}"))
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[info]}"),
+    )
 
 
 def open_run_dir(config: RunConfig, *, resume: bool) -> Path | None:
@@ -362,7 +403,9 @@ def open_run_dir(config: RunConfig, *, resume: bool) -> Path | None:
     if resume and checkpoint is None and (run_dir / "metrics.jsonl").exists():
         logger.warning("no complete checkpoint in %s; starting the run over", run_dir)
     if not resume and (run_dir / "metrics.jsonl").exists():
-        raise UserError(f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, or choose another run_dir")
+        raise UserError(
+            f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, or choose another run_dir"
+        )
     (run_dir / "config.json").write_text(json.dumps(config_to_dict(config), indent=2))
     return checkpoint
 
@@ -375,12 +418,20 @@ async def warm_start(config: RunConfig, policy: Policy, sft_dir: Path, *, print_
     demos = await collect_demonstrations(config, policy.tokenizer)
     sft_log = MetricsLog(sft_dir.parent, tensorboard=False, filename="sft_metrics.jsonl")
     history = await asyncio.to_thread(
-        sft_epochs, policy, demos, epochs=config.sft.epochs, lr=config.sft.lr, batch_size=config.sft.batch_size,
-        seed=config.seed, on_step=lambda i, m: sft_log.log(i, m),
+        sft_epochs,
+        policy,
+        demos,
+        epochs=config.sft.epochs,
+        lr=config.sft.lr,
+        batch_size=config.sft.batch_size,
+        seed=config.seed,
+        on_step=lambda i, m: sft_log.log(i, m),
     )
     policy.save_pretrained(sft_dir)
     wall = time.perf_counter() - started
-    print_fn(f"SFT warm-start: {len(demos)} demos, {len(history)} steps, final loss {history[-1]['sft/loss']:.3f} ({wall:.0f}s)")
+    print_fn(
+        f"SFT warm-start: {len(demos)} demos, {len(history)} steps, final loss {history[-1]['sft/loss']:.3f} ({wall:.0f}s)"
+    )
     return wall
 
 
@@ -407,8 +458,14 @@ async def evaluate(run: Run, label: str) -> EvalResult:
     if run.engine.weight_version != run.state.version:  # cluster.backend=ray pushes to remote engines only
         await run.engine.update_weights(run.policy.engine_state_dict(), run.state.version)
     result = await evaluate_policy(
-        run.engine, run.policy.tokenizer, make_env_factory(config), config.agent, config.eval.seeds,
-        temperature=config.eval.temperature, max_concurrent=config.env.max_concurrent, env_id=config.env.id,
+        run.engine,
+        run.policy.tokenizer,
+        make_env_factory(config),
+        config.agent,
+        config.eval.seeds,
+        temperature=config.eval.temperature,
+        max_concurrent=config.env.max_concurrent,
+        env_id=config.env.id,
         samples_per_seed=config.eval.samples_per_seed,
     )
     key = f"eval_{label}_s"
@@ -428,15 +485,26 @@ async def evaluate_warm_start(run: Run, *, print_fn: Callable[[str], None]) -> E
 async def reinforce(run: Run, *, progress: bool) -> None:
     """The RL phase: start the rollout source, run `rl_loop`, stop everything it started."""
     config = run.config
-    rollout = build_rollout(config, run.engine, run.policy.tokenizer, model_dir=run.engine_model_dir,
-                            buffer=run.buffer, seeds=run.seeds, run_dir=run.run_dir)
+    rollout = build_rollout(
+        config,
+        run.engine,
+        run.policy.tokenizer,
+        model_dir=run.engine_model_dir,
+        buffer=run.buffer,
+        seeds=run.seeds,
+        run_dir=run.run_dir,
+    )
     if config.cluster.backend == "ray" and run.state.version:  # fresh remote engines load the base weights
         await rollout.update_weights(run.policy.engine_state_dict(), run.state.version)
     stop = asyncio.Event()
     producer = None if run.buffer is None else asyncio.ensure_future(rollout.run(stop))
     started = time.perf_counter()
     with _progress(progress) as bar:
-        task = bar.add_task("RL", total=config.train.steps, completed=run.state.version, info="") if bar is not None else None
+        task = (
+            bar.add_task("RL", total=config.train.steps, completed=run.state.version, info="")
+            if bar is not None
+            else None
+        )
 
         def on_step(step: int, record: dict[str, Any]) -> None:
             if bar is not None:
@@ -445,8 +513,19 @@ async def reinforce(run: Run, *, progress: bool) -> None:
             logger.info("step %d: %s", step, {k: v for k, v in record.items() if isinstance(v, float)})
 
         try:
-            await rl_loop(config, run.policy, run.optimizer, rollout, run.buffer, run.state, run.metrics_log, save=run.save,
-                          on_step=on_step, evaluate=lambda: evaluate(run, "periodic"), reference=run.reference)
+            await rl_loop(
+                config,
+                run.policy,
+                run.optimizer,
+                rollout,
+                run.buffer,
+                run.state,
+                run.metrics_log,
+                save=run.save,
+                on_step=on_step,
+                evaluate=lambda: evaluate(run, "periodic"),
+                reference=run.reference,
+            )
         finally:
             stop.set()
             if producer is not None:
@@ -458,7 +537,9 @@ async def reinforce(run: Run, *, progress: bool) -> None:
         run.save(run.state)
 
 
-def report(run: Run, warmstart: EvalResult | None, final: EvalResult, *, print_fn: Callable[[str], None]) -> TrainingSummary:
+def report(
+    run: Run, warmstart: EvalResult | None, final: EvalResult, *, print_fn: Callable[[str], None]
+) -> TrainingSummary:
     """summary.json, the learning curve and the before/after line."""
     config, state = run.config, run.state
     wall = run.wall_s()  # a resumed run counts its earlier processes too
@@ -466,18 +547,29 @@ def report(run: Run, warmstart: EvalResult | None, final: EvalResult, *, print_f
     records = read_jsonl(run.run_dir / "metrics.jsonl")
     title = f"{config.env.id}: {config.algorithm.estimator}, alpha={config.rollout.async_ratio}"
     plot_learning_curve(records, run.run_dir / "learning_curve.png", title=title)
-    summary = {"warmstart_success_rate": before, "final_success_rate": final.success_rate, "eval_seeds": config.eval.episodes,
-               "eval_samples_per_seed": config.eval.samples_per_seed, "steps": state.version, "wall_s": wall, "phases_s": run.phases}
+    summary = {
+        "warmstart_success_rate": before,
+        "final_success_rate": final.success_rate,
+        "eval_seeds": config.eval.episodes,
+        "eval_samples_per_seed": config.eval.samples_per_seed,
+        "steps": state.version,
+        "wall_s": wall,
+        "phases_s": run.phases,
+    }
     (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     if before is not None:
-        print_fn(f"warm-start success: {100 * before:.1f}%  ->  final success: {100 * final.success_rate:.1f}%  "
-                 f"({final.success_rate - before:+.1%} on {config.eval.label}, {state.version} RL steps, {wall / 60:.1f} min)")
+        print_fn(
+            f"warm-start success: {100 * before:.1f}%  ->  final success: {100 * final.success_rate:.1f}%  "
+            f"({final.success_rate - before:+.1%} on {config.eval.label}, {state.version} RL steps, {wall / 60:.1f} min)"
+        )
     else:
         print_fn(f"final success: {100 * final.success_rate:.1f}% ({state.version} RL steps, {wall / 60:.1f} min)")
     return TrainingSummary(run.run_dir, warmstart, final, state.version, wall, run.phases)
 
 
-async def run_training(config: RunConfig, *, resume: bool = False, progress: bool = True, print_fn: Callable[[str], None] = print) -> TrainingSummary:
+async def run_training(
+    config: RunConfig, *, resume: bool = False, progress: bool = True, print_fn: Callable[[str], None] = print
+) -> TrainingSummary:
     """The whole job (see module docstring). Returns warm-start and final evaluations."""
     job_started = time.perf_counter()
     torch.set_num_threads(config.model.threads)
@@ -510,9 +602,18 @@ async def run_training(config: RunConfig, *, resume: bool = False, progress: boo
     optimizer = build_optimizer(policy, config)
     reference = build_reference(config, engine_model_dir, policy)  # the KL anchor: the warm-start, frozen
     run = Run(
-        config=config, run_dir=run_dir, policy=policy, optimizer=optimizer, engine=engine, reference=reference,
-        buffer=build_buffer(config), seeds=SeedCursor(config.env.train_seed_offset), metrics_log=metrics_log,
-        engine_model_dir=engine_model_dir, phases=phases, started=job_started,
+        config=config,
+        run_dir=run_dir,
+        policy=policy,
+        optimizer=optimizer,
+        engine=engine,
+        reference=reference,
+        buffer=build_buffer(config),
+        seeds=SeedCursor(config.env.train_seed_offset),
+        metrics_log=metrics_log,
+        engine_model_dir=engine_model_dir,
+        phases=phases,
+        started=job_started,
     )
     if checkpoint is not None:
         await restore(run, checkpoint, print_fn=print_fn)

@@ -79,11 +79,13 @@ class BatchNormaliser:
     num_sequences: float
 
     @classmethod
-    def from_mask(cls, mask: torch.Tensor) -> "BatchNormaliser":
+    def from_mask(cls, mask: torch.Tensor) -> BatchNormaliser:
         return cls(num_tokens=max(float(mask.sum()), 1.0), num_sequences=max(float((mask.sum(-1) > 0).sum()), 1.0))
 
 
-def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: AggregationMode, normaliser: BatchNormaliser | None = None) -> torch.Tensor:
+def aggregate(
+    values: torch.Tensor, mask: torch.Tensor, mode: AggregationMode, normaliser: BatchNormaliser | None = None
+) -> torch.Tensor:
     """Reduce per-token values to a scalar.
 
     token-mean: sum m*l / sum m (long responses weigh more);
@@ -108,7 +110,9 @@ def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def ppo_clip_loss(ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float, dual_clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+def ppo_clip_loss(
+    ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float, dual_clip: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token -min(r*A, clip(r)*A), with the dual-clip floor max(., c*A) for A < 0.
 
     Returns (loss, clipped) where `clipped` marks tokens whose gradient the clip removed.
@@ -126,7 +130,9 @@ def ppo_clip_loss(ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float
     return -objective, clipped
 
 
-def behaviour_weight(prox_logp: torch.Tensor, behaviour_logp: torch.Tensor, correction: Correction, cap: float, band: tuple[float, float]) -> tuple[torch.Tensor, torch.Tensor]:
+def behaviour_weight(
+    prox_logp: torch.Tensor, behaviour_logp: torch.Tensor, correction: Correction, cap: float, band: tuple[float, float]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The detached staleness weight applied to each token, and the raw w = pi_prox/mu."""
     raw = torch.exp((prox_logp - behaviour_logp).detach().clamp(max=20.0))
     if correction == "tis":
@@ -177,7 +183,9 @@ def policy_loss(
     """
     mask_f = mask.to(logp.dtype)
     normaliser = normaliser or BatchNormaliser.from_mask(mask_f)
-    weight, w_raw = behaviour_weight(prox_logp, behaviour_logp, config.correction, config.is_cap, (config.mis_low, config.mis_high))
+    weight, w_raw = behaviour_weight(
+        prox_logp, behaviour_logp, config.correction, config.is_cap, (config.mis_low, config.mis_high)
+    )
     log_ratio = (logp - prox_logp).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
     clipped = torch.zeros_like(ratio)
@@ -212,7 +220,9 @@ def policy_loss(
         else:
             raise ValueError("kl_coef > 0 needs reference log-probs (or per-token KL values)")
         loss = loss + config.kl_coef * aggregate(kl, mask_f, config.aggregation, normaliser)
-        metrics["kl_reference_full" if kl_tokens is not None else "kl_reference_k3"] = float(_masked_mean(kl.detach(), mask_f))
+        metrics["kl_reference_full" if kl_tokens is not None else "kl_reference_k3"] = float(
+            _masked_mean(kl.detach(), mask_f)
+        )
     if config.entropy_coef > 0:
         if entropy is None:
             raise ValueError("entropy_coef > 0 needs per-token entropy")
@@ -224,7 +234,14 @@ def policy_loss(
     return loss, metrics
 
 
-def off_policy_metrics(w_raw: torch.Tensor, ratio: torch.Tensor, clipped: torch.Tensor, weight: torch.Tensor, mask: torch.Tensor, config: LossConfig) -> dict[str, float]:
+def off_policy_metrics(
+    w_raw: torch.Tensor,
+    ratio: torch.Tensor,
+    clipped: torch.Tensor,
+    weight: torch.Tensor,
+    mask: torch.Tensor,
+    config: LossConfig,
+) -> dict[str, float]:
     """|w-1| mean and p95, fraction of w capped or masked, ratio clip fraction, k3 KL between mu and pi_prox.
 
     A KL jump without a version change points at an engine/trainer mismatch bug.
@@ -238,7 +255,9 @@ def off_policy_metrics(w_raw: torch.Tensor, ratio: torch.Tensor, clipped: torch.
     kl = (w - 1.0) - torch.log(w.clamp(min=1e-12))
     metrics = {
         "offpolicy/w_abs_dev_mean": float(deviation.mean()),
-        "offpolicy/w_abs_dev_p95": float(torch.quantile(deviation.float(), 0.95)) if deviation.numel() > 1 else float(deviation.max()),
+        "offpolicy/w_abs_dev_p95": float(torch.quantile(deviation.float(), 0.95))
+        if deviation.numel() > 1
+        else float(deviation.max()),
         "offpolicy/kl_behaviour_prox_k3": float(kl.mean()),
         "offpolicy/ratio_clip_fraction": float(clipped[selected].mean()),
         "offpolicy/ratio_mean": float(ratio[selected].mean()),

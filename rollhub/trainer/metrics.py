@@ -11,8 +11,9 @@ import json
 import logging
 import math
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,12 @@ class MetricsLog:
             os.fsync(handle.fileno())
         if self._writer is not None:
             for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                if (
+                    key != "step"
+                    and isinstance(value, (int, float))
+                    and not isinstance(value, bool)
+                    and math.isfinite(value)
+                ):
                     self._writer.add_scalar(key, value, step)
             self._writer.flush()
 
@@ -81,7 +87,13 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
-def plot_learning_curve(records: Iterable[dict[str, Any]], out_png: str | Path, *, keys: tuple[str, ...] = ("train/success_rate", "eval/success_rate"), title: str = "") -> Path | None:
+def plot_learning_curve(
+    records: Iterable[dict[str, Any]],
+    out_png: str | Path,
+    *,
+    keys: tuple[str, ...] = ("train/success_rate", "eval/success_rate"),
+    title: str = "",
+) -> Path | None:
     """PNG of the given keys against step (missing keys are skipped)."""
     import matplotlib
 

@@ -17,9 +17,10 @@ weight push. That path is exercised only where a GPU is lent (tests marked `gpu`
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -41,22 +42,29 @@ class TokenBatch:
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
 
-    def slice(self, start: int, stop: int) -> "TokenBatch":
+    def slice(self, start: int, stop: int) -> TokenBatch:
         """Rows [start, stop), trimmed to their longest real length (saves compute)."""
         length = int(self.attention_mask[start:stop].sum(-1).max().item()) if stop > start else 0
         length = max(length, 1)
         return TokenBatch(*(t[start:stop, :length] for t in self._tensors()))
 
-    def select(self, rows: Sequence[int] | torch.Tensor) -> "TokenBatch":
+    def select(self, rows: Sequence[int] | torch.Tensor) -> TokenBatch:
         """The given rows (e.g. a shuffled PPO mini-batch), trimmed like `slice`."""
         index = torch.as_tensor(rows, dtype=torch.long)
         picked = TokenBatch(*(t[index] for t in self._tensors()))
         return picked.slice(0, len(index))
 
     def _tensors(self) -> tuple[torch.Tensor, ...]:
-        return (self.input_ids, self.attention_mask, self.response_mask, self.behaviour_logprobs, self.advantages, self.token_versions)
+        return (
+            self.input_ids,
+            self.attention_mask,
+            self.response_mask,
+            self.behaviour_logprobs,
+            self.advantages,
+            self.token_versions,
+        )
 
-    def to(self, device: str | torch.device) -> "TokenBatch":
+    def to(self, device: str | torch.device) -> TokenBatch:
         return TokenBatch(*(t.to(device) for t in self._tensors()))
 
 
@@ -97,7 +105,9 @@ def default_device_and_dtype(device: str | None = None) -> tuple[str, torch.dtyp
     return device, dtype
 
 
-def token_logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def token_logprobs_from_logits(
+    logits: torch.Tensor, input_ids: torch.Tensor, temperature: float, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(input_ids[:, t] | prefix) at position t (0 at t = 0), and optionally the entropy there."""
     shifted = logits[:, :-1].float() / temperature
     log_probs = F.log_softmax(shifted, dim=-1)
@@ -162,7 +172,9 @@ class Policy:
         self.fsdp = True
 
     # --- log-probs --------------------------------------------------------------------
-    def token_logprobs(self, batch: TokenBatch, *, with_entropy: bool = False, with_full: bool = False) -> tuple[torch.Tensor, ...]:
+    def token_logprobs(
+        self, batch: TokenBatch, *, with_entropy: bool = False, with_full: bool = False
+    ) -> tuple[torch.Tensor, ...]:
         """Log-probs (with gradient if enabled by the caller) of every response token of `batch`.
 
         Only positions that predict a response token go through the output projection: on
@@ -184,7 +196,9 @@ class Policy:
             rows, cols = response_positions(batch)
             full = F.log_softmax(out.logits[:, :-1][rows, cols].float() / self.temperature, dim=-1)
             return logp * batch.response_mask, entropy, full
-        hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).last_hidden_state
+        hidden = decoder(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
+        ).last_hidden_state
         rows, cols = response_positions(batch)
         logits = head(hidden[:, :-1][rows, cols]).float() / self.temperature
         log_probs = F.log_softmax(logits, dim=-1)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import random
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,14 +41,27 @@ class ExpertEngine(InferenceEngine):
         self.noise = noise
         self.rng = rng or random.Random(0)
 
-    async def generate(self, input_ids: list[int], sampling: SamplingParams, request_id: str | None = None) -> Generation:
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams, request_id: str | None = None
+    ) -> Generation:
         noisy = self.noise > 0 and self.rng.random() < self.noise
-        text = self.env.random_action(np.random.default_rng(self.rng.getrandbits(32))) if noisy else self.env.expert_action()
+        text = (
+            self.env.random_action(np.random.default_rng(self.rng.getrandbits(32)))
+            if noisy
+            else self.env.expert_action()
+        )
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         if self.tokenizer.eos_token_id is not None:
             ids.append(int(self.tokenizer.eos_token_id))
         ids = ids[: sampling.max_new_tokens]  # the layout RL samples: a 1-token budget keeps the move only
-        return Generation(ids, [0.0] * len(ids), [0] * len(ids), NOISE_TURN if noisy else "stop", request_id=request_id or "", prompt_tokens=len(input_ids))
+        return Generation(
+            ids,
+            [0.0] * len(ids),
+            [0] * len(ids),
+            NOISE_TURN if noisy else "stop",
+            request_id=request_id or "",
+            prompt_tokens=len(input_ids),
+        )
 
     async def update_weights(self, source: Any, version: int) -> None:
         raise NotImplementedError("the expert engine has no weights")
@@ -111,7 +125,9 @@ def sft_epochs(
     # Warm up, then decay linearly to zero: with a constant lr the tiny model's last steps
     # can undo what it learned, unseen in the logged pre-step batch loss.
     warmup = max(1, num_steps // 20)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min((i + 1) / warmup, max(0.0, (num_steps - i) / max(1, num_steps - warmup))))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda i: min((i + 1) / warmup, max(0.0, (num_steps - i) / max(1, num_steps - warmup)))
+    )
     policy.model.train()
     for step, start in enumerate(range(0, len(order), batch_size), start=1):
         picked = [sequences[i] for i in order[start : start + batch_size]]

@@ -13,8 +13,8 @@ from rollhub.trainer.config import RunConfig
 
 async def run_sft_job(config: RunConfig, *, out_dir: str | None = None, print_fn=print) -> float:
     """Fine-tune on expert demos, save the model, print and return held-out success."""
-    from rollhub.trainer.evaluate import evaluate_model_dir
     from rollhub.trainer.build import build_policy, check_env_registered, ensure_model
+    from rollhub.trainer.evaluate import evaluate_model_dir
     from rollhub.trainer.loop import collect_demonstrations, seed_everything
     from rollhub.trainer.metrics import MetricsLog
     from rollhub.trainer.sft import sft_epochs
@@ -27,10 +27,20 @@ async def run_sft_job(config: RunConfig, *, out_dir: str | None = None, print_fn
     policy = build_policy(config, ensure_model(config))
     demos = await collect_demonstrations(config, policy.tokenizer)
     log = MetricsLog(out.parent, tensorboard=False, filename="sft_metrics.jsonl")
-    history = await asyncio.to_thread(sft_epochs, policy, demos, epochs=config.sft.epochs, lr=config.sft.lr,
-                                      batch_size=config.sft.batch_size, seed=config.seed, on_step=log.log)
+    history = await asyncio.to_thread(
+        sft_epochs,
+        policy,
+        demos,
+        epochs=config.sft.epochs,
+        lr=config.sft.lr,
+        batch_size=config.sft.batch_size,
+        seed=config.seed,
+        on_step=log.log,
+    )
     policy.save_pretrained(out)
     result = await evaluate_model_dir(config, out)
     print_fn(f"SFT: {len(demos)} demos, {len(history)} steps, loss {history[-1]['sft/loss']:.3f}; model at {out}")
-    print_fn(f"held-out success on {config.eval.episodes} seeds: {100 * result.success_rate:.1f}% ({time.perf_counter() - started:.0f}s)")
+    print_fn(
+        f"held-out success on {config.eval.episodes} seeds: {100 * result.success_rate:.1f}% ({time.perf_counter() - started:.0f}s)"
+    )
     return result.success_rate

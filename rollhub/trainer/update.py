@@ -49,7 +49,9 @@ def policy_update(
         stop = min(start + policy.micro_batch_size, len(batch))
         part = batch.slice(start, stop).to(policy.device)
         width = part.input_ids.shape[1]
-        reference_part = reference_logprobs[start:stop, :width].to(policy.device) if reference_logprobs is not None else None
+        reference_part = (
+            reference_logprobs[start:stop, :width].to(policy.device) if reference_logprobs is not None else None
+        )
         kl_tokens = None
         if exact_kl:
             with torch.no_grad():
@@ -61,8 +63,16 @@ def policy_update(
             logp, entropy = policy.token_logprobs(part, with_entropy=with_entropy)
         prox = logp.detach() if prox_logprobs is None else prox_logprobs[start:stop, :width].to(policy.device)
         loss, metrics = policy_loss(
-            logp, prox, part.behaviour_logprobs, part.advantages, part.response_mask, loss_config,
-            normaliser=normaliser, reference_logp=reference_part, entropy=entropy, kl_tokens=kl_tokens,
+            logp,
+            prox,
+            part.behaviour_logprobs,
+            part.advantages,
+            part.response_mask,
+            loss_config,
+            normaliser=normaliser,
+            reference_logp=reference_part,
+            entropy=entropy,
+            kl_tokens=kl_tokens,
         )
         loss.backward()
         total_loss += float(loss.detach())
@@ -118,7 +128,16 @@ def ppo_update(
     ref = reference.compute_logprobs(batch) if sampled_kl and reference is not None else None
     behaviour = batch.behaviour_logprobs * batch.response_mask if loss_config.proximal == "behaviour" else None
     if minibatches == 1 and epochs == 1:
-        out = policy_update(policy, optimizer, batch, behaviour, loss_config, max_grad_norm=max_grad_norm, reference_logprobs=ref, reference=reference)
+        out = policy_update(
+            policy,
+            optimizer,
+            batch,
+            behaviour,
+            loss_config,
+            max_grad_norm=max_grad_norm,
+            reference_logprobs=ref,
+            reference=reference,
+        )
         out["optimizer_steps"] = 1.0
         return out
     # with "behaviour" the decoupled weight min(prox/mu, C) is 1 and the clip is plain PPO's
@@ -129,8 +148,18 @@ def ppo_update(
         order = torch.randperm(len(batch), generator=generator)
         for rows in order.tensor_split(min(minibatches, len(batch))):
             part = batch.select(rows)
-            results.append(policy_update(policy, optimizer, part, prox[rows], loss_config, max_grad_norm=max_grad_norm,
-                                         reference_logprobs=None if ref is None else ref[rows], reference=reference))
+            results.append(
+                policy_update(
+                    policy,
+                    optimizer,
+                    part,
+                    prox[rows],
+                    loss_config,
+                    max_grad_norm=max_grad_norm,
+                    reference_logprobs=None if ref is None else ref[rows],
+                    reference=reference,
+                )
+            )
     out = {key: sum(r[key] for r in results) / len(results) for key in results[0] if key != "response_tokens"}
     out["response_tokens"] = float(batch.response_mask.sum())
     out["optimizer_steps"] = float(len(results))

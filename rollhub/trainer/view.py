@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from rollhub.core.errors import UserError
 
@@ -21,7 +22,9 @@ def find_trajectory_file(run: Path) -> Path:
     candidate = run / "trajectories.jsonl"
     if candidate.is_file():
         return candidate
-    raise UserError(f"no trajectories found at {run}: expected a run folder with trajectories.jsonl (train.log_trajectories: true) or a .jsonl file")
+    raise UserError(
+        f"no trajectories found at {run}: expected a run folder with trajectories.jsonl (train.log_trajectories: true) or a .jsonl file"
+    )
 
 
 def _records(path: Path, limit: int, only: str | None) -> list[dict[str, Any]]:
@@ -62,11 +65,15 @@ def _versions(turn: dict[str, Any]) -> str:
 def render_text(path: Path, *, limit: int = 20, only: str | None = None) -> str:
     lines = []
     for record in _records(path, limit, only):
-        lines.append(f"=== {record.get('trajectory_id', '?')}  env={record.get('env_id')} seed={record.get('seed')} "
-                     f"status={record.get('status')} success={record.get('success')} return={record.get('total_reward', 0):.2f}")
+        lines.append(
+            f"=== {record.get('trajectory_id', '?')}  env={record.get('env_id')} seed={record.get('seed')} "
+            f"status={record.get('status')} success={record.get('success')} return={record.get('total_reward', 0):.2f}"
+        )
         for index, turn in _turns(record):
             valid = "ok" if turn.get("action_valid", True) else "INVALID"
-            lines.append(f"  [{index}] v{_versions(turn)} {valid} r={turn.get('reward', 0):+.2f}  {turn.get('response_text', '')!r}")
+            lines.append(
+                f"  [{index}] v{_versions(turn)} {valid} r={turn.get('reward', 0):+.2f}  {turn.get('response_text', '')!r}"
+            )
             obs = _observation_text(turn)
             if obs:
                 lines.extend("      " + row for row in obs.splitlines())
@@ -86,18 +93,26 @@ pre{background:#f6f6f6;padding:.4em;margin:.2em 0;white-space:pre-wrap}
 def render_html(path: Path, out: Path, *, limit: int = 200, only: str | None = None) -> int:
     records = _records(path, limit, only)
     successes = sum(1 for r in records if r.get("success"))
-    parts = [f"<!doctype html><meta charset='utf-8'><title>rollhub trajectories</title><style>{_STYLE}</style>",
-             f"<h1>Trajectories</h1><p>{html.escape(str(path))}: showing {len(records)}, "
-             f"{successes} successful ({100 * successes / max(len(records), 1):.0f}%).</p>"]
+    parts = [
+        f"<!doctype html><meta charset='utf-8'><title>rollhub trajectories</title><style>{_STYLE}</style>",
+        f"<h1>Trajectories</h1><p>{html.escape(str(path))}: showing {len(records)}, "
+        f"{successes} successful ({100 * successes / max(len(records), 1):.0f}%).</p>",
+    ]
     for record in records:
         cls = "ok" if record.get("success") else "bad"
-        head = (f"<span class='{cls}'>{'success' if record.get('success') else 'failure'}</span> "
-                f"{html.escape(str(record.get('trajectory_id', '')))} &middot; {html.escape(str(record.get('env_id')))} "
-                f"seed {record.get('seed')} &middot; {len(record.get('turns', []))} turns &middot; return {record.get('total_reward', 0):.2f} "
-                f"&middot; {html.escape(str(record.get('status')))}")
+        head = (
+            f"<span class='{cls}'>{'success' if record.get('success') else 'failure'}</span> "
+            f"{html.escape(str(record.get('trajectory_id', '')))} &middot; {html.escape(str(record.get('env_id')))} "
+            f"seed {record.get('seed')} &middot; {len(record.get('turns', []))} turns &middot; return {record.get('total_reward', 0):.2f} "
+            f"&middot; {html.escape(str(record.get('status')))}"
+        )
         body = []
         for index, turn in _turns(record):
-            valid = "<span class='ok'>valid</span>" if turn.get("action_valid", True) else "<span class='bad'>invalid</span>"
+            valid = (
+                "<span class='ok'>valid</span>"
+                if turn.get("action_valid", True)
+                else "<span class='bad'>invalid</span>"
+            )
             body.append(
                 f"<div class='turn'><b>turn {index}</b> reward {turn.get('reward', 0):+.2f}, {valid}, policy version {_versions(turn)}"
                 f"<pre>{html.escape(turn.get('response_text', ''))}</pre>"

@@ -14,7 +14,8 @@ import concurrent.futures
 import ctypes
 import ctypes.util
 import functools
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 

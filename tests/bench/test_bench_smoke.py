@@ -29,7 +29,9 @@ def test_async_agentic_quick(tmp_path):
     assert rows["(c)"]["speedup_vs_env_async"] > 1.0 and rows["(c)"]["bound_S"] > 1.0
     for key in ("(c)", "(d)"):  # the agentic bound is a cap (Prop. 2 is not, here) and beta* beats the run's split
         row = rows[key]
-        assert row["speedup_vs_lockstep"] <= row["bound_agentic_at_beta_vs_lockstep"] <= row["bound_agentic_vs_lockstep"]
+        assert (
+            row["speedup_vs_lockstep"] <= row["bound_agentic_at_beta_vs_lockstep"] <= row["bound_agentic_vs_lockstep"]
+        )
         assert 0 < row["of_bound"] <= row["of_bound_at_beta"] <= 1.0
         assert row["bound_agentic_vs_lockstep"] > row["bound_vs_lockstep"]
     assert result["headline"]["speedup_vs_lockstep"] > 1.0 and result["simulation"] is True
@@ -49,7 +51,16 @@ def test_sched_overhead_quick(tmp_path):
 
 
 def test_fit_latency_quick(tmp_path):
-    result = _bench("fit-latency", tmp_path, "--set", "concurrencies=[1,2]", "--set", "prompt_tokens=[8,24]", "--set", "long_tokens=8")
+    result = _bench(
+        "fit-latency",
+        tmp_path,
+        "--set",
+        "concurrencies=[1,2]",
+        "--set",
+        "prompt_tokens=[8,24]",
+        "--set",
+        "long_tokens=8",
+    )
     params = result["params"]
     assert params["decode_base_s"] > 0 and len(params["iteration_table"]) == 2
     assert {v["workload"] for v in result["validation"]} == {"mixed-12", "staggered-10", "long-tail-8"}

@@ -7,7 +7,21 @@ from rollhub.cli import main
 
 def test_bench_envs_quick(tmp_path, capsys):
     out = tmp_path / "bench"
-    code = main(["bench", "envs", "--quick", "--out", str(out), "--set", "envs=[rollhub/Sokoban-v0, rollhub/Math-v0]", "--set", "rooms=50", "--set", "steps=50"])
+    code = main(
+        [
+            "bench",
+            "envs",
+            "--quick",
+            "--out",
+            str(out),
+            "--set",
+            "envs=[rollhub/Sokoban-v0, rollhub/Math-v0]",
+            "--set",
+            "rooms=50",
+            "--set",
+            "steps=50",
+        ]
+    )
     assert code == 0
     result = json.loads((out / "env_throughput.json").read_text())
     rows = {row["env"]: row for row in result["envs"]}
@@ -34,7 +48,19 @@ def test_bench_envs_skips_envs_it_cannot_run(tmp_path, capsys, monkeypatch):
     register("test/NeedsDocker-v0", "rollhub.envs.sokoban.env:SokobanEnv", requires=("docker",), gymnasium_compat=False)
     monkeypatch.setattr(checker, "_docker_status", False)
     try:
-        code = main(["bench", "envs", "--quick", "--out", str(tmp_path), "--set", "envs=[test/NeedsDocker-v0]", "--set", "rooms=10"])
+        code = main(
+            [
+                "bench",
+                "envs",
+                "--quick",
+                "--out",
+                str(tmp_path),
+                "--set",
+                "envs=[test/NeedsDocker-v0]",
+                "--set",
+                "rooms=10",
+            ]
+        )
         assert code == 0
         result = json.loads((tmp_path / "env_throughput.json").read_text())
         assert result["envs"] == [] and "Docker" in result["skipped"]["test/NeedsDocker-v0"]

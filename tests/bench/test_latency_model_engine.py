@@ -5,12 +5,19 @@ import asyncio
 import numpy as np
 import pytest
 
-from rollhub.bench.sim.virtual_clock import run_virtual
 from rollhub.bench.sim import latency_model
-from rollhub.rollout.engines.base import SamplingParams
 from rollhub.bench.sim.latency_model import LatencyModelEngine, LatencyParams, OutputLengths
+from rollhub.bench.sim.virtual_clock import run_virtual
+from rollhub.rollout.engines.base import SamplingParams
 
-PARAMS = LatencyParams(prefill_base_s=0.5, prefill_per_token_s=0.01, decode_base_s=0.1, decode_per_request_s=0.05, max_batch=4, prefill_blocks_decode=False)
+PARAMS = LatencyParams(
+    prefill_base_s=0.5,
+    prefill_per_token_s=0.01,
+    decode_base_s=0.1,
+    decode_per_request_s=0.05,
+    max_batch=4,
+    prefill_blocks_decode=False,
+)
 FIXED = OutputLengths(kind="fixed", mean_tokens=20)
 
 

@@ -7,11 +7,18 @@ import numpy as np
 import pytest
 
 from rollhub.bench.sim.latency_env import LatencyDistribution
-from rollhub.bench.sim.tokenizer import SimTokenizer
-from rollhub.bench.sim.training import GPU_REPLICA, SimRun, measured_agentic_workload, measured_speedup_bound, simulate_virtual, token_gpu_s
-from rollhub.bench.theory import agentic_sync_step_s
 from rollhub.bench.sim.latency_model import LatencyParams
+from rollhub.bench.sim.tokenizer import SimTokenizer
+from rollhub.bench.sim.training import (
+    GPU_REPLICA,
+    SimRun,
+    measured_agentic_workload,
+    measured_speedup_bound,
+    simulate_virtual,
+    token_gpu_s,
+)
 from rollhub.bench.sim.virtual_clock import run_virtual
+from rollhub.bench.theory import agentic_sync_step_s
 from rollhub.envs.registry import make, spec
 
 
@@ -77,12 +84,16 @@ def test_driver_env_async_beats_lockstep_and_async_beats_sync():
     # lockstep waits for the slowest env at every turn; env-async only for the slowest trajectory
     assert lockstep.step_s > env_async.step_s
     assert lockstep.mean_trajectory_s > env_async.mean_trajectory_s
-    assert asynchronous.step_s < env_async.step_s and asynchronous.trainer_idle_fraction < env_async.trainer_idle_fraction
+    assert (
+        asynchronous.step_s < env_async.step_s and asynchronous.trainer_idle_fraction < env_async.trainer_idle_fraction
+    )
     assert 1.0 < measured_speedup_bound(env_async, 1.0) < 2.0
     # the agentic workload: env latency (4 steps of ~N(10, 10) s) is most of a trajectory,
     # GPU work (decoded tokens at the best throughput) a small part, both within its wall time
     assert 4 * 8.0 < env_async.mean_env_s < env_async.mean_trajectory_s
-    assert 0 < env_async.mean_gen_work_s <= env_async.max_gen_work_s < env_async.mean_trajectory_s - env_async.mean_env_s
+    assert (
+        0 < env_async.mean_gen_work_s <= env_async.max_gen_work_s < env_async.mean_trajectory_s - env_async.mean_env_s
+    )
     w = measured_agentic_workload(env_async, 9)
     assert w.tail_s == env_async.mean_longest_trajectory_s and w.train_load_s == pytest.approx(env_async.train_step_s)
     assert agentic_sync_step_s(w) >= env_async.step_s  # Graham's form is an upper bound on the sync step

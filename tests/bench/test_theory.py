@@ -9,7 +9,16 @@ from rollhub.bench import theory
 
 @pytest.mark.parametrize(
     "rho, alpha, expected",
-    [(1, 1, 1.33), (1, 2, 1.50), (1, 4, 1.67), (1, math.inf, 2.00), (2, 1, 1.50), (2, 2, 1.80), (2, 4, 2.14), (2, math.inf, 3.00)],
+    [
+        (1, 1, 1.33),
+        (1, 2, 1.50),
+        (1, 4, 1.67),
+        (1, math.inf, 2.00),
+        (2, 1, 1.50),
+        (2, 2, 1.80),
+        (2, 4, 2.14),
+        (2, math.inf, 3.00),
+    ],
 )
 def test_speedup_table(rho, alpha, expected):
     assert theory.speedup_bound_from_ratio(rho, alpha) == pytest.approx(expected, abs=0.005)
@@ -55,14 +64,26 @@ def test_rejects_bad_input():
 def _agentic(**overrides):
     # 128 trajectories on 16 GPUs; 0.5 GPU-s of generation work, 100 s of env latency and
     # 140 s of wall time each; the slowest takes 220 s; W = 2048 GPU-s; 2 s weight push
-    values = dict(samples_per_step=128, workers=16, gen_s=0.5, gen_tail_s=1.0, env_s=100.0, tail_s=220.0, train_s_per_sample=16.0, push_s=2.0, wall_s=140.0)
+    values = dict(
+        samples_per_step=128,
+        workers=16,
+        gen_s=0.5,
+        gen_tail_s=1.0,
+        env_s=100.0,
+        tail_s=220.0,
+        train_s_per_sample=16.0,
+        push_s=2.0,
+        wall_s=140.0,
+    )
     values.update(overrides)
     return theory.AgenticWorkload(**values)
 
 
 def _worked_case():
     prop2 = theory.Workload(samples_per_step=256, workers=32, mu_gen_s=30.0, l_gen_s=320.0, train_s_per_sample=10.0)
-    return prop2, theory.AgenticWorkload(samples_per_step=256, workers=32, gen_s=30.0, gen_tail_s=320.0, env_s=0.0, tail_s=320.0, train_s_per_sample=10.0)
+    return prop2, theory.AgenticWorkload(
+        samples_per_step=256, workers=32, gen_s=30.0, gen_tail_s=320.0, env_s=0.0, tail_s=320.0, train_s_per_sample=10.0
+    )
 
 
 @pytest.mark.parametrize("alpha", [0, 1, 2, 4, math.inf])
@@ -118,7 +139,14 @@ def test_agentic_bound_grows_with_alpha_and_shrinks_with_training():
 
 
 def test_agentic_rejects_bad_input():
-    for bad in (dict(gen_s=0.0), dict(env_s=-1.0), dict(gen_tail_s=0.1), dict(tail_s=0.5), dict(wall_s=50.0), dict(push_s=math.inf)):
+    for bad in (
+        dict(gen_s=0.0),
+        dict(env_s=-1.0),
+        dict(gen_tail_s=0.1),
+        dict(tail_s=0.5),
+        dict(wall_s=50.0),
+        dict(push_s=math.inf),
+    ):
         with pytest.raises(ValueError):
             _agentic(**bad)
     with pytest.raises(ValueError):

@@ -46,7 +46,13 @@ class GuessEnv(Env):
         guess = extract_action(action, "action")
         truncated = self.steps >= self.max_steps
         if guess is None or not guess.isdigit():
-            return [{"role": "user", "content": "say <action>N</action>"}], 0.0, False, truncated, invalid_step_info(self.secret, "bad", format_ok=guess is not None)
+            return (
+                [{"role": "user", "content": "say <action>N</action>"}],
+                0.0,
+                False,
+                truncated,
+                invalid_step_info(self.secret, "bad", format_ok=guess is not None),
+            )
         won = int(guess) == self.secret
         info = {"anchor": self.secret, "success": won, "action_valid": True, "format_ok": True}
         return [{"role": "user", "content": "yes" if won else "no"}], float(won), won, truncated and not won, info
@@ -80,7 +86,13 @@ class NeverEndingEnv(GuessEnv):
 class BadTypesEnv(GuessEnv):
     async def step(self, action):
         obs, reward, terminated, truncated, info = await super().step(action)
-        return "text, not messages", str(reward), terminated, truncated, {k: v for k, v in info.items() if k != "format_ok"}
+        return (
+            "text, not messages",
+            str(reward),
+            terminated,
+            truncated,
+            {k: v for k, v in info.items() if k != "format_ok"},
+        )
 
 
 class FragileCloseEnv(GuessEnv):

@@ -20,7 +20,19 @@ def plugin_path(tmp_path_factory):
     shutil.copytree(PLUGIN_SOURCE, source)  # builds write into the source tree; keep the repo clean
     target = build_dir / "site"
     completed = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index", "--target", str(target), str(source)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(target),
+            str(source),
+        ],
         capture_output=True,
         text=True,
         timeout=300,
@@ -32,7 +44,9 @@ def plugin_path(tmp_path_factory):
 
 def run_rollhub(plugin_path, *args):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin_path), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "rollhub.cli", *args], capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "rollhub.cli", *args], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 def test_installed_plugin_env_is_listed(plugin_path):
@@ -51,7 +65,12 @@ def test_installed_plugin_env_plays(plugin_path):
 
 
 def test_without_the_plugin_the_id_is_unknown():
-    result = subprocess.run([sys.executable, "-m", "rollhub.cli", "envs", "try", "plugin/Echo-v0"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "rollhub.cli", "envs", "try", "plugin/Echo-v0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     assert "unknown env id 'plugin/Echo-v0'" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 

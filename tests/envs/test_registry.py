@@ -6,8 +6,8 @@ import sys
 import pytest
 
 import rollhub.envs as envs
-from rollhub.envs.registry import _REGISTRY, register
 from rollhub.core.errors import MissingExtraError, UserError
+from rollhub.envs.registry import _REGISTRY, register
 
 
 @pytest.fixture

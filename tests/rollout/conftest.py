@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-
 from rollout_testing import CountdownEnv
 
 torch.set_num_threads(1)

@@ -19,7 +19,9 @@ class CountdownEnv(Env):
     action_tag = "action"
     live = 0  # instances not yet closed (leak checks)
 
-    def __init__(self, max_steps: int = 3, step_sleep_s: float = 0.0, fail_on_step: int | None = None, fail_reset: bool = False) -> None:
+    def __init__(
+        self, max_steps: int = 3, step_sleep_s: float = 0.0, fail_on_step: int | None = None, fail_reset: bool = False
+    ) -> None:
         self.max_steps = max_steps
         self.step_sleep_s = step_sleep_s
         self.fail_on_step = fail_on_step

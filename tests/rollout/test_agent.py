@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from rollout_testing import CountdownEnv
 
 from rollhub.rollout.agent import AgentConfig, EpisodeRunner, run_episode
 from rollhub.rollout.engines.base import Generation, InferenceEngine, SamplingParams
 from rollhub.rollout.types import TrajectoryStatus
-
-from rollout_testing import CountdownEnv
 
 
 class RecordingEngine(InferenceEngine):
@@ -45,7 +44,10 @@ async def test_full_history_prompt_ids_are_incremental_and_match_the_model_input
     assert trajectory.status == TrajectoryStatus.TRUNCATED and len(trajectory.turns) == 4
     assert [t.prompt_ids for t in trajectory.turns] == recorder.prompts  # exactly what the engine got
     for previous, turn in zip(trajectory.turns, trajectory.turns[1:]):
-        assert turn.prompt_ids[: len(previous.prompt_ids) + len(previous.response_ids)] == previous.prompt_ids + previous.response_ids
+        assert (
+            turn.prompt_ids[: len(previous.prompt_ids) + len(previous.response_ids)]
+            == previous.prompt_ids + previous.response_ids
+        )
     sequences = trajectory.packed_sequences()
     assert len(sequences) == 1
     last = trajectory.turns[-1]
@@ -53,9 +55,18 @@ async def test_full_history_prompt_ids_are_incremental_and_match_the_model_input
     assert sum(sequences[0].response_mask) == trajectory.num_response_tokens
     # the text form of the ids is the chat template's rendering of the same conversation
     # whenever responses end with the end-of-turn token; here we check the opening and the tail
-    rendered_head = tokenizer.apply_chat_template([{"role": "system", "content": "Count down. Answer with <action>N</action>."}, {"role": "user", "content": "Start at 12."}], tokenize=False, add_generation_prompt=True)
+    rendered_head = tokenizer.apply_chat_template(
+        [
+            {"role": "system", "content": "Count down. Answer with <action>N</action>."},
+            {"role": "user", "content": "Start at 12."},
+        ],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     assert tokenizer.decode(trajectory.turns[0].prompt_ids) == rendered_head
-    assert tokenizer.decode(last.prompt_ids).endswith("<|im_start|>user\nStep 3: say a number.<|im_end|>\n<|im_start|>assistant\n")
+    assert tokenizer.decode(last.prompt_ids).endswith(
+        "<|im_start|>user\nStep 3: say a number.<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert trajectory.info["format_errors"] == sum(not t.format_ok for t in trajectory.turns)
     assert trajectory.info["format_errors"] > 0  # a random model rarely writes the tag
 
@@ -82,8 +93,12 @@ async def test_ids_equal_template_rendering_when_turns_end_with_eos(engine):
     assert all(t.format_ok and t.action_valid for t in trajectory.turns)
     last = trajectory.turns[-1]
     before_last = runner.messages[:-2]  # the last assistant answer and the env's final reply come after
-    assert tokenizer.decode(last.prompt_ids) == tokenizer.apply_chat_template(before_last, tokenize=False, add_generation_prompt=True)
-    assert tokenizer.decode(last.prompt_ids + last.response_ids) + "\n" == tokenizer.apply_chat_template(runner.messages[:-1], tokenize=False)
+    assert tokenizer.decode(last.prompt_ids) == tokenizer.apply_chat_template(
+        before_last, tokenize=False, add_generation_prompt=True
+    )
+    assert tokenizer.decode(last.prompt_ids + last.response_ids) + "\n" == tokenizer.apply_chat_template(
+        runner.messages[:-1], tokenize=False
+    )
 
 
 async def test_history_window_keeps_head_and_last_k_turns(engine):
@@ -104,12 +119,16 @@ async def test_observation_only_prompt_is_system_plus_latest_observation(engine)
     assert len(trajectory.turns) == 4
     await runner.reset()
     opening = runner.messages
-    assert tokenizer.decode(trajectory.turns[0].prompt_ids) == tokenizer.apply_chat_template(opening, tokenize=False, add_generation_prompt=True)
+    assert tokenizer.decode(trajectory.turns[0].prompt_ids) == tokenizer.apply_chat_template(
+        opening, tokenize=False, add_generation_prompt=True
+    )
     # every later prompt renders exactly [system, latest observation] + generation prompt
     history = [{"role": "system", "content": "Count."}]
     previous = trajectory.turns
     for before, turn in zip(previous, previous[1:]):
-        expected = tokenizer.apply_chat_template(history + list(before.observation), tokenize=False, add_generation_prompt=True)
+        expected = tokenizer.apply_chat_template(
+            history + list(before.observation), tokenize=False, add_generation_prompt=True
+        )
         assert tokenizer.decode(turn.prompt_ids) == expected
     assert len({len(t.prompt_ids) for t in trajectory.turns[1:]}) <= 2  # no growth with the turn count
     assert len(trajectory.packed_sequences()) == 4  # each turn is its own training row

@@ -15,7 +15,12 @@ from rollhub.rollout.types import Group, Trajectory, Turn
 
 
 def make_group(version: int, tokens: int = 3, name: str = "g") -> Group:
-    turn = Turn(prompt_ids=[1, 2], response_ids=list(range(tokens)), behaviour_logprobs=[-1.0] * tokens, token_versions=[version] * tokens)
+    turn = Turn(
+        prompt_ids=[1, 2],
+        response_ids=list(range(tokens)),
+        behaviour_logprobs=[-1.0] * tokens,
+        token_versions=[version] * tokens,
+    )
     trajectory = Trajectory(env_id="test/X-v0", seed=0, turns=[turn])
     return Group(group_id=name, env_id="test/X-v0", seed=0, trajectories=[trajectory])
 
@@ -56,7 +61,7 @@ def test_alpha_bound_never_exceeded_with_random_latencies(batch_size, alpha, lat
         for _ in range(3):
             try:
                 batch = await buffer.get_batch(version, timeout_s=2.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 break  # producers ran out: fine
             for group in batch:
                 lag = version - group.oldest_version

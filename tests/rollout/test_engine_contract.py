@@ -54,18 +54,24 @@ async def any_engine(request, tiny_model_and_tokenizer, served):
 
 async def test_generate_returns_ids_logprobs_versions(any_engine):
     eng, backend = any_engine
-    generation = await eng.generate(PROMPT, SamplingParams(max_new_tokens=7, temperature=0.8, seed=5, stop_token_ids=NO_STOP))
+    generation = await eng.generate(
+        PROMPT, SamplingParams(max_new_tokens=7, temperature=0.8, seed=5, stop_token_ids=NO_STOP)
+    )
     assert generation.finish_reason == "length"
     assert len(generation.token_ids) == len(generation.logprobs) == len(generation.token_versions) == 7
     with torch.no_grad():
         logits = backend.model(torch.tensor([PROMPT + generation.token_ids])).logits[0].float()
     reference = torch.log_softmax(logits / 0.8, -1)
-    assert generation.logprobs == pytest.approx([float(reference[len(PROMPT) - 1 + i, t]) for i, t in enumerate(generation.token_ids)], abs=1e-4)
+    assert generation.logprobs == pytest.approx(
+        [float(reference[len(PROMPT) - 1 + i, t]) for i, t in enumerate(generation.token_ids)], abs=1e-4
+    )
 
 
 async def test_abort_returns_partial_output(any_engine):
     eng, backend = any_engine
-    task = asyncio.create_task(eng.generate(PROMPT, SamplingParams(max_new_tokens=500, stop_token_ids=NO_STOP), request_id="r-abort"))
+    task = asyncio.create_task(
+        eng.generate(PROMPT, SamplingParams(max_new_tokens=500, stop_token_ids=NO_STOP), request_id="r-abort")
+    )
     while backend.stats.generated_tokens < 3:
         await asyncio.sleep(0.01)
     await eng.abort("r-abort")
@@ -116,14 +122,21 @@ async def test_cancelled_caller_aborts_server_request(any_engine):
 async def test_server_speaks_sglang_shapes(served):
     backend, url = served
     async with aiohttp.ClientSession() as http:
-        body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4, "stop_token_ids": list(NO_STOP)}, "return_logprob": True, "rid": "x1"}
+        body = {
+            "input_ids": PROMPT,
+            "sampling_params": {"max_new_tokens": 4, "stop_token_ids": list(NO_STOP)},
+            "return_logprob": True,
+            "rid": "x1",
+        }
         async with http.post(f"{url}/generate", json=body) as response:
             assert response.status == 200
             reply = await response.json()
         meta = reply["meta_info"]
         assert meta["id"] == "x1" and meta["finish_reason"] == {"type": "length", "length": 4}
         assert meta["prompt_tokens"] == len(PROMPT) and meta["completion_tokens"] == 4 and meta["weight_version"] == "0"
-        assert [t[1] for t in meta["output_token_logprobs"]] == reply["output_ids"] and all(t[2] is None for t in meta["output_token_logprobs"])
+        assert [t[1] for t in meta["output_token_logprobs"]] == reply["output_ids"] and all(
+            t[2] is None for t in meta["output_token_logprobs"]
+        )
         assert isinstance(reply["text"], str)
         batch = {"input_ids": [PROMPT, PROMPT[:4]], "sampling_params": {"max_new_tokens": 2}}
         async with http.post(f"{url}/generate", json=batch) as response:
@@ -136,7 +149,12 @@ async def test_server_speaks_sglang_shapes(served):
         async with http.get(f"{url}/get_model_info") as response:
             assert (await response.json())["is_generation"] is True
         # flush_cache: 400 while a request runs, 200 when idle
-        busy = asyncio.create_task(http.post(f"{url}/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 500, "stop_token_ids": list(NO_STOP)}}))
+        busy = asyncio.create_task(
+            http.post(
+                f"{url}/generate",
+                json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 500, "stop_token_ids": list(NO_STOP)}},
+            )
+        )
         while backend.num_in_flight == 0:
             await asyncio.sleep(0.01)
         async with http.post(f"{url}/flush_cache") as response:
@@ -155,15 +173,17 @@ async def test_server_speaks_sglang_shapes(served):
 
 async def test_env_manager_over_the_http_client_with_a_state_dict_update(served, tiny_model_and_tokenizer):
     """The full rollout stack on the SGLang client path: groups, then pause -> update -> resume."""
+    from rollout_testing import CountdownEnv
+
     from rollhub.rollout.agent import AgentConfig
     from rollhub.rollout.manager import EnvManager, EnvManagerConfig
-
-    from rollout_testing import CountdownEnv
 
     backend, url = served
     model, tokenizer = tiny_model_and_tokenizer
     client = SGLangEngine(url)
-    config = EnvManagerConfig(env_id="test/Countdown-v0", group_size=2, agent=AgentConfig(max_new_tokens=4), env_kwargs={"max_steps": 2})
+    config = EnvManagerConfig(
+        env_id="test/Countdown-v0", group_size=2, agent=AgentConfig(max_new_tokens=4), env_kwargs={"max_steps": 2}
+    )
     manager = EnvManager(client, tokenizer, config, env_factory=lambda env_id, **kw: CountdownEnv(**kw))
     try:
         before = await manager.collect_batch(2)

@@ -24,7 +24,10 @@ def direct_logprobs(model, prompt: list[int], output: list[int], temperature: fl
 async def test_logprobs_equal_direct_forward_under_batching(engine: HFEngine):
     async def staggered(i: int):
         await asyncio.sleep(0.005 * i)  # joins the running batch mid-decode
-        return await engine.generate(PROMPTS[i % len(PROMPTS)], SamplingParams(max_new_tokens=12, temperature=0.7, seed=i, stop_token_ids=NO_STOP))
+        return await engine.generate(
+            PROMPTS[i % len(PROMPTS)],
+            SamplingParams(max_new_tokens=12, temperature=0.7, seed=i, stop_token_ids=NO_STOP),
+        )
 
     generations = await asyncio.gather(*(staggered(i) for i in range(10)))
     assert engine.stats.mean_batch_size > 1.0  # requests really shared decode steps
@@ -46,10 +49,20 @@ async def test_prefix_cache_hit_keeps_logprobs_exact(engine: HFEngine):
 
 async def test_concurrent_prefix_hits_of_different_lengths_batch_exactly(engine: HFEngine):
     """Hits are prefilled together with holes between prefix and suffix; still exact."""
-    firsts = await asyncio.gather(*(engine.generate(PROMPTS[k], SamplingParams(max_new_tokens=3 + 2 * k, seed=k, stop_token_ids=NO_STOP)) for k in range(4)))
+    firsts = await asyncio.gather(
+        *(
+            engine.generate(PROMPTS[k], SamplingParams(max_new_tokens=3 + 2 * k, seed=k, stop_token_ids=NO_STOP))
+            for k in range(4)
+        )
+    )
     follow_ups = [PROMPTS[k] + g.token_ids + [9] * (1 + 3 * k) for k, g in enumerate(firsts)]
     hits_before = engine.prefix_cache.hits
-    seconds = await asyncio.gather(*(engine.generate(f, SamplingParams(max_new_tokens=10, seed=10 + k, stop_token_ids=NO_STOP)) for k, f in enumerate(follow_ups)))
+    seconds = await asyncio.gather(
+        *(
+            engine.generate(f, SamplingParams(max_new_tokens=10, seed=10 + k, stop_token_ids=NO_STOP))
+            for k, f in enumerate(follow_ups)
+        )
+    )
     assert engine.prefix_cache.hits == hits_before + 4
     for follow_up, second in zip(follow_ups, seconds):
         assert second.logprobs == pytest.approx(direct_logprobs(engine.model, follow_up, second.token_ids), abs=1e-4)
@@ -64,7 +77,9 @@ async def test_same_seed_same_tokens_and_greedy_is_argmax(engine: HFEngine):
     a = await engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=6, seed=7, stop_token_ids=NO_STOP))
     b = await engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=6, seed=7, stop_token_ids=NO_STOP))
     assert a.token_ids == b.token_ids
-    greedy = await engine.generate(PROMPTS[1], SamplingParams(max_new_tokens=4, temperature=0.0, stop_token_ids=NO_STOP))
+    greedy = await engine.generate(
+        PROMPTS[1], SamplingParams(max_new_tokens=4, temperature=0.0, stop_token_ids=NO_STOP)
+    )
     with torch.no_grad():
         logits = engine.model(torch.tensor([PROMPTS[1] + greedy.token_ids])).logits[0]
     assert greedy.token_ids == [int(logits[len(PROMPTS[1]) - 1 + i].argmax()) for i in range(4)]
@@ -95,9 +110,17 @@ async def test_pause_aborts_in_flight_and_blocks_new_requests(engine: HFEngine):
 
 
 async def test_abort_one_request_and_cancelled_caller_leave_nothing_behind(engine: HFEngine):
-    keep = asyncio.create_task(engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=30, seed=0, stop_token_ids=NO_STOP), request_id="keep"))
-    drop = asyncio.create_task(engine.generate(PROMPTS[1], SamplingParams(max_new_tokens=400, stop_token_ids=NO_STOP), request_id="drop"))
-    gone = asyncio.create_task(engine.generate(PROMPTS[2], SamplingParams(max_new_tokens=400, stop_token_ids=NO_STOP), request_id="gone"))
+    keep = asyncio.create_task(
+        engine.generate(
+            PROMPTS[0], SamplingParams(max_new_tokens=30, seed=0, stop_token_ids=NO_STOP), request_id="keep"
+        )
+    )
+    drop = asyncio.create_task(
+        engine.generate(PROMPTS[1], SamplingParams(max_new_tokens=400, stop_token_ids=NO_STOP), request_id="drop")
+    )
+    gone = asyncio.create_task(
+        engine.generate(PROMPTS[2], SamplingParams(max_new_tokens=400, stop_token_ids=NO_STOP), request_id="gone")
+    )
     await asyncio.sleep(0.05)
     await engine.abort("drop")
     gone.cancel()
@@ -116,7 +139,9 @@ async def test_abort_one_request_and_cancelled_caller_leave_nothing_behind(engin
 async def test_versions_per_token_across_in_flight_update(engine: HFEngine, tiny_model_and_tokenizer):
     model, _ = tiny_model_and_tokenizer
     original = {k: v.clone() for k, v in model.state_dict().items()}
-    task = asyncio.create_task(engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=60, seed=0, stop_token_ids=NO_STOP)))
+    task = asyncio.create_task(
+        engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=60, seed=0, stop_token_ids=NO_STOP))
+    )
     while engine.stats.generated_tokens < 5:
         await asyncio.sleep(0.005)
     await engine.update_weights(original, version=3)  # not paused: later tokens come from v3

@@ -6,19 +6,20 @@ import asyncio
 import json
 
 import pytest
+from rollout_testing import CountdownEnv
 
 from rollhub.rollout.agent import AgentConfig
 from rollhub.rollout.buffer import GroupBuffer
 from rollhub.rollout.manager import EnvManager, EnvManagerConfig
 from rollhub.rollout.types import TrajectoryStatus
 
-from rollout_testing import CountdownEnv
-
 FAST_AGENT = AgentConfig(max_new_tokens=6, max_turns=4, max_context_tokens=1024)
 
 
 async def test_64_sokoban_trajectories_every_token_accounted(engine, tmp_path):
-    config = EnvManagerConfig(env_id="rollhub/Sokoban-v0", group_size=4, agent=FAST_AGENT, jsonl_path=str(tmp_path / "t.jsonl"))
+    config = EnvManagerConfig(
+        env_id="rollhub/Sokoban-v0", group_size=4, agent=FAST_AGENT, jsonl_path=str(tmp_path / "t.jsonl")
+    )
     manager = EnvManager(engine, engine.tokenizer, config)
     tokens_before = engine.stats.generated_tokens
     groups = await manager.collect_batch(16)
@@ -49,7 +50,13 @@ async def test_redundancy_cancels_stragglers_and_leaves_nothing_behind(engine, c
         # every third env is a straggler; redundancy must not wait for it
         return CountdownEnv(max_steps=3, step_sleep_s=5.0 if next(slow_every) % 3 == 2 else 0.0)
 
-    config = EnvManagerConfig(env_id="test/Countdown-v0", group_size=2, group_redundancy=1, batch_redundancy=1, agent=AgentConfig(max_new_tokens=4))
+    config = EnvManagerConfig(
+        env_id="test/Countdown-v0",
+        group_size=2,
+        group_redundancy=1,
+        batch_redundancy=1,
+        agent=AgentConfig(max_new_tokens=4),
+    )
     manager = EnvManager(engine, engine.tokenizer, config, env_factory=factory)
     live_before = CountdownEnv.live
     groups = await asyncio.wait_for(manager.collect_batch(3), timeout=60)
@@ -65,7 +72,13 @@ async def test_redundancy_cancels_stragglers_and_leaves_nothing_behind(engine, c
 
 
 async def test_lockstep_baseline_steps_all_envs_together(engine, countdown_factory):
-    config = EnvManagerConfig(env_id="test/Countdown-v0", group_size=3, lockstep=True, agent=AgentConfig(max_new_tokens=5), env_kwargs={"max_steps": 2})
+    config = EnvManagerConfig(
+        env_id="test/Countdown-v0",
+        group_size=3,
+        lockstep=True,
+        agent=AgentConfig(max_new_tokens=5),
+        env_kwargs={"max_steps": 2},
+    )
     manager = EnvManager(engine, engine.tokenizer, config, env_factory=countdown_factory)
     groups = await manager.collect_batch(2)
     assert [len(g.trajectories) for g in groups] == [3, 3]
@@ -81,13 +94,22 @@ async def test_infra_failures_are_retried_then_group_dropped(engine):
     def flaky(env_id, **kwargs):
         return CountdownEnv(max_steps=2, fail_on_step=1 if next(calls) % 2 == 0 else None)
 
-    config = EnvManagerConfig(env_id="test/Countdown-v0", group_size=2, max_infra_retries=2, agent=AgentConfig(max_new_tokens=3))
+    config = EnvManagerConfig(
+        env_id="test/Countdown-v0", group_size=2, max_infra_retries=2, agent=AgentConfig(max_new_tokens=3)
+    )
     manager = EnvManager(engine, engine.tokenizer, config, env_factory=flaky)
     groups = await manager.collect_batch(2)
     assert all(t.status != TrajectoryStatus.INFRA_FAILED for g in groups for t in g.trajectories)
     assert manager.metrics.infra_failures >= 1 and manager.metrics.infra_retries >= 1
 
-    always_broken = EnvManager(engine, engine.tokenizer, EnvManagerConfig(env_id="test/Countdown-v0", group_size=2, max_infra_retries=1, agent=AgentConfig(max_new_tokens=3)), env_factory=lambda env_id, **kw: CountdownEnv(fail_reset=True))
+    always_broken = EnvManager(
+        engine,
+        engine.tokenizer,
+        EnvManagerConfig(
+            env_id="test/Countdown-v0", group_size=2, max_infra_retries=1, agent=AgentConfig(max_new_tokens=3)
+        ),
+        env_factory=lambda env_id, **kw: CountdownEnv(fail_reset=True),
+    )
     with pytest.raises(asyncio.TimeoutError):
         await asyncio.wait_for(always_broken.collect_batch(1), timeout=2.0)  # keeps replacing dropped groups
     assert always_broken.metrics.groups_dropped_infra >= 1
@@ -105,8 +127,15 @@ async def test_per_env_concurrency_limit(engine):
             return await super().step(action)
 
     baseline = CountdownEnv.live
-    config = EnvManagerConfig(env_id="test/Countdown-v0", group_size=4, env_concurrency={"test/Countdown-v0": 2}, agent=AgentConfig(max_new_tokens=3))
-    manager = EnvManager(engine, engine.tokenizer, config, env_factory=lambda env_id, **kw: Tracked(max_steps=2, step_sleep_s=0.01))
+    config = EnvManagerConfig(
+        env_id="test/Countdown-v0",
+        group_size=4,
+        env_concurrency={"test/Countdown-v0": 2},
+        agent=AgentConfig(max_new_tokens=3),
+    )
+    manager = EnvManager(
+        engine, engine.tokenizer, config, env_factory=lambda env_id, **kw: Tracked(max_steps=2, step_sleep_s=0.01)
+    )
     await manager.collect_batch(2)
     assert 1 <= peak <= 2
 
@@ -115,8 +144,15 @@ async def test_async_run_with_weight_updates_tags_versions_and_respects_alpha(en
     model, _ = tiny_model_and_tokenizer
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     buffer = GroupBuffer(2, alpha=1)
-    config = EnvManagerConfig(env_id="test/Countdown-v0", group_size=2, agent=AgentConfig(max_new_tokens=8), env_kwargs={"max_steps": 3, "step_sleep_s": 0.01})
-    manager = EnvManager(engine, engine.tokenizer, config, buffer=buffer, env_factory=lambda env_id, **kw: CountdownEnv(**kw))
+    config = EnvManagerConfig(
+        env_id="test/Countdown-v0",
+        group_size=2,
+        agent=AgentConfig(max_new_tokens=8),
+        env_kwargs={"max_steps": 3, "step_sleep_s": 0.01},
+    )
+    manager = EnvManager(
+        engine, engine.tokenizer, config, buffer=buffer, env_factory=lambda env_id, **kw: CountdownEnv(**kw)
+    )
     stop = asyncio.Event()
     running = asyncio.create_task(manager.run(stop))
     seen_versions = set()

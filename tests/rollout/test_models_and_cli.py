@@ -6,9 +6,7 @@ import asyncio
 import json
 import os
 import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,10 +17,16 @@ from rollhub.rollout.engines.base import SamplingParams
 
 def test_tokenizer_round_trip_and_chatml(tiny_model_and_tokenizer):
     _, tokenizer = tiny_model_and_tokenizer
-    for text in ["######\n#_P_X#\n#O__#\n######", "def f(x):\n    return x ** 2  # ok", "<action>up</action> ünïcödé 🙂"]:
+    for text in [
+        "######\n#_P_X#\n#O__#\n######",
+        "def f(x):\n    return x ** 2  # ok",
+        "<action>up</action> ünïcödé 🙂",
+    ]:
         assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
     assert 4000 < len(tokenizer) <= 8192
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert rendered == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert tokenizer.convert_ids_to_tokens(tokenizer.eos_token_id) == "<|im_end|>"
     assert tokenizer.pad_token_id != tokenizer.eos_token_id
@@ -44,15 +48,39 @@ def test_init_tiny_is_deterministic_and_sized(tmp_path, tiny_model_dir):
 def test_user_errors_are_one_line(tmp_path, capsys):
     assert main(["rollout", "--env", "rollhub/NoSuchEnv-v0", "--out", str(tmp_path)]) == 2
     assert "unknown env id" in capsys.readouterr().err
-    assert main(["rollout", "--env", "rollhub/Sokoban-v0", "--model", str(tmp_path / "missing"), "--out", str(tmp_path)]) == 2
+    assert (
+        main(["rollout", "--env", "rollhub/Sokoban-v0", "--model", str(tmp_path / "missing"), "--out", str(tmp_path)])
+        == 2
+    )
     assert "init-tiny" in capsys.readouterr().err
-    assert main(["rollout", "--env", "rollhub/Sokoban-v0", "--out", str(tmp_path), "--set", "agent.resume_mode=maybe"]) == 2
+    assert (
+        main(["rollout", "--env", "rollhub/Sokoban-v0", "--out", str(tmp_path), "--set", "agent.resume_mode=maybe"])
+        == 2
+    )
 
 
 def test_rollout_command_writes_jsonl_and_summary(tmp_path, tiny_model_dir, capsys):
     code = main(
-        ["rollout", "--env", "rollhub/Sokoban-v0", "--engine", "hf", "--groups", "2", "--group-size", "2", "--model", str(tiny_model_dir),
-         "--max-new-tokens", "4", "--out", str(tmp_path), "--json", "--set", "agent.max_turns=2"]
+        [
+            "rollout",
+            "--env",
+            "rollhub/Sokoban-v0",
+            "--engine",
+            "hf",
+            "--groups",
+            "2",
+            "--group-size",
+            "2",
+            "--model",
+            str(tiny_model_dir),
+            "--max-new-tokens",
+            "4",
+            "--out",
+            str(tmp_path),
+            "--json",
+            "--set",
+            "agent.max_turns=2",
+        ]
     )
     assert code == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -101,7 +129,10 @@ async def test_smollm2_export_answers_a_question(tmp_path):
     engine = HFEngine(out)
     try:
         segments = ChatSegments(engine.tokenizer)
-        prompt = segments.encode_head([{"role": "user", "content": "What is the capital of France?"}]) + segments.generation_prompt_ids
+        prompt = (
+            segments.encode_head([{"role": "user", "content": "What is the capital of France?"}])
+            + segments.generation_prompt_ids
+        )
         generation = await engine.generate(prompt, SamplingParams(max_new_tokens=16, temperature=0.0))
     finally:
         await engine.close()
@@ -139,12 +170,51 @@ def test_rollout_command_over_sglang_client(tmp_path, tiny_model_dir, capsys):
     thread.start()
     assert ready.wait(60)
     try:
-        code = main(["rollout", "--env", "rollhub/Sokoban-v0", "--engine", "sglang", "--url", f"http://127.0.0.1:{port}", "--model", str(tiny_model_dir),
-                     "--groups", "1", "--group-size", "2", "--max-new-tokens", "3", "--out", str(tmp_path), "--json", "--set", "agent.max_turns=2"])
+        code = main(
+            [
+                "rollout",
+                "--env",
+                "rollhub/Sokoban-v0",
+                "--engine",
+                "sglang",
+                "--url",
+                f"http://127.0.0.1:{port}",
+                "--model",
+                str(tiny_model_dir),
+                "--groups",
+                "1",
+                "--group-size",
+                "2",
+                "--max-new-tokens",
+                "3",
+                "--out",
+                str(tmp_path),
+                "--json",
+                "--set",
+                "agent.max_turns=2",
+            ]
+        )
         assert code == 0
         summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         assert summary["engine"] == "sglang" and summary["trajectories"] == 2 and summary["generated_tokens"] > 0
-        assert main(["rollout", "--env", "rollhub/Sokoban-v0", "--engine", "sglang", "--url", "http://127.0.0.1:1", "--model", str(tiny_model_dir), "--out", str(tmp_path)]) == 2
+        assert (
+            main(
+                [
+                    "rollout",
+                    "--env",
+                    "rollhub/Sokoban-v0",
+                    "--engine",
+                    "sglang",
+                    "--url",
+                    "http://127.0.0.1:1",
+                    "--model",
+                    str(tiny_model_dir),
+                    "--out",
+                    str(tmp_path),
+                ]
+            )
+            == 2
+        )
     finally:
         asyncio.run_coroutine_threadsafe(runner_box["runner"].cleanup(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)

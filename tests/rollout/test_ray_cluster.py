@@ -53,14 +53,41 @@ def test_rollhub_train_with_ray_backend_survives_a_shard_kill(ray_cluster, tiny_
     outcome: dict = {}
     killer = threading.Thread(target=_kill_first_shard_once_a_group_is_done, args=(run_dir, outcome), daemon=True)
     killer.start()
-    code = main([
-        "train", str(REPO / "configs" / "sokoban_tiny.yaml"), "--no-progress",
-        "--set", f"run_dir={run_dir}", "--set", f"model.path={tiny_model_dir}", "--set", "sft.enabled=false",
-        "--set", f"train.steps={STEPS}", "--set", "train.checkpoint_every=0", "--set", "eval.episodes=2",
-        "--set", "env.kwargs={dim: 6, num_boxes: 1, max_steps: 4}", "--set", "agent.max_new_tokens=8",
-        "--set", f"rollout.group_size={GROUP_SIZE}", "--set", f"rollout.groups_per_batch={BATCH}", "--set", f"rollout.async_ratio={ALPHA}",
-        "--set", "cluster.backend=ray", "--set", "cluster.num_env_shards=2", "--set", "cluster.num_engines=2",
-    ])
+    code = main(
+        [
+            "train",
+            str(REPO / "configs" / "sokoban_tiny.yaml"),
+            "--no-progress",
+            "--set",
+            f"run_dir={run_dir}",
+            "--set",
+            f"model.path={tiny_model_dir}",
+            "--set",
+            "sft.enabled=false",
+            "--set",
+            f"train.steps={STEPS}",
+            "--set",
+            "train.checkpoint_every=0",
+            "--set",
+            "eval.episodes=2",
+            "--set",
+            "env.kwargs={dim: 6, num_boxes: 1, max_steps: 4}",
+            "--set",
+            "agent.max_new_tokens=8",
+            "--set",
+            f"rollout.group_size={GROUP_SIZE}",
+            "--set",
+            f"rollout.groups_per_batch={BATCH}",
+            "--set",
+            f"rollout.async_ratio={ALPHA}",
+            "--set",
+            "cluster.backend=ray",
+            "--set",
+            "cluster.num_env_shards=2",
+            "--set",
+            "cluster.num_engines=2",
+        ]
+    )
     killer.join(timeout=5)
     assert code == 0
     assert outcome.get("killed"), "the shard was never killed"
@@ -71,7 +98,12 @@ def test_rollhub_train_with_ray_backend_survives_a_shard_kill(ray_cluster, tiny_
     assert last["cluster/shards_replaced"] == 1
     assert last["cluster/groups_lost"] >= 1
     assert last["cluster/trajectories_lost"] == GROUP_SIZE * last["cluster/groups_lost"]
-    settled = last["cluster/groups_completed"] + last["cluster/groups_lost"] + last["cluster/groups_failed"] + last["cluster/groups_cancelled"]
+    settled = (
+        last["cluster/groups_completed"]
+        + last["cluster/groups_lost"]
+        + last["cluster/groups_failed"]
+        + last["cluster/groups_cancelled"]
+    )
     assert last["cluster/groups_dispatched"] == settled + last["cluster/groups_running"]
     assert last["staleness/max"] <= math.ceil(ALPHA)
     assert (run_dir / "weights").is_dir() and (run_dir / "final_model" / "config.json").exists()
@@ -151,7 +183,10 @@ async def test_ray_accounting_matches_single_process_with_faults(ray_cluster, ti
     assert all(t.info["cluster_shard"].startswith("shard-") and t.info["cluster_node"] for t in trajectories)
     ledger = rollout.ledger
     assert ledger.groups_completed == ray_buffer.put_groups
-    assert ledger.groups_dispatched == ledger.groups_completed + ledger.groups_lost + ledger.groups_failed + ledger.groups_cancelled
+    assert (
+        ledger.groups_dispatched
+        == ledger.groups_completed + ledger.groups_lost + ledger.groups_failed + ledger.groups_cancelled
+    )
     assert ledger.groups_failed == 0
     assert ledger.shards_replaced == 1 and ledger.engines_replaced == 1
     assert 1 <= ledger.groups_lost <= killed_running[0]  # lost: exactly the groups the dead shard was running

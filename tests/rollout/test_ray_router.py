@@ -39,10 +39,19 @@ def test_cluster_config_rejects_bad_values_as_user_errors():
     from rollhub.core.errors import UserError
     from rollhub.trainer.config import RunConfig
 
-    config = load_config(RunConfig, None, ["cluster.backend=ray", "cluster.num_env_shards=4", "cluster.shard_resources={sandbox_host: 1}"])
+    config = load_config(
+        RunConfig,
+        None,
+        ["cluster.backend=ray", "cluster.num_env_shards=4", "cluster.shard_resources={sandbox_host: 1}"],
+    )
     assert config.cluster.num_env_shards == 4 and config.cluster.shard_resources == {"sandbox_host": 1.0}
     assert load_config(RunConfig, None, []).cluster.backend == "local"
-    for bad in ("cluster.backend=k8s", "cluster.num_engines=0", "cluster.engine=vllm", "cluster.keep_weight_versions=0"):
+    for bad in (
+        "cluster.backend=k8s",
+        "cluster.num_engines=0",
+        "cluster.engine=vllm",
+        "cluster.keep_weight_versions=0",
+    ):
         with pytest.raises(UserError, match="cluster"):
             load_config(RunConfig, None, [bad])
 

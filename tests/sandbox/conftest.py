@@ -42,7 +42,8 @@ def docker_client():
     leftovers = [
         r
         for r in list_rollhub_containers(client.api)
-        if r.run_id.startswith(TEST_RUN_PREFIX) and (r.labels.get("rollhub.owner_pid") == str(os.getpid()) or not r.owner_alive)
+        if r.run_id.startswith(TEST_RUN_PREFIX)
+        and (r.labels.get("rollhub.owner_pid") == str(os.getpid()) or not r.owner_alive)
     ]
     client.api.close()
     assert not leftovers, f"tests leaked containers: {[r.id[:12] for r in leftovers]}"
@@ -93,7 +94,11 @@ def _backend_params():
     from rollhub.sandbox.process_backend import bubblewrap_available
 
     params = [pytest.param("docker", marks=pytest.mark.docker)]
-    params.append(pytest.param("process-bwrap", marks=pytest.mark.skipif(not bubblewrap_available(), reason="bubblewrap not installed")))
+    params.append(
+        pytest.param(
+            "process-bwrap", marks=pytest.mark.skipif(not bubblewrap_available(), reason="bubblewrap not installed")
+        )
+    )
     params.append(pytest.param("process-plain"))
     return params
 

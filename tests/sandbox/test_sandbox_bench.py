@@ -12,8 +12,23 @@ pytestmark = pytest.mark.docker
 
 
 def test_bench_sandbox_smoke(docker_client, tmp_path):
-    argv = [sys.executable, "-m", "rollhub.cli", "bench", "sandbox", "--out", str(tmp_path),
-            "--set", "starts=2", "--set", "execs=5", "--set", "concurrency=[2]", "--set", "idle=2"]
+    argv = [
+        sys.executable,
+        "-m",
+        "rollhub.cli",
+        "bench",
+        "sandbox",
+        "--out",
+        str(tmp_path),
+        "--set",
+        "starts=2",
+        "--set",
+        "execs=5",
+        "--set",
+        "concurrency=[2]",
+        "--set",
+        "idle=2",
+    ]
     completed = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr[-2000:]
     results = json.loads((tmp_path / "sandbox.json").read_text())

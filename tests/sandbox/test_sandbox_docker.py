@@ -34,7 +34,9 @@ async def test_container_is_configured_as_asked(docker_backend, docker_client):
 
 async def test_memory_hog_is_killed_and_reported(docker_backend):
     async with await docker_backend.start(IMAGE, Limits(memory_mb=64)) as box:
-        hog = await box.exec("python3 -c 'blocks = [bytearray(16 * 2**20) for _ in range(64)]; print(\"survived\")'", timeout_s=30)
+        hog = await box.exec(
+            "python3 -c 'blocks = [bytearray(16 * 2**20) for _ in range(64)]; print(\"survived\")'", timeout_s=30
+        )
         assert hog.oom_killed
         assert hog.exit_code == 137
         assert not hog.timed_out
@@ -103,8 +105,9 @@ async def test_backend_caps_starts_in_flight(docker_client):
     import asyncio
     import threading
 
-    from rollhub.sandbox.docker_backend import DockerBackend
     from sandbox_testing import new_test_run_id
+
+    from rollhub.sandbox.docker_backend import DockerBackend
 
     backend = DockerBackend(run_id=new_test_run_id(), max_threads=16, max_concurrent_starts=2)
     inside, peak = 0, 0

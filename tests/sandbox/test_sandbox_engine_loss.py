@@ -11,11 +11,10 @@ import socket
 import threading
 
 import pytest
+from sandbox_testing import new_test_run_id
 
 from rollhub.sandbox.base import SandboxError
 from rollhub.sandbox.reaper import list_rollhub_containers, remove_run
-
-from sandbox_testing import new_test_run_id
 
 pytestmark = pytest.mark.docker
 IMAGE = "rollhub/base:bookworm"
@@ -59,10 +58,10 @@ class SocketRelay:
         if key in self.frozen:
             return  # a wedged engine does not even close the connection
         for end in (source, dest):
-                try:
-                    end.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            try:
+                end.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def freeze_open_connections(self) -> None:
         """Connections open now go silent (a wedged engine); new ones still work."""

@@ -14,14 +14,19 @@ def test_layered_image_is_built_offline_and_reused(docker_client, tmp_path):
     source.mkdir()
     (source / "hello.py").write_text("print('hello from the layer')\n")
     files = {"/srv/app": str(source)}
-    steps = ["python3 /srv/app/hello.py > /srv/built.txt", "python3 -c \"import urllib.request as u; u.urlopen('http://1.1.1.1', timeout=3)\" || echo offline > /srv/net.txt"]
+    steps = [
+        "python3 /srv/app/hello.py > /srv/built.txt",
+        "python3 -c \"import urllib.request as u; u.urlopen('http://1.1.1.1', timeout=3)\" || echo offline > /srv/net.txt",
+    ]
     tag = images.build_layered_image(docker_client, images.BASE_IMAGE, files, steps, "rollhub/pytest-layer")
     built = []
     try:
         built.append(tag)
         assert tag.startswith("rollhub/pytest-layer:") and len(tag.split(":")[1]) == 16
         assert images.build_layered_image(docker_client, images.BASE_IMAGE, files, steps, "rollhub/pytest-layer") == tag
-        output = docker_client.containers.run(tag, ["cat", "/srv/built.txt", "/srv/net.txt"], remove=True, network_mode="none")
+        output = docker_client.containers.run(
+            tag, ["cat", "/srv/built.txt", "/srv/net.txt"], remove=True, network_mode="none"
+        )
         assert output == b"hello from the layer\noffline\n"  # the build itself had no network
         (source / "hello.py").write_text("print('changed')\n")
         changed = images.build_layered_image(docker_client, images.BASE_IMAGE, files, steps, "rollhub/pytest-layer")

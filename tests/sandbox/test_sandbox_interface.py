@@ -22,7 +22,9 @@ async def test_workdir_env_and_files_round_trip(any_backend):
     async with await any_backend.start(IMAGE) as box:
         await box.write_file("/work/notes/a.txt", "first line\n")
         await box.write_file("/work/notes/blob.bin", bytes(range(256)))
-        result = await box.exec('cat a.txt; echo "$GREETING"', timeout_s=10, workdir="/work/notes", env={"GREETING": "hello there"})
+        result = await box.exec(
+            'cat a.txt; echo "$GREETING"', timeout_s=10, workdir="/work/notes", env={"GREETING": "hello there"}
+        )
         assert result.output == "first line\nhello there\n"
         assert await box.read_file("/work/notes/blob.bin") == bytes(range(256))
         await box.exec("echo produced > made.txt", timeout_s=10, workdir="/work/notes")
@@ -40,7 +42,9 @@ async def test_copy_in_places_a_tree_under_dest(any_backend, tmp_path):
     (source / "top.txt").write_text("top\n")
     async with await any_backend.start(IMAGE) as box:
         await box.copy_in(str(source), "/project")
-        result = await box.exec("cat top.txt && python3 -c 'from pkg.mod import VALUE; print(VALUE)'", timeout_s=20, workdir="/project")
+        result = await box.exec(
+            "cat top.txt && python3 -c 'from pkg.mod import VALUE; print(VALUE)'", timeout_s=20, workdir="/project"
+        )
     assert result.ok, result.output
     assert result.output == "top\n42\n"
 
@@ -81,7 +85,7 @@ async def test_no_network_inside_by_default(any_backend, request):
     if "plain" in request.node.callspec.params["any_backend"]:
         pytest.skip("the process backend without bubblewrap has no network isolation (documented)")
     connect = (
-        "python3 -c \"import socket; s = socket.socket(); s.settimeout(3); "
+        'python3 -c "import socket; s = socket.socket(); s.settimeout(3); '
         "s.connect(('1.1.1.1', 53)); print('CONNECTED')\""
     )
     async with await any_backend.start(IMAGE, Limits()) as box:

@@ -10,10 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from sandbox_testing import new_test_run_id
 
 from rollhub.sandbox.reaper import list_rollhub_containers
-
-from sandbox_testing import new_test_run_id
 
 pytestmark = pytest.mark.docker
 
@@ -22,9 +21,13 @@ COUNT = 3
 
 
 def start_child(run_id: str, mode: str) -> subprocess.Popen:
-    child = subprocess.Popen([sys.executable, CHILD, run_id, str(COUNT), mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, CHILD, run_id, str(COUNT), mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     ready = child.stdout.readline()
-    assert ready.startswith("READY"), f"child did not start its containers: {ready!r} {child.stderr.read() if child.poll() is not None else ''}"
+    assert ready.startswith("READY"), (
+        f"child did not start its containers: {ready!r} {child.stderr.read() if child.poll() is not None else ''}"
+    )
     return child
 
 
@@ -74,13 +77,17 @@ def test_sigkill_leaves_orphans_that_gc_removes_without_touching_live_runs(docke
 
     live_backend = asyncio.run(start_live())
     try:
-        listing = subprocess.run([sys.executable, "-m", "rollhub.cli", "sandbox", "ls"], capture_output=True, text=True, timeout=60)
+        listing = subprocess.run(
+            [sys.executable, "-m", "rollhub.cli", "sandbox", "ls"], capture_output=True, text=True, timeout=60
+        )
         assert listing.returncode == 0, listing.stderr
         lines = {line.split()[0]: line for line in listing.stdout.splitlines()[1:-1]}
         assert all("GONE" in lines[record.id[:12]] for record in orphans)
         (live_record,) = containers_of(docker_client, live_backend.run_id)
         assert "alive" in lines[live_record.id[:12]]
-        gc = subprocess.run([sys.executable, "-m", "rollhub.cli", "sandbox", "gc"], capture_output=True, text=True, timeout=60)
+        gc = subprocess.run(
+            [sys.executable, "-m", "rollhub.cli", "sandbox", "gc"], capture_output=True, text=True, timeout=60
+        )
         assert gc.returncode == 0, gc.stderr
         assert f"removed {COUNT} container(s)" in gc.stdout
         assert containers_of(docker_client, run_id) == []

@@ -91,7 +91,9 @@ async def test_non_retryable_start_failure_fails_at_once(tmp_path):
             MissingImageBackend.calls += 1
             raise MissingImageError("no such image")
 
-    pool = SandboxPool(MissingImageBackend(root_dir=str(tmp_path), use_bubblewrap=False), start_retries=5, retry_backoff_s=10)
+    pool = SandboxPool(
+        MissingImageBackend(root_dir=str(tmp_path), use_bubblewrap=False), start_retries=5, retry_backoff_s=10
+    )
     with pytest.raises(MissingImageError):
         await pool.acquire(IMAGE)
     assert MissingImageBackend.calls == 1

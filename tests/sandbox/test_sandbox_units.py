@@ -51,7 +51,9 @@ def test_owner_liveness_uses_pid_and_start_time():
     finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     gone_pid = finished.stdout.strip()
     assert not ownership.owner_is_alive({**me, ownership.LABEL_OWNER_PID: gone_pid})
-    assert ownership.owner_is_alive({**me, ownership.LABEL_HOST: "some-other-host", ownership.LABEL_OWNER_PID: gone_pid})
+    assert ownership.owner_is_alive(
+        {**me, ownership.LABEL_HOST: "some-other-host", ownership.LABEL_OWNER_PID: gone_pid}
+    )
     assert not ownership.owner_is_alive({**me, ownership.LABEL_OWNER_PID: "not-a-pid"})
 
 
@@ -89,7 +91,9 @@ def test_layered_image_hash_tracks_every_input(tmp_path):
 
 def test_sandbox_cli_reports_a_missing_engine_in_one_line(tmp_path):
     env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
-    result = subprocess.run([sys.executable, "-m", "rollhub.cli", "sandbox", "ls"], capture_output=True, text=True, env=env, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "rollhub.cli", "sandbox", "ls"], capture_output=True, text=True, env=env, timeout=60
+    )
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "no Docker engine answers" in result.stderr
     assert "Traceback" not in result.stderr

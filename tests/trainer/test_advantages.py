@@ -58,7 +58,9 @@ def test_gigpo_episode_weight_scales_only_the_episode_term(weight):
     rewards, anchors = _worked_example()
     adv = gigpo_advantages(rewards, anchors, omega=1.0, gamma=0.95, episode_weight=weight)
     # shared first state: weight * A^E (+-5) + A^S (4.7325, 3.8525, -4.2925, -4.2925)
-    assert [a[0] for a in adv] == pytest.approx([weight * 5 + 4.7325, weight * 5 + 3.8525, -weight * 5 - 4.2925, -weight * 5 - 4.2925], abs=1e-4)
+    assert [a[0] for a in adv] == pytest.approx(
+        [weight * 5 + 4.7325, weight * 5 + 3.8525, -weight * 5 - 4.2925, -weight * 5 - 4.2925], abs=1e-4
+    )
     assert adv[0][1] == pytest.approx(weight * 5.0)  # singleton anchor: the episode term alone
 
 

@@ -11,8 +11,15 @@ def _batch(groups, **algorithm):
 
 
 def _turn(prompt, response, reward, anchor, valid=True):
-    return Turn(prompt_ids=prompt, response_ids=response, behaviour_logprobs=[-1.0] * len(response), token_versions=[0] * len(response),
-                reward=reward, anchor=anchor, action_valid=valid)
+    return Turn(
+        prompt_ids=prompt,
+        response_ids=response,
+        behaviour_logprobs=[-1.0] * len(response),
+        token_versions=[0] * len(response),
+        reward=reward,
+        anchor=anchor,
+        action_valid=valid,
+    )
 
 
 def _trajectory(rewards, anchors, status=TrajectoryStatus.COMPLETED):
@@ -26,8 +33,15 @@ def _trajectory(rewards, anchors, status=TrajectoryStatus.COMPLETED):
 
 def test_gigpo_batch_broadcasts_turn_advantages():
     group = Group("g", "e", 0, [_trajectory([0.0, 1.0], ["s", "t"]), _trajectory([0.0, 0.0], ["s", "u"])])
-    batch, stats = _batch([group], estimator="gigpo", omega=1.0, gamma=1.0, normalize_std=False,
-                                        episode_baseline="trajectory", invalid_action_penalty=0.0)
+    batch, stats = _batch(
+        [group],
+        estimator="gigpo",
+        omega=1.0,
+        gamma=1.0,
+        normalize_std=False,
+        episode_baseline="trajectory",
+        invalid_action_penalty=0.0,
+    )
     assert stats.sequences == 2 and stats.trajectories == 2
     # trajectory 0: episode +0.5; at anchor "s" returns 1 vs 0 -> +0.5; so turn 0 gets 1.0, turn 1 gets 0.5
     row = batch.advantages[0][batch.response_mask[0] > 0].tolist()
@@ -40,21 +54,44 @@ def test_gigpo_batch_broadcasts_turn_advantages():
 def test_infra_failures_are_not_scored_and_equal_groups_can_be_dropped():
     failed = _trajectory([0.0], ["s"], status=TrajectoryStatus.INFRA_FAILED)
     group = Group("g", "e", 0, [_trajectory([1.0], ["s"]), _trajectory([0.0], ["s"]), failed])
-    batch, stats = _batch([group], estimator="grpo", omega=1.0, gamma=1.0, normalize_std=False,
-                                        episode_baseline="trajectory", invalid_action_penalty=0.0)
+    batch, stats = _batch(
+        [group],
+        estimator="grpo",
+        omega=1.0,
+        gamma=1.0,
+        normalize_std=False,
+        episode_baseline="trajectory",
+        invalid_action_penalty=0.0,
+    )
     assert stats.excluded_trajectories == 1 and len(batch) == 2
     assert batch.advantages[0][batch.response_mask[0] > 0].tolist() == pytest.approx([0.5, 0.5])
     flat = Group("f", "e", 1, [_trajectory([1.0], ["s"]), _trajectory([1.0], ["s"])])
-    batch, stats = _batch([flat], drop_zero_advantage_groups=True, estimator="grpo", omega=1.0, gamma=1.0,
-                                        normalize_std=False, episode_baseline="trajectory", invalid_action_penalty=0.0)
+    batch, stats = _batch(
+        [flat],
+        drop_zero_advantage_groups=True,
+        estimator="grpo",
+        omega=1.0,
+        gamma=1.0,
+        normalize_std=False,
+        episode_baseline="trajectory",
+        invalid_action_penalty=0.0,
+    )
     assert batch is None and stats.zero_advantage_groups == 1
 
 
 def test_invalid_action_penalty_lowers_that_trajectory():
     group = Group("g", "e", 0, [_trajectory([0.0], ["s"]), _trajectory([0.0], ["t"])])
     group.trajectories[0].turns[0].action_valid = False
-    batch, _ = _batch([group], estimator="grpo", omega=1.0, gamma=1.0, normalize_std=False,
-                                    episode_baseline="trajectory", invalid_action_penalty=-0.2, cap_invalid_advantage=False)
+    batch, _ = _batch(
+        [group],
+        estimator="grpo",
+        omega=1.0,
+        gamma=1.0,
+        normalize_std=False,
+        episode_baseline="trajectory",
+        invalid_action_penalty=-0.2,
+        cap_invalid_advantage=False,
+    )
     assert batch.advantages[0][batch.response_mask[0] > 0].tolist() == pytest.approx([-0.1, -0.1])
 
 
@@ -63,7 +100,14 @@ def test_rejected_turn_of_a_winning_episode_is_never_reinforced(estimator):
     # trajectory 0 wins after a rejected first turn: its episode advantage is positive
     winner, loser = _trajectory([0.0, 1.0], ["s", "s"]), _trajectory([0.0, 0.0], ["s", "u"])
     winner.turns[0].action_valid = False
-    kwargs = dict(estimator=estimator, omega=1.0, gamma=1.0, normalize_std=False, episode_baseline="trajectory", invalid_action_penalty=-0.1)
+    kwargs = dict(
+        estimator=estimator,
+        omega=1.0,
+        gamma=1.0,
+        normalize_std=False,
+        episode_baseline="trajectory",
+        invalid_action_penalty=-0.1,
+    )
     uncapped, _ = _batch([Group("g", "e", 0, [winner, loser])], cap_invalid_advantage=False, **kwargs)
     capped, _ = _batch([Group("g", "e", 0, [winner, loser])], **kwargs)
     first_turn = lambda b: b.advantages[0][b.response_mask[0] > 0].tolist()[:2]  # noqa: E731 - two tokens of turn 0
@@ -75,9 +119,21 @@ def test_rejected_turn_of_a_winning_episode_is_never_reinforced(estimator):
 
 def test_zero_advantage_sequences_can_be_dropped():
     # anchor "s" shared: returns 1 vs 0 -> +-0.5; "v" is a singleton anchor -> 0 with episode_weight 0
-    group = Group("g", "e", 0, [_trajectory([1.0, 0.0], ["s", "t"]), _trajectory([0.0, 0.0], ["s", "u"]), _trajectory([0.0], ["v"])])
-    kwargs = dict(estimator="gigpo", omega=1.0, gamma=1.0, normalize_std=False, episode_baseline="trajectory",
-                  invalid_action_penalty=0.0, episode_weight=0.0)
+    group = Group(
+        "g",
+        "e",
+        0,
+        [_trajectory([1.0, 0.0], ["s", "t"]), _trajectory([0.0, 0.0], ["s", "u"]), _trajectory([0.0], ["v"])],
+    )
+    kwargs = dict(
+        estimator="gigpo",
+        omega=1.0,
+        gamma=1.0,
+        normalize_std=False,
+        episode_baseline="trajectory",
+        invalid_action_penalty=0.0,
+        episode_weight=0.0,
+    )
     full, stats = _batch([group], **kwargs)
     assert stats.dropped_sequences == 0 and len(full) == 3
     kept, stats = _batch([group], drop_zero_advantage_sequences=True, **kwargs)

@@ -38,7 +38,9 @@ def test_fsdp2_single_process_matches_plain_policy(tiny_model_dir, tmp_path):
     script = tmp_path / "fsdp_check.py"
     script.write_text(SCRIPT)
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29500 + os.getpid() % 1000)}
-    done = subprocess.run([sys.executable, str(script), str(tiny_model_dir)], capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tiny_model_dir)], capture_output=True, text=True, env=env, timeout=600
+    )
     assert "FSDP2-OK" in done.stdout, done.stderr[-3000:]
 
 

@@ -89,7 +89,9 @@ def test_masked_importance_sampling_drops_out_of_band_tokens():
 def test_uncorrected_ppo_ignores_staleness():
     prox, behaviour, adv, mask = _stale_batch()
     logp = prox.clone().requires_grad_(True)
-    loss, _ = policy_loss(logp, prox, behaviour, adv, mask, LossConfig(correction="none", aggregation="seq-mean-token-sum"))
+    loss, _ = policy_loss(
+        logp, prox, behaviour, adv, mask, LossConfig(correction="none", aggregation="seq-mean-token-sum")
+    )
     loss.backward()
     assert logp.grad.flatten().tolist() == pytest.approx([-1.0, -1.0, -1.0])
 
@@ -97,7 +99,9 @@ def test_uncorrected_ppo_ignores_staleness():
 def test_cispo_keeps_gradient_of_clipped_tokens():
     prox = torch.zeros(1, 2, dtype=torch.float64)
     logp = torch.tensor([[math.log(1.5), 0.0]], dtype=torch.float64, requires_grad=True)  # r = 1.5 (clipped), 1.0
-    cfg = LossConfig(objective="cispo", correction="none", clip_low=0.2, clip_high=0.2, aggregation="seq-mean-token-sum")
+    cfg = LossConfig(
+        objective="cispo", correction="none", clip_low=0.2, clip_high=0.2, aggregation="seq-mean-token-sum"
+    )
     loss, metrics = policy_loss(logp, prox, prox, t([1.0, 1.0]), t([1.0, 1.0]), cfg)
     loss.backward()
     assert logp.grad.flatten().tolist() == pytest.approx([-1.2, -1.0])  # PPO would give 0 for the first token

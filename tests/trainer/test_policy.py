@@ -21,13 +21,22 @@ async def _sample_trajectories(model_dir, temperature, n=3):
     trajectories = []
     try:
         for i in range(n):
-            prompt = tok.apply_chat_template([{"role": "user", "content": f"push the box {i}"}], add_generation_prompt=True, tokenize=True)
+            prompt = tok.apply_chat_template(
+                [{"role": "user", "content": f"push the box {i}"}], add_generation_prompt=True, tokenize=True
+            )
             prompt = list(prompt["input_ids"] if isinstance(prompt, dict) or hasattr(prompt, "keys") else prompt)
             turns = []
             ids = list(prompt)
             for _ in range(2):  # two turns with the full history, so packing merges them
                 gen = await engine.generate(ids, SamplingParams(max_new_tokens=6 + i, temperature=temperature))
-                turns.append(Turn(prompt_ids=list(ids), response_ids=gen.token_ids, behaviour_logprobs=gen.logprobs, token_versions=gen.token_versions))
+                turns.append(
+                    Turn(
+                        prompt_ids=list(ids),
+                        response_ids=gen.token_ids,
+                        behaviour_logprobs=gen.logprobs,
+                        token_versions=gen.token_versions,
+                    )
+                )
                 ids = ids + gen.token_ids + tok.encode("\nok\n")
             trajectories.append(Trajectory(env_id="test", seed=i, turns=turns))
     finally:
@@ -114,7 +123,9 @@ def test_ppo_minibatches_take_several_steps_against_one_proximal_policy(tiny_mod
     batch = _batch(trajectories, policy)
     before = [p.detach().clone() for p in policy.model.parameters()]
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=1e-2)
-    out = ppo_update(policy, optimizer, batch, LossConfig(clip_low=0.01, clip_high=0.01), minibatches=2, epochs=2, seed=3)
+    out = ppo_update(
+        policy, optimizer, batch, LossConfig(clip_low=0.01, clip_high=0.01), minibatches=2, epochs=2, seed=3
+    )
     assert out["optimizer_steps"] == 4
     assert out["response_tokens"] == float(batch.response_mask.sum())
     # after the first step pi_theta has left pi_prox: the (tiny) clip must have cut some tokens
@@ -146,8 +157,8 @@ def test_behaviour_proximal_skips_the_pass_and_matches_recompute_on_policy(tiny_
 
 
 def test_frozen_embeddings_stay_put_while_the_rest_trains(tiny_model_dir):
-    from rollhub.trainer.config import RunConfig
     from rollhub.trainer.build import build_optimizer
+    from rollhub.trainer.config import RunConfig
 
     config = RunConfig()
     config.optim.train_embeddings = False

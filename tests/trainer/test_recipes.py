@@ -35,17 +35,38 @@ def _registered(env_id: str) -> bool:
 
 def _tiny_overrides(tmp_path: Path, model_dir: Path, env_kwargs: str) -> list[str]:
     return [
-        f"run_dir={tmp_path / 'run'}", f"model.path={model_dir}", "model.init_tiny=null", "model.device=cpu",
-        "rollout.group_size=2", "rollout.groups_per_batch=1", "rollout.async_ratio=0", "rollout.lockstep=true",
-        "train.steps=1", "train.checkpoint_every=0", "sft.enabled=false", "eval.episodes=1",
-        "agent.max_new_tokens=8", "optim.micro_batch_size=8", f"env.kwargs={env_kwargs}",
+        f"run_dir={tmp_path / 'run'}",
+        f"model.path={model_dir}",
+        "model.init_tiny=null",
+        "model.device=cpu",
+        "rollout.group_size=2",
+        "rollout.groups_per_batch=1",
+        "rollout.async_ratio=0",
+        "rollout.lockstep=true",
+        "train.steps=1",
+        "train.checkpoint_every=0",
+        "sft.enabled=false",
+        "eval.episodes=1",
+        "agent.max_new_tokens=8",
+        "optim.micro_batch_size=8",
+        f"env.kwargs={env_kwargs}",
     ]
 
 
 def _smoke(recipe: str, tmp_path: Path, model_dir: Path, env_kwargs: str) -> None:
     from rollhub.cli import main
 
-    assert main(["train", str(CONFIGS / recipe), "--no-progress", *(f"--set={o}" for o in _tiny_overrides(tmp_path, model_dir, env_kwargs))]) == 0
+    assert (
+        main(
+            [
+                "train",
+                str(CONFIGS / recipe),
+                "--no-progress",
+                *(f"--set={o}" for o in _tiny_overrides(tmp_path, model_dir, env_kwargs)),
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "run" / "summary.json").is_file()
 
 
@@ -54,14 +75,20 @@ def test_sokoban_recipe_smoke_keeps_its_one_token_answers(tiny_model_dir, tmp_pa
     through SFT and one RL step: every turn, demo or sampled, is one token."""
     from rollhub.cli import main
 
-    overrides = [o for o in _tiny_overrides(tmp_path, tiny_model_dir, "") if not o.startswith(("env.kwargs", "agent.max_new_tokens", "sft.enabled"))]
+    overrides = [
+        o
+        for o in _tiny_overrides(tmp_path, tiny_model_dir, "")
+        if not o.startswith(("env.kwargs", "agent.max_new_tokens", "sft.enabled"))
+    ]
     overrides += ["sft.episodes=4", "sft.epochs=1.0", "sft.batch_size=4", "eval.samples_per_seed=1"]
     assert main(["train", str(CONFIGS / "sokoban_tiny.yaml"), "--no-progress", *(f"--set={o}" for o in overrides)]) == 0
     trajectories = [json.loads(line) for line in (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()]
     turns = [turn for t in trajectories for turn in t["turns"]]
     assert turns and all(len(turn["response_ids"]) == 1 for turn in turns)
     tokenizer = build_tokenizer()
-    assert all(tokenizer.decode(turn["prompt_ids"]).startswith("<|im_start|>user\n") for turn in turns)  # no system message
+    assert all(
+        tokenizer.decode(turn["prompt_ids"]).startswith("<|im_start|>user\n") for turn in turns
+    )  # no system message
     assert all(turn["response_text"] in ("up", "down", "left", "right") or not turn["format_ok"] for turn in turns)
 
 

@@ -17,7 +17,9 @@ def _demos(tokenizer, n):
         out = []
         for seed in range(n):
             env = envs.make("rollhub/Sokoban-v0", max_steps=10)
-            out.append(await run_episode(env, ExpertEngine(env, tokenizer), tokenizer, AgentConfig(max_new_tokens=12), seed))
+            out.append(
+                await run_episode(env, ExpertEngine(env, tokenizer), tokenizer, AgentConfig(max_new_tokens=12), seed)
+            )
             await env.close()
         return out
 
@@ -38,7 +40,9 @@ def test_sft_reduces_the_loss_measured_after_training(tiny_model_dir):
     demos = _demos(policy.tokenizer, 8)
     before = sft_epochs(policy, demos, epochs=1.0, lr=1e-12, batch_size=8)[0]["sft/loss"]
     sft_epochs(policy, demos, epochs=6.0, lr=2e-3, batch_size=8)
-    after = sft_epochs(policy, demos, epochs=1.0, lr=1e-12, batch_size=8)[0]["sft/loss"]  # re-measured, not the logged pre-step loss
+    after = sft_epochs(policy, demos, epochs=1.0, lr=1e-12, batch_size=8)[0][
+        "sft/loss"
+    ]  # re-measured, not the logged pre-step loss
     assert after < 0.5 * before
 
 
@@ -55,7 +59,11 @@ def test_noisy_demos_label_only_expert_turns_and_show_recoveries(tiny_model_dir)
         out = []
         for seed in range(12):
             env = envs.make("rollhub/Sokoban-v0", max_steps=20)
-            out.append(await run_episode(env, ExpertEngine(env, tokenizer, noise=0.4, rng=random.Random(seed)), tokenizer, config, seed))
+            out.append(
+                await run_episode(
+                    env, ExpertEngine(env, tokenizer, noise=0.4, rng=random.Random(seed)), tokenizer, config, seed
+                )
+            )
             await env.close()
         return out
 
@@ -75,7 +83,9 @@ def test_noisy_demos_label_only_expert_turns_and_show_recoveries(tiny_model_dir)
     expert_tokens = sum(len(t.response_ids) for t in turns if t.finish_reason != NOISE_TURN)
     assert labelled == expert_tokens  # every expert token is a label, no random one is
     # some expert labels answer an "Invalid: ..." observation: the recoveries clean demos lack
-    after_invalid = [b for d in demos for a, b in zip(d.turns, d.turns[1:]) if not a.action_valid and b.finish_reason != NOISE_TURN]
+    after_invalid = [
+        b for d in demos for a, b in zip(d.turns, d.turns[1:]) if not a.action_valid and b.finish_reason != NOISE_TURN
+    ]
     assert after_invalid and all(tokenizer.decode(t.prompt_ids).count("Invalid:") == 1 for t in after_invalid)
     history = sft_epochs(policy, demos, epochs=1.0, lr=1e-3, batch_size=4)
     assert history and all(h["sft/loss"] > 0 for h in history)
@@ -88,7 +98,13 @@ def test_expert_demos_keep_the_response_budget_rl_samples_with(tiny_model_dir):
 
     async def one(max_new_tokens):
         env = envs.make("rollhub/Sokoban-v0", max_steps=10, action_tag="")
-        trajectory = await run_episode(env, ExpertEngine(env, tokenizer), tokenizer, AgentConfig(max_new_tokens=max_new_tokens, system_prompt=""), 3)
+        trajectory = await run_episode(
+            env,
+            ExpertEngine(env, tokenizer),
+            tokenizer,
+            AgentConfig(max_new_tokens=max_new_tokens, system_prompt=""),
+            3,
+        )
         await env.close()
         return trajectory
 

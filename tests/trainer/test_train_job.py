@@ -55,14 +55,25 @@ def test_rollhub_train_two_steps(tiny_model_dir, tmp_path, capsys):
     steps = [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "train/loss" in r]
     assert steps == [1, 2]
     record = read_jsonl(run / "metrics.jsonl")[2]
-    for key in ("trainer/idle_fraction", "staleness/mean", "buffer/dropped_stale", "train/offpolicy/w_abs_dev_mean", "rollout/generation_tokens_per_s"):
+    for key in (
+        "trainer/idle_fraction",
+        "staleness/mean",
+        "buffer/dropped_stale",
+        "train/offpolicy/w_abs_dev_mean",
+        "rollout/generation_tokens_per_s",
+    ):
         assert key in record, key
     assert (run / "learning_curve.png").stat().st_size > 0
     assert list((run / "tensorboard").iterdir())
     assert (run / "checkpoints" / "step-000002" / "state.pt").is_file()
     # the SFT phase changed the weights, and RL changed them again
-    assert not torch.equal(_weights(tiny_model_dir)["model.embed_tokens.weight"], _weights(run / "sft_model")["model.embed_tokens.weight"])
-    assert not torch.equal(_weights(run / "sft_model")["model.embed_tokens.weight"], _weights(run / "final_model")["model.embed_tokens.weight"])
+    assert not torch.equal(
+        _weights(tiny_model_dir)["model.embed_tokens.weight"], _weights(run / "sft_model")["model.embed_tokens.weight"]
+    )
+    assert not torch.equal(
+        _weights(run / "sft_model")["model.embed_tokens.weight"],
+        _weights(run / "final_model")["model.embed_tokens.weight"],
+    )
     assert main(["view", str(run)]) == 0
     assert "<details>" in (run / "trajectories.html").read_text()
 
@@ -71,7 +82,9 @@ def test_rollhub_train_two_steps(tiny_model_dir, tmp_path, capsys):
 def test_train_with_kl_minibatches_and_lr_decay(tiny_model_dir, tmp_path, capsys, estimator):
     """The optional parts of a step: KL to the frozen warm-start, PPO mini-batches, lr decay."""
     recipe = _recipe(
-        tmp_path, tiny_model_dir, loss={"kl_coef": 0.1, "kl_estimator": estimator},
+        tmp_path,
+        tiny_model_dir,
+        loss={"kl_coef": 0.1, "kl_estimator": estimator},
         optim={"lr": 1e-3, "micro_batch_size": 32, "minibatches": 2, "lr_end_factor": 0.0},
     )
     assert main(["train", str(recipe), "--no-progress"]) == 0
@@ -102,7 +115,13 @@ def test_alpha0_lockstep_loop_equals_a_plain_synchronous_step(tiny_model_dir, tm
     from rollhub.trainer.policy import Policy
     from rollhub.trainer.update import policy_update
 
-    recipe = _recipe(tmp_path, tiny_model_dir, rollout={"async_ratio": 0.0, "lockstep": True}, train={"steps": 1}, eval={"episodes": 0})
+    recipe = _recipe(
+        tmp_path,
+        tiny_model_dir,
+        rollout={"async_ratio": 0.0, "lockstep": True},
+        train={"steps": 1},
+        eval={"episodes": 0},
+    )
     config = load_config(RunConfig, recipe)
     asyncio.run(run_training(config, progress=False, print_fn=lambda _: None))
     loop_weights = _weights(Path(config.run_dir) / "final_model")
@@ -112,14 +131,29 @@ def test_alpha0_lockstep_loop_equals_a_plain_synchronous_step(tiny_model_dir, tm
         policy = Policy(tiny_model_dir, device="cpu", micro_batch_size=config.optim.micro_batch_size)
         optimizer = build_optimizer(policy, config)
         engine = build_engine(config.engine, tiny_model_dir)
-        manager_config = EnvManagerConfig(env_id=config.env.id, env_kwargs=config.env.kwargs, group_size=config.rollout.group_size, lockstep=True, agent=config.agent)
-        manager = EnvManager(engine, policy.tokenizer, manager_config, seeds=iter(range(config.env.train_seed_offset, 10**9)))
+        manager_config = EnvManagerConfig(
+            env_id=config.env.id,
+            env_kwargs=config.env.kwargs,
+            group_size=config.rollout.group_size,
+            lockstep=True,
+            agent=config.agent,
+        )
+        manager = EnvManager(
+            engine, policy.tokenizer, manager_config, seeds=iter(range(config.env.train_seed_offset, 10**9))
+        )
         try:
             groups = await manager.collect_batch(config.rollout.groups_per_batch)
         finally:
             await engine.close()
         batch, _ = build_training_batch(groups, policy.tokenizer.pad_token_id, config.algorithm)
-        policy_update(policy, optimizer, batch, policy.compute_logprobs(batch), config.loss, max_grad_norm=config.optim.max_grad_norm)
+        policy_update(
+            policy,
+            optimizer,
+            batch,
+            policy.compute_logprobs(batch),
+            config.loss,
+            max_grad_norm=config.optim.max_grad_norm,
+        )
         return {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
 
     plain_weights = asyncio.run(plain_sync_step())
@@ -147,7 +181,12 @@ def _kill_when(proc: subprocess.Popen, path: Path, timeout_s: float) -> None:
 
 
 def test_killed_run_resumes_without_losing_or_double_counting(tiny_model_dir, tmp_path):
-    recipe = _recipe(tmp_path, tiny_model_dir, rollout={"async_ratio": 0.0, "lockstep": True}, train={"steps": 4, "checkpoint_every": 1, "keep_checkpoints": 10})
+    recipe = _recipe(
+        tmp_path,
+        tiny_model_dir,
+        rollout={"async_ratio": 0.0, "lockstep": True},
+        train={"steps": 4, "checkpoint_every": 1, "keep_checkpoints": 10},
+    )
     run = tmp_path / "run"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "rollhub.cli", "train", str(recipe), "--no-progress"]
@@ -161,7 +200,12 @@ def test_killed_run_resumes_without_losing_or_double_counting(tiny_model_dir, tm
     for folder in (run, twin):
         for newer in (folder / "checkpoints").glob("step-00000[34]"):
             shutil.rmtree(newer)  # the kill may land just after a later checkpoint; compare from step 2
-    done = subprocess.run([sys.executable, "-m", "rollhub.cli", "train", "--resume", str(run), "--no-progress"], capture_output=True, env=env, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "rollhub.cli", "train", "--resume", str(run), "--no-progress"],
+        capture_output=True,
+        env=env,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     assert "resumed" in done.stdout.decode()
     records = read_jsonl(run / "metrics.jsonl")
@@ -171,8 +215,22 @@ def test_killed_run_resumes_without_losing_or_double_counting(tiny_model_dir, tm
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 4
 
-    twin_done = subprocess.run([sys.executable, "-m", "rollhub.cli", "train", "--resume", str(twin), "--no-progress", "--set", "train.steps=3"],
-                               capture_output=True, env=env, timeout=600)
+    twin_done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rollhub.cli",
+            "train",
+            "--resume",
+            str(twin),
+            "--no-progress",
+            "--set",
+            "train.steps=3",
+        ],
+        capture_output=True,
+        env=env,
+        timeout=600,
+    )
     assert twin_done.returncode == 0, twin_done.stderr.decode()[-2000:]
     step3_run = torch.load(run / "checkpoints" / "step-000003" / "state.pt", weights_only=False)["model"]
     step3_twin = torch.load(twin / "checkpoints" / "step-000003" / "state.pt", weights_only=False)["model"]
@@ -181,7 +239,12 @@ def test_killed_run_resumes_without_losing_or_double_counting(tiny_model_dir, tm
 
 
 def test_rollhub_sft_learns_the_answer_format(tiny_model_dir, tmp_path, capsys):
-    recipe = _recipe(tmp_path, tiny_model_dir, sft={"enabled": True, "episodes": 6, "epochs": 3.0, "batch_size": 4, "lr": 3e-3}, eval={"episodes": 1})
+    recipe = _recipe(
+        tmp_path,
+        tiny_model_dir,
+        sft={"enabled": True, "episodes": 6, "epochs": 3.0, "batch_size": 4, "lr": 3e-3},
+        eval={"episodes": 1},
+    )
     assert main(["sft", str(recipe), "--out", str(tmp_path / "sft")]) == 0
     assert "held-out success" in capsys.readouterr().out
     losses = [r["sft/loss"] for r in read_jsonl(tmp_path / "sft_metrics.jsonl")]
@@ -225,8 +288,22 @@ def test_grad_snr_bench_reads_a_runs_groups(tiny_model_dir, tmp_path):
     recipe = _recipe(tmp_path, tiny_model_dir)
     assert main(["train", str(recipe), "--no-progress"]) == 0
     out = tmp_path / "snr"
-    args = ["bench", "grad-snr", "--out", str(out), "--set", f"run={tmp_path / 'run'}", "--set", f"model={tiny_model_dir}",
-            "--set", "sizes=[1]", "--set", "repeats=2", "--set", "max_version=5"]
+    args = [
+        "bench",
+        "grad-snr",
+        "--out",
+        str(out),
+        "--set",
+        f"run={tmp_path / 'run'}",
+        "--set",
+        f"model={tiny_model_dir}",
+        "--set",
+        "sizes=[1]",
+        "--set",
+        "repeats=2",
+        "--set",
+        "max_version=5",
+    ]
     assert main(args) == 0
     result = json.loads((out / "result.json").read_text())
     assert result["groups_available"] >= 2

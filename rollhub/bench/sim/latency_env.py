@@ -78,7 +78,9 @@ class LatencyEnv(Env):
         if time_scale <= 0:
             raise ValueError("time_scale must be > 0")
         self.max_steps = turns
-        self.step_latency = LatencyDistribution(step_mean_s, step_std_s, fail_slow_prob=fail_slow_prob, fail_slow_factor=fail_slow_factor)
+        self.step_latency = LatencyDistribution(
+            step_mean_s, step_std_s, fail_slow_prob=fail_slow_prob, fail_slow_factor=fail_slow_factor
+        )
         self.reset_latency = LatencyDistribution(reset_mean_s, reset_std_s, min_s=0.0)
         self.success_prob = success_prob
         self.time_scale = time_scale
@@ -101,7 +103,9 @@ class LatencyEnv(Env):
         if delay > 0:
             await asyncio.sleep(delay * self.time_scale)
 
-    async def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
+    async def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Observation, dict[str, Any]]:
         self._seed, self._turn, self._steps = seed, 0, 0
         self.started_at, self.finished_at = asyncio.get_running_loop().time(), None
         self._task_rng = np.random.default_rng(seed)
@@ -145,5 +149,12 @@ def sokoban_like(**overrides: Any) -> LatencyEnv:
 
 def swe_like(**overrides: Any) -> LatencyEnv:
     """Long episodes, slower steps, a container-start cost at reset."""
-    defaults = {"turns": 20, "step_mean_s": 10.0, "step_std_s": 5.0, "reset_mean_s": 30.0, "reset_std_s": 10.0, "success_prob": 0.3}
+    defaults = {
+        "turns": 20,
+        "step_mean_s": 10.0,
+        "step_std_s": 5.0,
+        "reset_mean_s": 30.0,
+        "reset_std_s": 10.0,
+        "success_prob": 0.3,
+    }
     return LatencyEnv(**{**defaults, **overrides})

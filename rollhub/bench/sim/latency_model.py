@@ -112,7 +112,9 @@ class LatencyParams:
         if not table:
             return self.decode_base_s + self.decode_per_request_s * max(0, batch - 1)
         if batch <= table[0][0] or len(table) == 1:
-            return table[0][1] if batch <= table[0][0] else table[0][1] + self.decode_per_request_s * (batch - table[0][0])
+            return (
+                table[0][1] if batch <= table[0][0] else table[0][1] + self.decode_per_request_s * (batch - table[0][0])
+            )
         for (b0, t0), (b1, t1) in zip(table, table[1:]):
             if batch <= b1:
                 return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
@@ -123,7 +125,7 @@ class LatencyParams:
         Path(path).write_text(json.dumps(asdict(self), indent=2))
 
     @classmethod
-    def from_json(cls, path: str | Path) -> "LatencyParams":
+    def from_json(cls, path: str | Path) -> LatencyParams:
         data = json.loads(Path(path).read_text())
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})
@@ -251,7 +253,9 @@ class _Replica:
         finish = self._next_finish()
         if finish is not None:
             self._iteration_s = self.params.iteration_s(len(self.running)) * self.time_scale
-            self._timer = loop.call_at(self._when(now, max(finish - self.progress, 0.0) * self._iteration_s), self.settle)
+            self._timer = loop.call_at(
+                self._when(now, max(finish - self.progress, 0.0) * self._iteration_s), self.settle
+            )
 
     def add(self, request: _Request) -> None:
         self.waiting[request.request_id] = request
@@ -391,7 +395,11 @@ class LatencyModelEngine(InferenceEngine):
             finish_reason="abort" if aborted else finish,
             request_id=request_id,
             prompt_tokens=len(input_ids),
-            meta={"simulated": True, "replica": replica.index, "latency_s": (loop.time() - submitted) / self.time_scale},
+            meta={
+                "simulated": True,
+                "replica": replica.index,
+                "latency_s": (loop.time() - submitted) / self.time_scale,
+            },
         )
 
     async def abort(self, request_id: str) -> None:
@@ -451,7 +459,9 @@ class LatencyModelEngine(InferenceEngine):
             return 0.0
         return sum(r.busy_s for r in self._replicas) / (elapsed_s * len(self._replicas))
 
-    def _fake_tokens(self, rng: np.random.Generator, count: int, sampling: SamplingParams, *, stop: bool) -> tuple[list[int], list[float]]:
+    def _fake_tokens(
+        self, rng: np.random.Generator, count: int, sampling: SamplingParams, *, stop: bool
+    ) -> tuple[list[int], list[float]]:
         if count == 0:
             return [], []
         ids = rng.integers(0, self.vocab_size, size=count).tolist()

@@ -37,7 +37,9 @@ class SimTokenizer:
     def __len__(self) -> int:
         return self.vocab_size
 
-    def apply_chat_template(self, messages: list[dict[str, str]], tokenize: bool = False, add_generation_prompt: bool = False, **_: Any) -> Any:
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], tokenize: bool = False, add_generation_prompt: bool = False, **_: Any
+    ) -> Any:
         cpu = time.perf_counter()
         text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
         if add_generation_prompt:

@@ -162,7 +162,7 @@ class TimedEnv:
         await self.env.close()
 
 
-def measured_speedup_bound(sync_run: "SimResult", alpha: float) -> float:
+def measured_speedup_bound(sync_run: SimResult, alpha: float) -> float:
     """Prop. 2 S(α) with the workload measured in a sync env-async run: a = mean trajectory
     time + training time (under processor sharing the mean latency is the balanced share
     N·μ_gen/K) and L_gen = the batch's longest trajectory."""
@@ -190,7 +190,7 @@ def trajectory_gen_work_s(trajectory: Any, params: LatencyParams, per_token_s: f
     return work
 
 
-def measured_agentic_workload(sync_run: "SimResult", samples_per_step: int, tail_s: float | None = None) -> Any:
+def measured_agentic_workload(sync_run: SimResult, samples_per_step: int, tail_s: float | None = None) -> Any:
     """theory.AgenticWorkload of a sync run (all K GPUs generate, then train): GPU work,
     env latency and mean wall time per trajectory as measured there, L = the measured
     collection time (its slowest trajectory), or `tail_s` (e.g. the lockstep run's, whose
@@ -210,7 +210,7 @@ def measured_agentic_workload(sync_run: "SimResult", samples_per_step: int, tail
     )
 
 
-def pipeline_floor_s(result: "SimResult", sync_run: "SimResult", alpha: float) -> float:
+def pipeline_floor_s(result: SimResult, sync_run: SimResult, alpha: float) -> float:
     """The best step time any scheduler could reach with this run's GPU split: the trainer
     cannot step faster than its own compute plus the weight push, and with (α+1)·B
     trajectories in flight, each lasting the mean trajectory time of the sync run, B of
@@ -219,7 +219,7 @@ def pipeline_floor_s(result: "SimResult", sync_run: "SimResult", alpha: float) -
 
 
 def make_tokenizer(kind: str = "sim") -> Any:
-    """"sim": the cheap SimTokenizer; "real": the committed BPE tokenizer of the tiny model."""
+    """ "sim": the cheap SimTokenizer; "real": the committed BPE tokenizer of the tiny model."""
     if kind == "real":
         from rollhub.rollout.models import build_tokenizer
 
@@ -233,10 +233,10 @@ def make_tokenizer(kind: str = "sim") -> Any:
 
 async def simulate(run: SimRun, tokenizer: Any | None = None) -> SimResult:
     """Run `run` on the current (virtual-clock) loop."""
+    from rollhub.bench.sim.latency_model import LatencyModelEngine
     from rollhub.envs.registry import make
     from rollhub.rollout.agent import AgentConfig
     from rollhub.rollout.buffer import GroupBuffer
-    from rollhub.bench.sim.latency_model import LatencyModelEngine
     from rollhub.rollout.manager import EnvManager, EnvManagerConfig
 
     run.validate()
@@ -244,7 +244,14 @@ async def simulate(run: SimRun, tokenizer: Any | None = None) -> SimResult:
     if hasattr(tokenizer, "busy_s"):
         tokenizer.busy_s = 0.0
     loop = asyncio.get_running_loop()
-    engine = LatencyModelEngine(run.latency, output_lengths=run.output_lengths, replicas=run.replicas, vocab_size=len(tokenizer), seed=run.seed, routing=run.routing)
+    engine = LatencyModelEngine(
+        run.latency,
+        output_lengths=run.output_lengths,
+        replicas=run.replicas,
+        vocab_size=len(tokenizer),
+        seed=run.seed,
+        routing=run.routing,
+    )
     envs: list[Any] = []
 
     def env_factory(env_id: str, **kwargs: Any) -> Any:
@@ -255,7 +262,9 @@ async def simulate(run: SimRun, tokenizer: Any | None = None) -> SimResult:
         return env
 
     sync = run.alpha == 0
-    concurrency = (run.groups + run.extra_groups) * (run.group_size + run.extra_per_group) * (1 if sync else int(run.alpha + 2))
+    concurrency = (
+        (run.groups + run.extra_groups) * (run.group_size + run.extra_per_group) * (1 if sync else int(run.alpha + 2))
+    )
     config = EnvManagerConfig(
         env_id=run.env_id,
         env_kwargs=dict(run.env_kwargs),
@@ -265,7 +274,9 @@ async def simulate(run: SimRun, tokenizer: Any | None = None) -> SimResult:
         max_concurrent_trajectories=max(1, concurrency),
         lockstep=run.mode == "lockstep",
         seed_start=run.seed * 100_000,
-        agent=AgentConfig(max_new_tokens=run.max_new_tokens, min_new_tokens=1, max_context_tokens=1 << 20, resume_mode=run.resume_mode),
+        agent=AgentConfig(
+            max_new_tokens=run.max_new_tokens, min_new_tokens=1, max_context_tokens=1 << 20, resume_mode=run.resume_mode
+        ),
     )
     buffer = None
     if not sync:

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import selectors
-from typing import Any, Awaitable, TypeVar
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -24,7 +25,7 @@ T = TypeVar("T")
 class _SkippingSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
     """Polls real I/O without blocking; a wait for a timer advances the simulated clock."""
 
-    loop: "VirtualClockEventLoop | None" = None
+    loop: VirtualClockEventLoop | None = None
 
     def select(self, timeout: float | None = None) -> list[Any]:
         if timeout is None:  # nothing scheduled: only real I/O (a thread's wake-up) can help

@@ -11,10 +11,14 @@ from rollhub.core.errors import MissingExtraError, UserError
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("alfworld", help="ALFWorld utilities (rollhub alfworld make-games)")
     commands = parser.add_subparsers(dest="alfworld_command", metavar="COMMAND")
-    make = commands.add_parser("make-games", help="generate PDDL games for the six task types, kept only if the planner solves them")
+    make = commands.add_parser(
+        "make-games", help="generate PDDL games for the six task types, kept only if the planner solves them"
+    )
     make.add_argument("--n", type=int, required=True, help="number of games to write")
     make.add_argument("--out", required=True, help="output folder (play them with game_dir=OUT)")
-    make.add_argument("--task-types", default="", help="comma-separated ids 1-6 or names (default: all six, round-robin)")
+    make.add_argument(
+        "--task-types", default="", help="comma-separated ids 1-6 or names (default: all six, round-robin)"
+    )
     make.add_argument("--seed", type=int, default=0, help="generation seed (same seed, same games)")
     make.set_defaults(func=_make_games)
     parser.set_defaults(func=lambda args: parser.print_help() or 2)

@@ -58,7 +58,9 @@ def install_translation_cache(max_entries: int = _CACHE_SIZE) -> dict[str, int]:
 
     @functools.wraps(original)
     def cached_pddl2sas(domain: str, problem: str, verbose: bool = False, optimize: bool = False) -> Any:
-        return lookup((domain, problem, bool(optimize)), lambda: original(domain, problem, verbose=verbose, optimize=optimize))
+        return lookup(
+            (domain, problem, bool(optimize)), lambda: original(domain, problem, verbose=verbose, optimize=optimize)
+        )
 
     fast_downward.pddl2sas = cached_pddl2sas
     return stats

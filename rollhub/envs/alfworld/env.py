@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
+from rollhub.core.errors import MissingExtraError, UserError
 from rollhub.envs.alfworld.games import GameRecord, list_game_dir, list_games
 from rollhub.envs.alfworld.pool import EngineCallFailed, SlotHandle, WorkerCrashed, WorkerPool, shared_pool
 from rollhub.envs.base import Env, Observation, StepResult, extract_action, invalid_step_info, wrap_action
-from rollhub.core.errors import MissingExtraError, UserError
 
 logger = logging.getLogger(__name__)
 
@@ -156,7 +156,9 @@ class ALFWorldEnv(Env):
         return await self.pool.call(self._slot, "reset", game_path=str(game.path))
 
     # -- contract -----------------------------------------------------------------------
-    async def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
+    async def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Observation, dict[str, Any]]:
         options = dict(options or {})
         if seed is not None:
             self._rng = np.random.default_rng(seed)
@@ -214,7 +216,13 @@ class ALFWorldEnv(Env):
             text = f"Nothing happens ({reason}).{self._admissible_text()}"
             info = invalid_step_info(self._anchor, reason, format_ok=format_ok)
             info.update(self._extra_info())
-            return [{"role": "user", "content": text}], self.invalid_action_reward + self.step_reward, False, truncated, info
+            return (
+                [{"role": "user", "content": text}],
+                self.invalid_action_reward + self.step_reward,
+                False,
+                truncated,
+                info,
+            )
         command = normalise_command(command)
         want_plan = self.expert_plan == "always" or (self.expert_plan == "on_demand" and self._expert_used)
         try:
@@ -232,7 +240,13 @@ class ALFWorldEnv(Env):
         reward = (self.reward_won if won else 0.0) + self.step_reward
         info = self._info()
         info.update(action_valid=True, format_ok=True)
-        return [{"role": "user", "content": f"{reply['feedback']}{self._admissible_text()}"}], reward, won, truncated and not won, info
+        return (
+            [{"role": "user", "content": f"{reply['feedback']}{self._admissible_text()}"}],
+            reward,
+            won,
+            truncated and not won,
+            info,
+        )
 
     async def close(self) -> None:
         self._done = True
@@ -290,7 +304,11 @@ class ALFWorldEnv(Env):
 
     def _extra_info(self) -> dict[str, Any]:
         game = self._game
-        return {"game": game.name if game else None, "task_type": game.task_type if game else None, "steps": self._steps}
+        return {
+            "game": game.name if game else None,
+            "task_type": game.task_type if game else None,
+            "steps": self._steps,
+        }
 
     def _info(self) -> dict[str, Any]:
         info = {"anchor": self._anchor, "success": self._won}

@@ -65,7 +65,9 @@ def normalise_task_types(task_types: list[int | str] | tuple[int | str, ...] | N
         if isinstance(item, int) or (isinstance(item, str) and item.isdigit()):
             key = int(item)
             if key not in TASK_TYPES:
-                raise UserError(f"unknown ALFWorld task type id {key}; use 1-6 or a name from {sorted(TASK_TYPES.values())}")
+                raise UserError(
+                    f"unknown ALFWorld task type id {key}; use 1-6 or a name from {sorted(TASK_TYPES.values())}"
+                )
             names.append(TASK_TYPES[key])
         elif item in TASK_TYPES.values():
             names.append(item)
@@ -95,7 +97,11 @@ def split_dir(split: str, root: Path | None = None) -> Path:
     return folder
 
 
-def list_games(split: str = "valid_unseen", task_types: list[int | str] | tuple[int | str, ...] | None = None, root: Path | None = None) -> list[GameRecord]:
+def list_games(
+    split: str = "valid_unseen",
+    task_types: list[int | str] | tuple[int | str, ...] | None = None,
+    root: Path | None = None,
+) -> list[GameRecord]:
     """All games of a split (sorted by name, so indices are stable), filtered by task type."""
     wanted = set(normalise_task_types(task_types))
     folder = split_dir(split, root)
@@ -103,7 +109,9 @@ def list_games(split: str = "valid_unseen", task_types: list[int | str] | tuple[
     for path in sorted(folder.glob(f"*/*/{GAME_FILE}")):
         task_type = task_type_of(path.parent.parent.name)
         if task_type in wanted:
-            games.append(GameRecord(path=path, task_type=task_type, name=f"{path.parent.parent.name}/{path.parent.name}"))
+            games.append(
+                GameRecord(path=path, task_type=task_type, name=f"{path.parent.parent.name}/{path.parent.name}")
+            )
     if not games:
         raise UserError(f"no ALFWorld games of types {sorted(wanted)} under {folder}")
     return games

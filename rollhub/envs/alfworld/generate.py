@@ -33,17 +33,43 @@ logger = logging.getLogger(__name__)
 #: receptacle type -> (min, max) count, per kind of room
 SCENES: dict[str, dict[str, tuple[int, int]]] = {
     "kitchen": {
-        "Cabinet": (3, 6), "CounterTop": (1, 3), "Drawer": (1, 3), "Fridge": (1, 1), "Microwave": (1, 1),
-        "SinkBasin": (1, 1), "StoveBurner": (2, 4), "CoffeeMachine": (1, 1), "GarbageCan": (1, 1),
-        "Toaster": (0, 1), "Shelf": (0, 3), "DiningTable": (0, 1),
+        "Cabinet": (3, 6),
+        "CounterTop": (1, 3),
+        "Drawer": (1, 3),
+        "Fridge": (1, 1),
+        "Microwave": (1, 1),
+        "SinkBasin": (1, 1),
+        "StoveBurner": (2, 4),
+        "CoffeeMachine": (1, 1),
+        "GarbageCan": (1, 1),
+        "Toaster": (0, 1),
+        "Shelf": (0, 3),
+        "DiningTable": (0, 1),
     },
     "bedroom": {
-        "Bed": (1, 1), "Desk": (1, 2), "Drawer": (2, 5), "Shelf": (1, 4), "SideTable": (0, 2), "Dresser": (0, 1),
-        "GarbageCan": (1, 1), "Safe": (0, 1), "LaundryHamper": (0, 1), "ArmChair": (0, 1),
+        "Bed": (1, 1),
+        "Desk": (1, 2),
+        "Drawer": (2, 5),
+        "Shelf": (1, 4),
+        "SideTable": (0, 2),
+        "Dresser": (0, 1),
+        "GarbageCan": (1, 1),
+        "Safe": (0, 1),
+        "LaundryHamper": (0, 1),
+        "ArmChair": (0, 1),
     },
     "livingroom": {
-        "Sofa": (1, 1), "ArmChair": (0, 2), "CoffeeTable": (1, 1), "SideTable": (1, 2), "Drawer": (1, 3),
-        "Shelf": (1, 3), "TVStand": (0, 1), "GarbageCan": (1, 1), "Dresser": (0, 1), "Cabinet": (0, 3), "Safe": (0, 1),
+        "Sofa": (1, 1),
+        "ArmChair": (0, 2),
+        "CoffeeTable": (1, 1),
+        "SideTable": (1, 2),
+        "Drawer": (1, 3),
+        "Shelf": (1, 3),
+        "TVStand": (0, 1),
+        "GarbageCan": (1, 1),
+        "Dresser": (0, 1),
+        "Cabinet": (0, 3),
+        "Safe": (0, 1),
     },
 }
 #: rooms where each task type can be set up (the appliance it needs lives in a kitchen)
@@ -168,7 +194,11 @@ def build_scene(task_type: str, rng: np.random.Generator) -> tuple[Scene, TaskSp
         scene.add_object(task.object_class, str(rng.choice(homes)))
 
     # distractors: no more instances of the target class, so the goal cannot hold at reset
-    distractors = [o for o in loose if o != task.object_class and _valid_homes(scene, o, holds, exclude_class=task.receptacle_class)]
+    distractors = [
+        o
+        for o in loose
+        if o != task.object_class and _valid_homes(scene, o, holds, exclude_class=task.receptacle_class)
+    ]
     for _ in range(int(rng.integers(10, 15))):
         cls = str(rng.choice(distractors))
         scene.add_object(cls, str(rng.choice(_valid_homes(scene, cls, holds, exclude_class=task.receptacle_class))))
@@ -190,7 +220,9 @@ def _goal(task: TaskSpec) -> str:
             "(exists (?o2 - object) (and (not (= ?o1 ?o2)) "
             f"(objectType ?o2 {task.object_class}Type) (receptacleType ?r {task.receptacle_class}Type) (inReceptacle ?o2 ?r)))))))"
         )
-    condition = f"(objectType ?o {task.object_class}Type) (receptacleType ?r {task.receptacle_class}Type) (inReceptacle ?o ?r)"
+    condition = (
+        f"(objectType ?o {task.object_class}Type) (receptacleType ?r {task.receptacle_class}Type) (inReceptacle ?o ?r)"
+    )
     if task.task_type in TASK_TRANSFORM:
         condition += f" ({TASK_TRANSFORM[task.task_type][1]} ?o)"
     return f"(and (exists (?r - receptacle) (exists (?o - object) (and {condition}))))"
@@ -225,7 +257,12 @@ def problem_text(scene: Scene, task: TaskSpec, name: str) -> str:
             init.append(f"(toggleable {oid})")
         else:
             init.append(f"(pickupable {oid})")
-        for key, predicate in (("Heatable", "heatable"), ("Coolable", "coolable"), ("Cleanable", "cleanable"), ("Sliceable", "sliceable")):
+        for key, predicate in (
+            ("Heatable", "heatable"),
+            ("Coolable", "coolable"),
+            ("Cleanable", "cleanable"),
+            ("Sliceable", "sliceable"),
+        ):
             if cls in actions[key]:
                 init.append(f"({predicate} {oid})")
     body = "\n        ".join(init)
@@ -239,7 +276,9 @@ def goal_sentence(task: TaskSpec, rng: np.random.Generator) -> str:
 
     templates = goal_library.gdict[task.task_type]["templates"]
     template = templates[int(rng.integers(len(templates)))]
-    return template.format(obj=task.object_class.lower(), recep=task.receptacle_class.lower(), toggle=task.toggle_class.lower(), mrecep="")
+    return template.format(
+        obj=task.object_class.lower(), recep=task.receptacle_class.lower(), toggle=task.toggle_class.lower(), mrecep=""
+    )
 
 
 def game_data(scene: Scene, task: TaskSpec, name: str, rng: np.random.Generator) -> dict[str, Any]:
@@ -247,7 +286,13 @@ def game_data(scene: Scene, task: TaskSpec, name: str, rng: np.random.Generator)
 
     domain = Path(ALFRED_PDDL_PATH).read_text()
     grammar = Path(ALFRED_TWL2_PATH).read_text().replace("UNKNOWN GOAL", goal_sentence(task, rng))
-    return {"pddl_domain": domain, "grammar": grammar, "pddl_problem": problem_text(scene, task, name), "solvable": True, "walkthrough": []}
+    return {
+        "pddl_domain": domain,
+        "grammar": grammar,
+        "pddl_problem": problem_text(scene, task, name),
+        "solvable": True,
+        "walkthrough": [],
+    }
 
 
 def solve(data: dict[str, Any]) -> list[str] | None:
@@ -279,7 +324,9 @@ class GenerationReport:
     rejected: dict[str, int]
 
 
-def generate_games(n: int, out_dir: str | Path, task_types: list[int | str] | None = None, seed: int = 0, progress: bool = True) -> GenerationReport:
+def generate_games(
+    n: int, out_dir: str | Path, task_types: list[int | str] | None = None, seed: int = 0, progress: bool = True
+) -> GenerationReport:
     """Write `n` solvable games (task types round-robin) under `out_dir`."""
     from tqdm import tqdm
 
@@ -310,10 +357,19 @@ def generate_games(n: int, out_dir: str | Path, task_types: list[int | str] | No
             rejected["won_at_reset_or_unsolved"] += 1
             continue
         data["walkthrough"] = plan
-        folder = out / f"{task_type}-{task.object_class}-None-{task.receptacle_class or task.toggle_class}-gen_{scene.kind}" / trial
+        folder = (
+            out
+            / f"{task_type}-{task.object_class}-None-{task.receptacle_class or task.toggle_class}-gen_{scene.kind}"
+            / trial
+        )
         folder.mkdir(parents=True, exist_ok=True)
         (folder / GAME_FILE).write_text(json.dumps(data))
-        traj = {"task_id": trial, "task_type": task_type, "pddl_params": task.pddl_params(), "scene": {"kind": scene.kind, "generator": "rollhub"}}
+        traj = {
+            "task_id": trial,
+            "task_type": task_type,
+            "pddl_params": task.pddl_params(),
+            "scene": {"kind": scene.kind, "generator": "rollhub"},
+        }
         (folder / "traj_data.json").write_text(json.dumps(traj, indent=1))
         written.append(folder / GAME_FILE)
         bar.update(1)

@@ -87,10 +87,22 @@ class _WorkerProcess:
             for loop, future in owed.values():
                 _resolve_threadsafe(loop, future, None, WorkerCrashed(f"ALFWorld worker {self.index} died"))
             logger.warning("restarting ALFWorld worker %d (restart #%d)", self.index, self.restarts)
-        self.process = subprocess.Popen(self._command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self._env, bufsize=0, start_new_session=True)
+        self.process = subprocess.Popen(
+            self._command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=self._env,
+            bufsize=0,
+            start_new_session=True,
+        )
         self.last_progress = time.monotonic()
         process, generation = self.process, self.generation
-        thread = threading.Thread(target=self._read_replies, args=(process, generation), name=f"alfworld-worker-{self.index}-reader", daemon=True)
+        thread = threading.Thread(
+            target=self._read_replies,
+            args=(process, generation),
+            name=f"alfworld-worker-{self.index}-reader",
+            daemon=True,
+        )
         thread.start()
 
     def _read_replies(self, process: subprocess.Popen, generation: int) -> None:
@@ -118,11 +130,27 @@ class _WorkerProcess:
             else:
                 owed = {}
         if owed:
-            logger.warning("ALFWorld worker %d (pid %d) exited with code %s owing %d replies", self.index, process.pid, process.returncode, len(owed))
+            logger.warning(
+                "ALFWorld worker %d (pid %d) exited with code %s owing %d replies",
+                self.index,
+                process.pid,
+                process.returncode,
+                len(owed),
+            )
         for loop, future in owed.values():
-            _resolve_threadsafe(loop, future, None, WorkerCrashed(f"ALFWorld worker {self.index} exited (code {process.returncode})"))
+            _resolve_threadsafe(
+                loop, future, None, WorkerCrashed(f"ALFWorld worker {self.index} exited (code {process.returncode})")
+            )
 
-    def send(self, request_id: int, op: str, slot: int, payload: dict[str, Any], loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> None:
+    def send(
+        self,
+        request_id: int,
+        op: str,
+        slot: int,
+        payload: dict[str, Any],
+        loop: asyncio.AbstractEventLoop,
+        future: asyncio.Future,
+    ) -> None:
         """Queue one request. Caller holds `self.lock`."""
         if not self.pending:
             self.last_progress = time.monotonic()
@@ -155,7 +183,9 @@ class _WorkerProcess:
             self.kill()
 
 
-def _resolve_threadsafe(loop: asyncio.AbstractEventLoop, future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+def _resolve_threadsafe(
+    loop: asyncio.AbstractEventLoop, future: asyncio.Future, result: Any, error: BaseException | None
+) -> None:
     def resolve() -> None:
         if future.done():
             return
@@ -268,7 +298,9 @@ class WorkerPool:
                 with worker.lock:
                     hung = worker.alive and worker.pending and now - worker.last_progress > self.hang_timeout_s
                 if hung:
-                    logger.warning("ALFWorld worker %d made no progress for %.0f s; killing it", worker.index, self.hang_timeout_s)
+                    logger.warning(
+                        "ALFWorld worker %d made no progress for %.0f s; killing it", worker.index, self.hang_timeout_s
+                    )
                     worker.kill()
 
     def close(self) -> None:
@@ -285,7 +317,7 @@ class WorkerPool:
             worker.kill()
 
 
-_LIVE_POOLS: "weakref.WeakSet[WorkerPool]" = weakref.WeakSet()
+_LIVE_POOLS: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
 _SHARED: dict[tuple[int, float], WorkerPool] = {}
 _SHARED_LOCK = threading.Lock()
 

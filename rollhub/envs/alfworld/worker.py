@@ -97,7 +97,9 @@ def main() -> int:
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     ensure_data_env()
-    logging.basicConfig(level=os.environ.get("ROLLHUB_ALFWORLD_LOG", "WARNING"), format="alfworld-worker %(levelname)s: %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("ROLLHUB_ALFWORLD_LOG", "WARNING"), format="alfworld-worker %(levelname)s: %(message)s"
+    )
     state = WorkerState()
     write_frame(replies, (0, True, {"ready": True, "pid": os.getpid()}))
     while True:

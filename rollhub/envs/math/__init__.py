@@ -5,4 +5,13 @@ from rollhub.envs.math.dataset import load_jsonl
 from rollhub.envs.math.env import MathEnv
 from rollhub.envs.math.problems import KINDS, Problem, generate_problem
 
-__all__ = ["KINDS", "MathEnv", "Problem", "extract_answer", "generate_problem", "is_equivalent", "load_jsonl", "normalize"]
+__all__ = [
+    "KINDS",
+    "MathEnv",
+    "Problem",
+    "extract_answer",
+    "generate_problem",
+    "is_equivalent",
+    "load_jsonl",
+    "normalize",
+]

@@ -77,7 +77,20 @@ def normalize(answer: str) -> str:
     s = answer.strip()
     s = re.sub(r"\\text\{([^{}]*)\}", r"\1", s)
     s = re.sub(r"\\mathrm\{([^{}]*)\}", r"\1", s)
-    for token in ("$", "\\!", "\\,", "\\;", "\\ ", "\\left", "\\right", "^\\circ", "^{\\circ}", "\\%", "%", "\\displaystyle"):
+    for token in (
+        "$",
+        "\\!",
+        "\\,",
+        "\\;",
+        "\\ ",
+        "\\left",
+        "\\right",
+        "^\\circ",
+        "^{\\circ}",
+        "\\%",
+        "%",
+        "\\displaystyle",
+    ):
         s = s.replace(token, "")
     s = re.sub(r"^[a-zA-Z]\s*=\s*", "", s)
     s = re.sub(r"(?<=\d),(?=\d{3}\b)", "", s)
@@ -123,8 +136,11 @@ def _sympy_equal(a: str, b: str) -> bool:
         left = parse_expr(a, transformations=transformations, local_dict=names)
         right = parse_expr(b, transformations=transformations, local_dict=names)
         if isinstance(left, tuple) or isinstance(right, tuple):
-            return isinstance(left, tuple) and isinstance(right, tuple) and len(left) == len(right) and all(
-                sympy.simplify(x - y) == 0 for x, y in zip(left, right)
+            return (
+                isinstance(left, tuple)
+                and isinstance(right, tuple)
+                and len(left) == len(right)
+                and all(sympy.simplify(x - y) == 0 for x, y in zip(left, right))
             )
         difference = sympy.simplify(left - right)
         if difference == 0:

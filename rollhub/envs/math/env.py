@@ -18,7 +18,9 @@ from rollhub.envs.math.answers import extract_answer, is_equivalent
 from rollhub.envs.math.dataset import load_jsonl
 from rollhub.envs.math.problems import KINDS, AnswerLength, Problem, generate_problem
 
-SYSTEM_PROMPT = "Solve the problem. Put only the final answer inside <answer></answer>, for example <answer>42</answer>."
+SYSTEM_PROMPT = (
+    "Solve the problem. Put only the final answer inside <answer></answer>, for example <answer>42</answer>."
+)
 
 
 class MathEnv(Env):
@@ -54,15 +56,21 @@ class MathEnv(Env):
         self.answer_length = answer_length
         self.max_steps = max_attempts
         self.correct_reward, self.wrong_reward, self.invalid_reward = correct_reward, wrong_reward, invalid_reward
-        self.problems = load_jsonl(dataset_path, question_key=question_key, answer_key=answer_key) if dataset_path else None
+        self.problems = (
+            load_jsonl(dataset_path, question_key=question_key, answer_key=answer_key) if dataset_path else None
+        )
         if self.problems is None:  # fail at construction, not at the first reset
-            generate_problem(np.random.default_rng(0), kinds=self.kinds, difficulty=difficulty, answer_length=answer_length)
+            generate_problem(
+                np.random.default_rng(0), kinds=self.kinds, difficulty=difficulty, answer_length=answer_length
+            )
         self._rng = np.random.default_rng()
         self._problem: Problem | None = None
         self._steps = 0
         self._done = False
 
-    async def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
+    async def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Observation, dict[str, Any]]:
         if seed is not None:
             self._rng = np.random.default_rng(seed)
         index = (options or {}).get("index")
@@ -73,10 +81,15 @@ class MathEnv(Env):
                 raise ValueError(f"problem index {index} out of range 0..{len(self.problems) - 1}")
             self._problem = self.problems[index]
         else:
-            self._problem = generate_problem(self._rng, kinds=self.kinds, difficulty=self.difficulty, answer_length=self.answer_length)
+            self._problem = generate_problem(
+                self._rng, kinds=self.kinds, difficulty=self.difficulty, answer_length=self.answer_length
+            )
         self._steps = 0
         self._done = False
-        obs: Observation = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": self._problem.question}]
+        obs: Observation = [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": self._problem.question},
+        ]
         return obs, {"anchor": self._problem.question, "success": False, "kind": self._problem.kind}
 
     async def step(self, action: str) -> StepResult:
@@ -88,13 +101,23 @@ class MathEnv(Env):
         answer, format_ok = extract_answer(action, self.action_tag)
         if answer is None or not answer.strip():
             self._done = out_of_attempts
-            info = invalid_step_info(problem.question, "no answer found; put it inside <answer></answer>", format_ok=format_ok)
-            obs: Observation = [{"role": "user", "content": "No answer found. Put the final answer inside <answer></answer>."}]
+            info = invalid_step_info(
+                problem.question, "no answer found; put it inside <answer></answer>", format_ok=format_ok
+            )
+            obs: Observation = [
+                {"role": "user", "content": "No answer found. Put the final answer inside <answer></answer>."}
+            ]
             return obs, float(self.invalid_reward), False, out_of_attempts, info
         correct = is_equivalent(answer, problem.answer)
         terminated = correct or out_of_attempts
         self._done = terminated
-        info = {"anchor": problem.question, "success": correct, "action_valid": True, "format_ok": format_ok, "answer": answer}
+        info = {
+            "anchor": problem.question,
+            "success": correct,
+            "action_valid": True,
+            "format_ok": format_ok,
+            "answer": answer,
+        }
         reply = "Correct." if correct else "Incorrect." if terminated else "Incorrect, try again."
         reward = self.correct_reward if correct else self.wrong_reward
         return [{"role": "user", "content": reply}], float(reward), terminated, False, info

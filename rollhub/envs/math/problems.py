@@ -135,6 +135,10 @@ def generate_problem(
         level = difficulty if difficulty is not None else _int(rng, 1, 3)
         problem = _BUILDERS[kind](rng, level, scale)
         size = len(problem.answer)
-        if answer_length == "any" or (answer_length == "short" and size <= 3) or (answer_length == "long" and size >= 5):
+        if (
+            answer_length == "any"
+            or (answer_length == "short" and size <= 3)
+            or (answer_length == "long" and size >= 5)
+        ):
             return problem
     raise ValueError(f"no {answer_length} answer for kinds {kinds} at difficulty {difficulty} in {tries} tries")

@@ -8,8 +8,9 @@ line saying why, when the last move was rejected).
 from __future__ import annotations
 
 import logging
+from collections.abc import Container
 from dataclasses import dataclass
-from typing import Any, Container, Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -48,7 +49,7 @@ class SokobanRewards:
     invalid: float = -0.1
 
     @classmethod
-    def preset(cls, name: str) -> "SokobanRewards":
+    def preset(cls, name: str) -> SokobanRewards:
         if name == "shaped":
             return cls()
         if name == "sparse":
@@ -126,7 +127,9 @@ class SokobanEnv(Env):
             raise ValueError("num_boxes, max_steps and search_depth must all be >= 1")
         interior = (self.dim[0] - 2) * (self.dim[1] - 2)
         if num_boxes + 1 > interior:
-            raise ValueError(f"{num_boxes} boxes and a player do not fit a {self.dim[0]}x{self.dim[1]} room ({interior} inner cells)")
+            raise ValueError(
+                f"{num_boxes} boxes and a player do not fit a {self.dim[0]}x{self.dim[1]} room ({interior} inner cells)"
+            )
         self.num_boxes = num_boxes
         self.max_steps = max_steps
         self.search_depth = search_depth
@@ -150,7 +153,9 @@ class SokobanEnv(Env):
         if progress_reward < 0:
             raise ValueError(f"progress_reward must be >= 0 (0 = off), got {progress_reward}")
         self.progress_reward = float(progress_reward)
-        self.rewards = SokobanRewards(**{k: (getattr(preset, k) if v is None else float(v)) for k, v in overrides.items()})
+        self.rewards = SokobanRewards(
+            **{k: (getattr(preset, k) if v is None else float(v)) for k, v in overrides.items()}
+        )
         self._rng = np.random.default_rng()
         self._board: Board | None = None
         self._steps = 0
@@ -162,7 +167,9 @@ class SokobanEnv(Env):
         self._live_cells: dict[int, int] | None = None  # push_distances of the room (end_on_deadlock)
 
     # -- episode -------------------------------------------------------------------------
-    async def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
+    async def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Observation, dict[str, Any]]:
         if seed is not None:
             self._rng = np.random.default_rng(seed)
         board_text = (options or {}).get("board")
@@ -197,11 +204,15 @@ class SokobanEnv(Env):
         self._steps += 1
         move = extract_action(action, self.action_tag)
         if move is None:
-            return self._reject(board, f"no move found; answer like {wrap_action('up', self.action_tag)}", format_ok=False)
+            return self._reject(
+                board, f"no move found; answer like {wrap_action('up', self.action_tag)}", format_ok=False
+            )
         move = move.lower()
         if move not in MOVES:
             # with bare answers the format IS the move word, so anything else is a format error
-            return self._reject(board, f"'{move[:20]}' is not a move; use up, down, left or right", format_ok=bool(self.action_tag))
+            return self._reject(
+                board, f"'{move[:20]}' is not a move; use up, down, left or right", format_ok=bool(self.action_tag)
+            )
         new_board, why = board.try_move(move)
         if new_board is None:
             return self._reject(board, why, format_ok=True)

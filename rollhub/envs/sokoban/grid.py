@@ -89,7 +89,7 @@ class Board:
         parts.append("blocked " + (" ".join(blocked) if blocked else "none"))
         return "; ".join(parts)
 
-    def try_move(self, move: str) -> tuple["Board | None", str]:
+    def try_move(self, move: str) -> tuple[Board | None, str]:
         """Apply a move; returns (new board, "") or (None, why it is impossible)."""
         offset = move_offsets(self.width)[move]
         ahead = self.player + offset
@@ -105,7 +105,7 @@ class Board:
         boxes = (self.boxes - {ahead}) | {beyond}
         return Board(self.height, self.width, self.floor, self.targets, frozenset(boxes), ahead), ""
 
-    def after(self, moves: list[str] | tuple[str, ...]) -> "Board":
+    def after(self, moves: list[str] | tuple[str, ...]) -> Board:
         """The board after a sequence of moves; ValueError at the first impossible one."""
         board = self
         for index, move in enumerate(moves):
@@ -116,7 +116,7 @@ class Board:
         return board
 
     @classmethod
-    def from_text(cls, text: str) -> "Board":
+    def from_text(cls, text: str) -> Board:
         """Parse a rendered board (the SYMBOLS above); handy for tests and hand-made levels."""
         rows = [r for r in text.strip("\n").splitlines()]
         width = max(len(r) for r in rows)
@@ -138,7 +138,9 @@ class Board:
         if player is None:
             raise ValueError("board has no player (P or S)")
         height = len(rows)
-        border = [i for i in range(height * width) if i < width or i >= (height - 1) * width or i % width in (0, width - 1)]
+        border = [
+            i for i in range(height * width) if i < width or i >= (height - 1) * width or i % width in (0, width - 1)
+        ]
         if any(floor[i] for i in border):
             raise ValueError("the board's border must be wall (#)")
         return cls(height, width, bytes(floor), frozenset(targets), frozenset(boxes), player)

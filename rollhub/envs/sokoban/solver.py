@@ -28,7 +28,12 @@ def push_distances(board: Board) -> dict[int, int]:
         cell = queue.popleft()
         for offset in offsets:
             before, player_spot = cell - offset, cell - 2 * offset
-            if board.floor[before] and 0 <= player_spot < len(board.floor) and board.floor[player_spot] and before not in distance:
+            if (
+                board.floor[before]
+                and 0 <= player_spot < len(board.floor)
+                and board.floor[player_spot]
+                and before not in distance
+            ):
                 distance[before] = distance[cell] + 1
                 queue.append(before)
     return distance

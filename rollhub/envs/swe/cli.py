@@ -17,19 +17,47 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     swe = subparsers.add_parser("swe", help="SWE tasks: make validated tasks from PyPI packages, build their images")
     commands = swe.add_subparsers(dest="swe_command", metavar="COMMAND")
 
-    make = commands.add_parser("make-tasks", help="mutate a PyPI package into validated swebench-format tasks (offline containers)")
-    make.add_argument("requirement", metavar="PACKAGE==VERSION", help="e.g. inflection==0.5.1 (its sdist must ship tests)")
+    make = commands.add_parser(
+        "make-tasks", help="mutate a PyPI package into validated swebench-format tasks (offline containers)"
+    )
+    make.add_argument(
+        "requirement", metavar="PACKAGE==VERSION", help="e.g. inflection==0.5.1 (its sdist must ship tests)"
+    )
     make.add_argument("--max", dest="max_tasks", type=int, default=None, help="stop after this many valid tasks")
-    make.add_argument("--out", default=None, help="output .jsonl (default swe_tasks/<package>-<version>.jsonl); rows are appended to an existing file, ids replaced")
-    make.add_argument("--workers", type=int, default=max(1, min(4, os.cpu_count() or 1)), help="parallel validation containers (default: CPU count, at most 4)")
-    make.add_argument("--test-deps", nargs="*", default=[], metavar="REQ", help="extra test requirements installed as wheels (e.g. hypothesis)")
+    make.add_argument(
+        "--out",
+        default=None,
+        help="output .jsonl (default swe_tasks/<package>-<version>.jsonl); rows are appended to an existing file, ids replaced",
+    )
+    make.add_argument(
+        "--workers",
+        type=int,
+        default=max(1, min(4, os.cpu_count() or 1)),
+        help="parallel validation containers (default: CPU count, at most 4)",
+    )
+    make.add_argument(
+        "--test-deps",
+        nargs="*",
+        default=[],
+        metavar="REQ",
+        help="extra test requirements installed as wheels (e.g. hypothesis)",
+    )
     make.add_argument("--families", default=None, help="comma-separated mutation families (default: all)")
-    make.add_argument("--max-fail-fraction", type=float, default=0.5, help="drop mutants that fail more than this fraction of the suite")
+    make.add_argument(
+        "--max-fail-fraction",
+        type=float,
+        default=0.5,
+        help="drop mutants that fail more than this fraction of the suite",
+    )
     make.add_argument("--seed", type=int, default=0)
-    make.add_argument("--cache-dir", default=None, help="work folder (default ~/.cache/rollhub/swe or $ROLLHUB_SWE_CACHE)")
+    make.add_argument(
+        "--cache-dir", default=None, help="work folder (default ~/.cache/rollhub/swe or $ROLLHUB_SWE_CACHE)"
+    )
     make.set_defaults(func=_make_tasks)
 
-    build = commands.add_parser("build-images", help="(re)build the images of a task file made by make-tasks; skips existing ones")
+    build = commands.add_parser(
+        "build-images", help="(re)build the images of a task file made by make-tasks; skips existing ones"
+    )
     build.add_argument("file", help="task .jsonl")
     build.add_argument("--force", action="store_true", help="rebuild even when the image exists")
     build.set_defaults(func=_build_images)
@@ -38,8 +66,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _docker():
-    from rollhub.sandbox.docker_backend import DockerBackend
     from rollhub.sandbox.base import SandboxError
+    from rollhub.sandbox.docker_backend import DockerBackend
 
     try:
         backend = DockerBackend()
@@ -68,7 +96,14 @@ def _make_tasks(args: argparse.Namespace) -> int:
 
     name, version = parse_requirement(args.requirement)
     families = tuple(f.strip() for f in args.families.split(",")) if args.families else FAMILIES
-    options = FactoryOptions(max_tasks=args.max_tasks, workers=args.workers, max_fail_fraction=args.max_fail_fraction, families=families, test_requirements=list(args.test_deps), seed=args.seed)
+    options = FactoryOptions(
+        max_tasks=args.max_tasks,
+        workers=args.workers,
+        max_fail_fraction=args.max_fail_fraction,
+        families=families,
+        test_requirements=list(args.test_deps),
+        seed=args.seed,
+    )
     if args.cache_dir:
         options.cache_dir = Path(args.cache_dir)
     try:
@@ -116,6 +151,8 @@ def _build_images(args: argparse.Namespace) -> int:
         raise UserError(f"building task images failed: {exc}") from None
     print(json.dumps(summary, sort_keys=True))
     if summary["base_commit_mismatch"]:
-        print(f"warning: {len(summary['base_commit_mismatch'])} rebuilt images have a different base_commit than their rows")
+        print(
+            f"warning: {len(summary['base_commit_mismatch'])} rebuilt images have a different base_commit than their rows"
+        )
         return 1
     return 0

@@ -75,7 +75,9 @@ class SWEEnv(Env):
         if isinstance(tasks, list):
             self.tasks = tasks
         else:
-            mapping = LegacyMapping(namespace=legacy_image_namespace, separator=legacy_image_separator) if legacy else None
+            mapping = (
+                LegacyMapping(namespace=legacy_image_namespace, separator=legacy_image_separator) if legacy else None
+            )
             self.tasks = load_tasks(tasks or SHIPPED_TASKS, split, mapping, instance_ids)
         self.max_steps = max_steps
         self.episode_timeout_s = episode_timeout_s
@@ -117,7 +119,9 @@ class SWEEnv(Env):
             raise ValueError(f"instance_id {wanted!r} is not in this env's task set")
         return self.tasks[(seed or 0) % len(self.tasks)]
 
-    async def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
+    async def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Observation, dict[str, Any]]:
         await self._close_box()
         self.task = self._pick_task(seed, options)
         self._steps = 0
@@ -128,7 +132,11 @@ class SWEEnv(Env):
         self._started = time.monotonic()
         info: dict[str, Any] = {"instance_id": self.task.instance_id, "success": False}
         try:
-            self._box = await self.backend.start(self.task.image, self.limits, labels={"rollhub.role": "swe-agent", "rollhub.swe.instance": self.task.instance_id[:60]})
+            self._box = await self.backend.start(
+                self.task.image,
+                self.limits,
+                labels={"rollhub.role": "swe-agent", "rollhub.swe.instance": self.task.instance_id[:60]},
+            )
             self._runner = ToolRunner(self._box, self.command_timeout_s, output_limit_chars=self.output_limit_chars)
             self._anchor = (self.task.instance_id, await self._state_hash())
         except SandboxError as exc:
@@ -182,7 +190,10 @@ class SWEEnv(Env):
         payload = extract_action(action, self.action_tag)
         if payload is None:
             info = invalid_step_info(self._anchor, "no <tool_call>...</tool_call> found", format_ok=False)
-            return await self._after_invalid(info, 'Reply with one tool call: <tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>')
+            return await self._after_invalid(
+                info,
+                'Reply with one tool call: <tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>',
+            )
         try:
             call = parse_tool_call(payload)
             if call.name == "submit":
@@ -200,10 +211,14 @@ class SWEEnv(Env):
         info = {"anchor": self._anchor, "success": False, "action_valid": True, "format_ok": True, "tool": call.name}
         return await self._maybe_truncate(self._reply(text), 0.0, info)
 
-    async def _after_invalid(self, info: dict[str, Any], text: str) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
+    async def _after_invalid(
+        self, info: dict[str, Any], text: str
+    ) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
         return await self._maybe_truncate(self._reply(text), self.invalid_action_penalty, info)
 
-    async def _maybe_truncate(self, obs: Observation, reward: float, info: dict[str, Any]) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
+    async def _maybe_truncate(
+        self, obs: Observation, reward: float, info: dict[str, Any]
+    ) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
         out_of_steps = self._steps >= self.max_steps
         out_of_time = time.monotonic() - self._started >= self.episode_timeout_s
         if not (out_of_steps or out_of_time):
@@ -221,8 +236,20 @@ class SWEEnv(Env):
     def _infra_end(self, reason: str) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
         logger.warning("SWE episode %s: infra failure: %s", self.task.instance_id if self.task else "?", reason)
         self._done = True
-        info = {"anchor": self._anchor, "success": False, "action_valid": True, "format_ok": True, "infra_failure": reason}
-        return self._reply(f"The environment failed ({reason}); the episode ends without a score."), 0.0, True, False, info
+        info = {
+            "anchor": self._anchor,
+            "success": False,
+            "action_valid": True,
+            "format_ok": True,
+            "infra_failure": reason,
+        }
+        return (
+            self._reply(f"The environment failed ({reason}); the episode ends without a score."),
+            0.0,
+            True,
+            False,
+            info,
+        )
 
     async def _finish(self, *, submitted: bool) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
         assert self.task is not None and self._box is not None
@@ -232,13 +259,34 @@ class SWEEnv(Env):
             return self._infra_end(f"diff: {exc}")
         self._done = True
         await self._close_box()
-        outcome = await evaluate_patch(self.backend, self.task, patch, limits=self.limits, timeout_s=self.eval_timeout_s)
+        outcome = await evaluate_patch(
+            self.backend, self.task, patch, limits=self.limits, timeout_s=self.eval_timeout_s
+        )
         self.last_eval = outcome
         if outcome.infra_failure:
             return self._infra_end(f"eval: {outcome.infra_failure}")
-        info = {"anchor": self._anchor, "success": outcome.grade.resolved, "action_valid": True, "format_ok": True, "submitted": submitted, **outcome.info()}
-        info["metrics"] = {"pass_fraction": outcome.grade.pass_fraction, "eval_duration_s": outcome.duration_s, "patch_chars": float(len(patch))}
-        verdict = "resolved: every test passes" if outcome.grade.resolved else (f"not resolved ({outcome.grade.pass_fraction:.0%} of the graded tests pass)" if outcome.patch_applied else "not resolved: the patch did not apply")
+        info = {
+            "anchor": self._anchor,
+            "success": outcome.grade.resolved,
+            "action_valid": True,
+            "format_ok": True,
+            "submitted": submitted,
+            **outcome.info(),
+        }
+        info["metrics"] = {
+            "pass_fraction": outcome.grade.pass_fraction,
+            "eval_duration_s": outcome.duration_s,
+            "patch_chars": float(len(patch)),
+        }
+        verdict = (
+            "resolved: every test passes"
+            if outcome.grade.resolved
+            else (
+                f"not resolved ({outcome.grade.pass_fraction:.0%} of the graded tests pass)"
+                if outcome.patch_applied
+                else "not resolved: the patch did not apply"
+            )
+        )
         return self._reply(f"Submitted. {verdict}."), outcome.reward, True, False, info
 
     # ------------------------------------------------------------------ agents

@@ -24,7 +24,12 @@ logger = logging.getLogger(__name__)
 PATCH_PATH = "/tmp/rollhub_patch.diff"
 EVAL_SCRIPT_PATH = "/tmp/rollhub_eval.sh"
 #: the official harness's fallbacks, in its order
-APPLY_COMMANDS = ("git apply --verbose", "git apply --verbose --3way", "git apply --verbose --reject", "patch --batch --forward --fuzz=5 -p1 -i")
+APPLY_COMMANDS = (
+    "git apply --verbose",
+    "git apply --verbose --3way",
+    "git apply --verbose --reject",
+    "patch --batch --forward --fuzz=5 -p1 -i",
+)
 #: a private index, so reading the diff does not touch the agent's own `git add` state
 _DIFF_COMMAND = (
     "cp .git/index /tmp/rollhub_index 2>/dev/null; export GIT_INDEX_FILE=/tmp/rollhub_index; "
@@ -91,7 +96,15 @@ async def apply_patch(box: Sandbox, patch: str) -> tuple[bool, str]:
     return False, output
 
 
-async def evaluate_patch(backend: SandboxBackend, task: SweTask, patch: str, *, limits: Limits = Limits(cpus=1.0, memory_mb=2048), timeout_s: float = 900.0, labels: dict[str, str] | None = None) -> EvalOutcome:
+async def evaluate_patch(
+    backend: SandboxBackend,
+    task: SweTask,
+    patch: str,
+    *,
+    limits: Limits = Limits(cpus=1.0, memory_mb=2048),
+    timeout_s: float = 900.0,
+    labels: dict[str, str] | None = None,
+) -> EvalOutcome:
     """Apply `patch` in a fresh container of the task's image, run the eval script, grade."""
     from swebench.harness.utils import make_test_spec
 
@@ -103,17 +116,27 @@ async def evaluate_patch(backend: SandboxBackend, task: SweTask, patch: str, *, 
         applied, apply_log = await apply_patch(box, patch)
         if not applied:
             logger.info("patch did not apply for %s: %s", task.instance_id, apply_log[-300:])
-            return EvalOutcome(GradeResult(resolved=False), False, patch, apply_log, duration_s=time.monotonic() - started)
+            return EvalOutcome(
+                GradeResult(resolved=False), False, patch, apply_log, duration_s=time.monotonic() - started
+            )
         await box.write_file(EVAL_SCRIPT_PATH, eval_script)
         result = await box.exec(f"bash {EVAL_SCRIPT_PATH} > {EVAL_LOG_PATH} 2>&1", timeout_s=timeout_s, workdir=WORKDIR)
         log = (await box.read_file(EVAL_LOG_PATH)).decode("utf-8", errors="replace")
         if result.timed_out:
             log += "\n>>>>> Tests Timed Out\n"
         grade = grade_log(task, log)
-        return EvalOutcome(grade, True, patch, log, infra_failure=grade.infra_failure, duration_s=time.monotonic() - started)
+        return EvalOutcome(
+            grade, True, patch, log, infra_failure=grade.infra_failure, duration_s=time.monotonic() - started
+        )
     except SandboxError as exc:
         logger.warning("infra failure grading %s: %s", task.instance_id, exc)
-        return EvalOutcome(GradeResult(resolved=False), False, patch, infra_failure=f"sandbox: {exc}", duration_s=time.monotonic() - started)
+        return EvalOutcome(
+            GradeResult(resolved=False),
+            False,
+            patch,
+            infra_failure=f"sandbox: {exc}",
+            duration_s=time.monotonic() - started,
+        )
     finally:
         if box is not None:
             await box.close()

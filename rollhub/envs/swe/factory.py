@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rollhub.envs.swe.evaluate import evaluate_patch
 from rollhub.envs.swe.grading import parse_pytest_log
 from rollhub.envs.swe.images import build_instance_image, build_package_image
 from rollhub.envs.swe.mutation import FAMILIES, Mutation, find_mutations
 from rollhub.envs.swe.package_repo import CACHE_DIR, PackageRepo, git, normalize_name, pin_requirements, prepare_package
-from rollhub.envs.swe.evaluate import evaluate_patch
 from rollhub.envs.swe.tasks import DEFAULT_LOG_PARSER, WORKDIR, SweTask, pytest_eval_script
 from rollhub.sandbox.base import Limits, Sandbox, SandboxBackend, SandboxError
 
@@ -98,7 +98,11 @@ class SuiteRun:
 async def run_suite(box: Sandbox, repo: PackageRepo, timeout_s: float) -> SuiteRun:
     targets = " ".join(repo.test_targets)
     started = time.monotonic()
-    result = await box.exec(f"COLUMNS=300 timeout -k 5 {int(timeout_s)} {TEST_COMMAND} {targets} > {SUITE_LOG} 2>&1; echo $?", timeout_s=timeout_s + 30, workdir=WORKDIR)
+    result = await box.exec(
+        f"COLUMNS=300 timeout -k 5 {int(timeout_s)} {TEST_COMMAND} {targets} > {SUITE_LOG} 2>&1; echo $?",
+        timeout_s=timeout_s + 30,
+        workdir=WORKDIR,
+    )
     duration = time.monotonic() - started
     log = (await box.read_file(SUITE_LOG)).decode("utf-8", errors="replace")
     timed_out = result.timed_out or result.output.strip().endswith("124") or result.output.strip().endswith("137")
@@ -117,10 +121,18 @@ async def baseline(backend: SandboxBackend, image: str, repo: PackageRepo, work:
         async with await backend.start(image, SUITE_LIMITS, labels={"rollhub.role": "swe-factory"}) as box:
             runs.append(await run_suite(box, repo, timeout_s=900))
     if any(r.timed_out or r.collection_trouble for r in runs) or not runs[0].passed:
-        raise SandboxError(f"the baseline suite of {repo.name}=={repo.version} does not run cleanly:\n{runs[0].log[-1500:]}")
+        raise SandboxError(
+            f"the baseline suite of {repo.name}=={repo.version} does not run cleanly:\n{runs[0].log[-1500:]}"
+        )
     stable = sorted(runs[0].passed & runs[1].passed)
     flaky = len(runs[0].passed ^ runs[1].passed)
-    logger.info("baseline %s: %d stable passing tests, %d flaky dropped, %.1f s", repo.slug, len(stable), flaky, max(r.duration_s for r in runs))
+    logger.info(
+        "baseline %s: %d stable passing tests, %d flaky dropped, %.1f s",
+        repo.slug,
+        len(stable),
+        flaky,
+        max(r.duration_s for r in runs),
+    )
     duration = max(r.duration_s for r in runs)
     cache.write_text(json.dumps({"image": image, "stable": stable, "duration_s": duration, "flaky_dropped": flaky}))
     return stable, duration
@@ -165,14 +177,21 @@ def failure_messages(log: str, tests: list[str]) -> dict[str, str]:
 def problem_statement(package: str, fail_to_pass: list[str], messages: dict[str, str], max_tests: int = 5) -> str:
     """A neutral issue text from the failing tests' names and messages (never from the diff)."""
     shown = fail_to_pass[:max_tests]
-    lines = [f"Some tests of `{package}` fail on the current code.", "", "Failing tests:" if len(fail_to_pass) > 1 else "Failing test:"]
+    lines = [
+        f"Some tests of `{package}` fail on the current code.",
+        "",
+        "Failing tests:" if len(fail_to_pass) > 1 else "Failing test:",
+    ]
     for test in shown:
         message = messages.get(test, "")
         message = message if len(message) <= 200 else message[:197] + "..."
         lines.append(f"- `{test}`" + (f": {message}" if message else ""))
     if len(fail_to_pass) > len(shown):
         lines.append(f"- ... and {len(fail_to_pass) - len(shown)} more")
-    lines += ["", f"Find the cause in the library code of `{package}` and fix it so that these tests pass without breaking the others. The tests themselves are correct; do not edit them."]
+    lines += [
+        "",
+        f"Find the cause in the library code of `{package}` and fix it so that these tests pass without breaking the others. The tests themselves are correct; do not edit them.",
+    ]
     return "\n".join(lines)
 
 
@@ -182,7 +201,17 @@ def instance_id_for(repo: PackageRepo, key: str) -> str:
 
 
 # ---------------------------------------------------------------------- validation
-async def _validate_worker(backend: SandboxBackend, image: str, repo: PackageRepo, stable: list[str], timeout_s: float, queue: asyncio.Queue, results_file: Path, accept: Any, progress: Any) -> None:
+async def _validate_worker(
+    backend: SandboxBackend,
+    image: str,
+    repo: PackageRepo,
+    stable: list[str],
+    timeout_s: float,
+    queue: asyncio.Queue,
+    results_file: Path,
+    accept: Any,
+    progress: Any,
+) -> None:
     box: Sandbox | None = None
     try:
         while True:
@@ -204,7 +233,9 @@ async def _validate_worker(backend: SandboxBackend, image: str, repo: PackageRep
             await box.close()
 
 
-async def _validate_one(box: Sandbox, repo: PackageRepo, stable: list[str], timeout_s: float, candidate: Candidate) -> dict[str, Any]:
+async def _validate_one(
+    box: Sandbox, repo: PackageRepo, stable: list[str], timeout_s: float, candidate: Candidate
+) -> dict[str, Any]:
     record: dict[str, Any] = {"key": candidate.key}
     try:
         await box.write_file("/tmp/bug.diff", candidate.bug_patch)
@@ -225,7 +256,9 @@ async def _validate_one(box: Sandbox, repo: PackageRepo, stable: list[str], time
     passed = run.passed
     fail_to_pass = [t for t in stable if t not in passed]
     pass_to_pass = [t for t in stable if t in passed]
-    record.update(fail_to_pass=fail_to_pass, pass_to_pass=pass_to_pass, messages=failure_messages(run.log, fail_to_pass))
+    record.update(
+        fail_to_pass=fail_to_pass, pass_to_pass=pass_to_pass, messages=failure_messages(run.log, fail_to_pass)
+    )
     if not fail_to_pass:
         return {**record, "status": "no_failure"}
     if not pass_to_pass:
@@ -249,7 +282,11 @@ class _Acceptance:
         status = record["status"]
         if status == "valid" and len(record["fail_to_pass"]) > self.options.max_fail_fraction * self.suite_size:
             status = "too_many_failures"
-        if status == "valid" and self.options.one_per_function and (candidate.file, candidate.function) in self._functions:
+        if (
+            status == "valid"
+            and self.options.one_per_function
+            and (candidate.file, candidate.function) in self._functions
+        ):
             status = "duplicate_function"
         if status == "valid" and self.done():
             status = "surplus"
@@ -264,7 +301,9 @@ class _Acceptance:
 
 
 # ---------------------------------------------------------------------- rows
-def make_row(repo: PackageRepo, candidate: Candidate, record: dict[str, Any], image: str, base_commit: str) -> dict[str, Any]:
+def make_row(
+    repo: PackageRepo, candidate: Candidate, record: dict[str, Any], image: str, base_commit: str
+) -> dict[str, Any]:
     instance_id = instance_id_for(repo, candidate.key)
     f2p, p2p = record["fail_to_pass"], record["pass_to_pass"]
     return {
@@ -285,11 +324,23 @@ def make_row(repo: PackageRepo, candidate: Candidate, record: dict[str, Any], im
         "log_parser": DEFAULT_LOG_PARSER,
         "eval_type": "pass_and_fail",
         # provenance for `rollhub swe build-images` (not shown to the agent)
-        "rollhub": {"package": repo.name, "package_version": repo.version, "requirements": repo.requirements, "mutation": {"file": candidate.file, "function": candidate.function, "family": candidate.family, "line": candidate.line}},
+        "rollhub": {
+            "package": repo.name,
+            "package_version": repo.version,
+            "requirements": repo.requirements,
+            "mutation": {
+                "file": candidate.file,
+                "function": candidate.function,
+                "family": candidate.family,
+                "line": candidate.line,
+            },
+        },
     }
 
 
-async def make_tasks(requirement: str, backend: SandboxBackend, client: Any, options: FactoryOptions) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+async def make_tasks(
+    requirement: str, backend: SandboxBackend, client: Any, options: FactoryOptions
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Run the whole recipe for one PACKAGE==VERSION; returns (rows, summary)."""
     from tqdm import tqdm
 
@@ -324,7 +375,12 @@ async def make_tasks(requirement: str, backend: SandboxBackend, client: Any, opt
         for _ in range(workers):
             queue.put_nowait(None)
         with tqdm(total=len(todo), desc=f"validate {repo.slug}", unit="mutant") as progress:
-            await asyncio.gather(*[_validate_worker(backend, image, repo, stable, timeout_s, queue, results_file, accept, progress) for _ in range(workers)])
+            await asyncio.gather(
+                *[
+                    _validate_worker(backend, image, repo, stable, timeout_s, queue, results_file, accept, progress)
+                    for _ in range(workers)
+                ]
+            )
 
     rows = []
     gold_failed = 0
@@ -333,9 +389,15 @@ async def make_tasks(requirement: str, backend: SandboxBackend, client: Any, opt
         tag, base_commit = await build_instance_image(client, image, instance_id, candidate.bug_patch)
         row = make_row(repo, candidate, record, tag, base_commit)
         # the last gate: the gold patch must resolve the task in a fresh container of its own image
-        outcome = await evaluate_patch(backend, SweTask.from_row(row), row["patch"], limits=SUITE_LIMITS, timeout_s=timeout_s + 60)
+        outcome = await evaluate_patch(
+            backend, SweTask.from_row(row), row["patch"], limits=SUITE_LIMITS, timeout_s=timeout_s + 60
+        )
         if not outcome.grade.resolved:
-            logger.warning("dropping %s: the gold patch does not resolve it in the baked image (%s)", instance_id, outcome.infra_failure or outcome.grade.status)
+            logger.warning(
+                "dropping %s: the gold patch does not resolve it in the baked image (%s)",
+                instance_id,
+                outcome.infra_failure or outcome.grade.status,
+            )
             gold_failed += 1
             client.images.remove(tag, force=True)
             continue
@@ -355,7 +417,14 @@ async def make_tasks(requirement: str, backend: SandboxBackend, client: Any, opt
     return rows, summary
 
 
-async def build_images(rows: list[dict[str, Any]], backend: SandboxBackend, client: Any, *, force: bool = False, cache_dir: Path = CACHE_DIR) -> dict[str, Any]:
+async def build_images(
+    rows: list[dict[str, Any]],
+    backend: SandboxBackend,
+    client: Any,
+    *,
+    force: bool = False,
+    cache_dir: Path = CACHE_DIR,
+) -> dict[str, Any]:
     """Rebuild the images of factory rows (package image, then each missing task layer) and
     check that each rebuilt history has the row's base_commit."""
     from tqdm import tqdm
@@ -367,7 +436,9 @@ async def build_images(rows: list[dict[str, Any]], backend: SandboxBackend, clie
     for row in rows:
         meta = row.get("rollhub")
         if not meta:
-            raise ValueError(f"row {row['instance_id']} was not made by `rollhub swe make-tasks`; its image must come from a registry ({row.get('image')})")
+            raise ValueError(
+                f"row {row['instance_id']} was not made by `rollhub swe make-tasks`; its image must come from a registry ({row.get('image')})"
+            )
         groups.setdefault((meta["package"], meta["package_version"]), []).append(row)
     for (name, version), group in groups.items():
         missing = [r for r in group if force or not image_exists(client, r["image"])]

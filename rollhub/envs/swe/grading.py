@@ -71,7 +71,11 @@ def grade_log(task: SweTask, log_text: str) -> GradeResult:
         if classified and classified[1] == TIER_ENVIRONMENT:
             result.infra_failure = f"eval log: {classified[0]}"
         return result
-    report = get_eval_tests_report(status_map, {"instance_id": task.instance_id, FAIL_TO_PASS: task.fail_to_pass, PASS_TO_PASS: task.pass_to_pass}, eval_type=EvalType(task.eval_type))
+    report = get_eval_tests_report(
+        status_map,
+        {"instance_id": task.instance_id, FAIL_TO_PASS: task.fail_to_pass, PASS_TO_PASS: task.pass_to_pass},
+        eval_type=EvalType(task.eval_type),
+    )
     tests: dict[str, str] = {}
     for kind in (FAIL_TO_PASS, PASS_TO_PASS):
         for test in report[kind]["success"]:

@@ -54,7 +54,13 @@ def build_package_image(client: Any, repo: PackageRepo) -> str:
         "git config --system --add safe.directory '*'",
         f"cd {WORKDIR} && git status --short | head -5",
     ]
-    return build_python_image(client, repo.requirements, f"{IMAGE_NAMESPACE}/swe-pkg-{normalize_name(repo.name)}-{repo.version}", files={WORKDIR: str(repo.root)}, run=run)
+    return build_python_image(
+        client,
+        repo.requirements,
+        f"{IMAGE_NAMESPACE}/swe-pkg-{normalize_name(repo.name)}-{repo.version}",
+        files={WORKDIR: str(repo.root)},
+        run=run,
+    )
 
 
 def _build_instance_blocking(client: Any, package_image: str, instance_id: str, bug_patch: str) -> tuple[str, str]:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import ast
 import hashlib
 import random
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 FAMILIES = ("op_flip", "cmp_flip", "bool_flip", "const_off_by_one", "remove_if", "swap_if_else", "remove_assign")
 
@@ -250,7 +250,9 @@ def _functions(tree: ast.AST) -> Iterator[tuple[str, ast.AST]]:
     yield from visit(tree, "")
 
 
-def find_mutations(path: str, text: str, families: tuple[str, ...] = FAMILIES, min_function_lines: int = 3) -> list[Mutation]:
+def find_mutations(
+    path: str, text: str, families: tuple[str, ...] = FAMILIES, min_function_lines: int = 3
+) -> list[Mutation]:
     """All mutants of one file: at most one per (function, family), each re-parsed."""
     try:
         tree = ast.parse(text)

@@ -21,8 +21,8 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollhub.envs.swe.tasks import is_test_path
 from rollhub.core.errors import UserError
+from rollhub.envs.swe.tasks import is_test_path
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,14 @@ def normalize_name(name: str) -> str:
 
 
 def git(repo: Path, *args: str, input_text: str | None = None, check: bool = True) -> str:
-    result = subprocess.run(["git", *GIT_COMMIT_ARGS, *args], cwd=repo, env={**os.environ, **GIT_ENV}, input=input_text, capture_output=True, text=True)
+    result = subprocess.run(
+        ["git", *GIT_COMMIT_ARGS, *args],
+        cwd=repo,
+        env={**os.environ, **GIT_ENV},
+        input=input_text,
+        capture_output=True,
+        text=True,
+    )
     if check and result.returncode != 0:
         raise RuntimeError(f"git {' '.join(args)} failed in {repo}: {result.stderr.strip()[-1000:]}")
     return result.stdout
@@ -79,7 +86,19 @@ def _download_sdist(name: str, version: str, dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     existing = [p for p in dest.iterdir() if p.suffix in (".gz", ".zip")]
     if not existing:
-        argv = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:", "--dest", str(dest), f"{name}=={version}"]
+        argv = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "--dest",
+            str(dest),
+            f"{name}=={version}",
+        ]
         result = subprocess.run(argv, capture_output=True, text=True)
         if result.returncode != 0:
             raise UserError(f"could not download the sdist of {name}=={version}: {result.stderr.strip()[-500:]}")
@@ -116,7 +135,16 @@ def _runtime_requirements(root: Path) -> list[str]:
     from packaging.requirements import Requirement
 
     message = email.parser.Parser().parsestr(pkg_info.read_text(errors="replace"))
-    env = {"python_version": "3.11", "python_full_version": "3.11.2", "sys_platform": "linux", "platform_system": "Linux", "os_name": "posix", "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}
+    env = {
+        "python_version": "3.11",
+        "python_full_version": "3.11.2",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "os_name": "posix",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+        "extra": "",
+    }
     requirements = []
     for line in message.get_all("Requires-Dist") or []:
         req = Requirement(line)
@@ -134,7 +162,11 @@ def _find_layout(root: Path) -> tuple[list[str], list[str], str]:
     base = root / import_root if import_root else root
     for path in sorted(base.rglob("*.py")):
         rel = path.relative_to(root).as_posix()
-        if is_test_path(rel) or set(Path(rel).parts) & _SKIP_DIRS or path.name in ("setup.py", "conftest.py", "noxfile.py"):
+        if (
+            is_test_path(rel)
+            or set(Path(rel).parts) & _SKIP_DIRS
+            or path.name in ("setup.py", "conftest.py", "noxfile.py")
+        ):
             continue
         sources.append(rel)
     return targets, sources, import_root
@@ -159,7 +191,9 @@ def pin_requirements(requirements: list[str], cache_dir: Path = CACHE_DIR) -> li
     return pins
 
 
-def prepare_package(requirement: str, cache_dir: Path = CACHE_DIR, extra_test_requirements: list[str] | None = None) -> PackageRepo:
+def prepare_package(
+    requirement: str, cache_dir: Path = CACHE_DIR, extra_test_requirements: list[str] | None = None
+) -> PackageRepo:
     """Download (cached) and lay out PACKAGE==VERSION as a one-commit git repo."""
     name, version = parse_requirement(requirement)
     work = cache_dir / f"{normalize_name(name)}-{version}"
@@ -172,7 +206,9 @@ def prepare_package(requirement: str, cache_dir: Path = CACHE_DIR, extra_test_re
         git(root, "commit", "-q", "-m", "Initial commit")
     targets, sources, import_root = _find_layout(root)
     if not targets:
-        raise UserError(f"the sdist of {name}=={version} ships no tests (no tests/ folder or test_*.py); pick another package or version")
+        raise UserError(
+            f"the sdist of {name}=={version} ships no tests (no tests/ folder or test_*.py); pick another package or version"
+        )
     if not sources:
         raise UserError(f"found no library source files to mutate in {name}=={version}")
     requirements = ["pytest", *_runtime_requirements(root), *(extra_test_requirements or [])]

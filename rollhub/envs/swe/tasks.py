@@ -18,9 +18,10 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from rollhub.core.errors import UserError
 
@@ -73,7 +74,9 @@ def files_in_patch(patch: str) -> list[str]:
     return seen
 
 
-def pytest_eval_script(base_commit: str, test_files: list[str], test_patch: str, test_command: str, test_targets: list[str] | None = None) -> str:
+def pytest_eval_script(
+    base_commit: str, test_files: list[str], test_patch: str, test_command: str, test_targets: list[str] | None = None
+) -> str:
     """A swebench-style eval script for a pytest repo.
 
     Test files are reset to the base commit before the test patch goes in (so an agent's
@@ -111,10 +114,12 @@ class SweTask:
     row: dict[str, Any] = field(repr=False, compare=False)
 
     @classmethod
-    def from_row(cls, row: dict[str, Any], legacy: LegacyMapping | None = None) -> "SweTask":
+    def from_row(cls, row: dict[str, Any], legacy: LegacyMapping | None = None) -> SweTask:
         row = dict(row)
         instance_id = str(row.get("instance_id") or "")
-        missing = [k for k in ("instance_id", "repo", "base_commit", "patch", "FAIL_TO_PASS", "PASS_TO_PASS") if k not in row]
+        missing = [
+            k for k in ("instance_id", "repo", "base_commit", "patch", "FAIL_TO_PASS", "PASS_TO_PASS") if k not in row
+        ]
         if missing:
             raise UserError(f"task row {instance_id or '?'} lacks {', '.join(missing)}; is this a SWE-bench dataset?")
         row.setdefault("test_patch", "")
@@ -128,7 +133,10 @@ class SweTask:
                 )
             test_files = files_in_patch(row["test_patch"])
             row.setdefault("image", legacy.image(instance_id))
-            row.setdefault("eval_script", pytest_eval_script(row["base_commit"], test_files, row["test_patch"], legacy.test_command))
+            row.setdefault(
+                "eval_script",
+                pytest_eval_script(row["base_commit"], test_files, row["test_patch"], legacy.test_command),
+            )
         row.setdefault("log_parser", DEFAULT_LOG_PARSER)
         row.setdefault("eval_type", "pass_and_fail")
         return cls(
@@ -169,10 +177,17 @@ def read_rows(source: str | Path, split: str = "test") -> list[dict[str, Any]]:
     try:
         return [dict(r) for r in load_swebench_dataset(str(source), split=split)]
     except Exception as exc:  # datasets raises many types for an unreachable hub
-        raise UserError(f"could not load dataset '{source}' split '{split}': {exc}. Use a local .jsonl file offline.") from None
+        raise UserError(
+            f"could not load dataset '{source}' split '{split}': {exc}. Use a local .jsonl file offline."
+        ) from None
 
 
-def load_tasks(source: str | Path, split: str = "test", legacy: LegacyMapping | None = None, instance_ids: Iterable[str] | None = None) -> list[SweTask]:
+def load_tasks(
+    source: str | Path,
+    split: str = "test",
+    legacy: LegacyMapping | None = None,
+    instance_ids: Iterable[str] | None = None,
+) -> list[SweTask]:
     tasks = [SweTask.from_row(r, legacy) for r in read_rows(source, split)]
     if instance_ids is not None:
         wanted = set(instance_ids)

@@ -15,8 +15,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from rollhub.sandbox.base import Sandbox, truncate_middle
 from rollhub.envs.swe.tasks import WORKDIR
+from rollhub.sandbox.base import Sandbox, truncate_middle
 
 TOOLS: list[dict[str, Any]] = [
     {
@@ -29,7 +29,11 @@ TOOLS: list[dict[str, Any]] = [
                 "type": "object",
                 "properties": {
                     "command": {"type": "string", "description": "the command line"},
-                    "timeout_s": {"type": "integer", "description": "seconds before the command is killed (default 60)", "minimum": 1},
+                    "timeout_s": {
+                        "type": "integer",
+                        "description": "seconds before the command is killed (default 60)",
+                        "minimum": 1,
+                    },
                 },
                 "required": ["command"],
             },
@@ -117,7 +121,13 @@ def _resolve(path: str) -> str:
 class ToolRunner:
     """Executes tool calls in one sandbox; returns the observation text."""
 
-    def __init__(self, box: Sandbox, command_timeout_s: float = 60.0, max_command_timeout_s: float = 300.0, output_limit_chars: int = 10_000):
+    def __init__(
+        self,
+        box: Sandbox,
+        command_timeout_s: float = 60.0,
+        max_command_timeout_s: float = 300.0,
+        output_limit_chars: int = 10_000,
+    ):
         self.box = box
         self.command_timeout_s = command_timeout_s
         self.max_command_timeout_s = max_command_timeout_s
@@ -169,7 +179,9 @@ class ToolRunner:
             text = await self._read_text(path)
             count = text.count(old) if old else 0
             if count != 1:
-                raise ToolError(f"old_str occurs {count} times in {path}; it must occur exactly once (add surrounding lines)")
+                raise ToolError(
+                    f"old_str occurs {count} times in {path}; it must occur exactly once (add surrounding lines)"
+                )
             start_line = text[: text.index(old)].count("\n") + 1
             text = text.replace(old, new, 1)
             await self.box.write_file(path, text)
@@ -189,16 +201,23 @@ class ToolRunner:
         raise ToolError(f"unknown editor command '{command}'; use view, create, str_replace or insert")
 
     async def _view(self, path: str, view_range: Any) -> str:
-        kind = await self.box.exec(f"if test -d {shlex.quote(path)}; then echo dir; elif test -f {shlex.quote(path)}; then echo file; fi", timeout_s=10)
+        kind = await self.box.exec(
+            f"if test -d {shlex.quote(path)}; then echo dir; elif test -f {shlex.quote(path)}; then echo file; fi",
+            timeout_s=10,
+        )
         if kind.output.strip() == "dir":
-            listing = await self.box.exec(f"find {shlex.quote(path)} -maxdepth 2 -not -path '*/.*' | sort", timeout_s=30)
+            listing = await self.box.exec(
+                f"find {shlex.quote(path)} -maxdepth 2 -not -path '*/.*' | sort", timeout_s=30
+            )
             return truncate_middle(listing.output, self.output_limit_chars)[0]
         if kind.output.strip() != "file":
             raise ToolError(f"{path} does not exist")
         text = await self._read_text(path)
         first, last = 1, len(text.splitlines())
         if view_range is not None:
-            if not (isinstance(view_range, list) and len(view_range) == 2 and all(isinstance(v, int) for v in view_range)):
+            if not (
+                isinstance(view_range, list) and len(view_range) == 2 and all(isinstance(v, int) for v in view_range)
+            ):
                 raise ToolError("view_range is [first_line, last_line]")
             first, last = view_range[0], view_range[1] if view_range[1] != -1 else last
         return self._numbered(text, first, last)

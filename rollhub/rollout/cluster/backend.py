@@ -37,9 +37,10 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from rollhub.core.errors import MissingExtraError, UserError
 from rollhub.rollout.buffer import GroupBuffer, Ticket
@@ -95,7 +96,14 @@ def ensure_ray(config: ClusterConfig) -> bool:
 def _actor_died_errors(ray: Any) -> tuple[type[BaseException], ...]:
     from ray import exceptions
 
-    names = ("RayActorError", "ActorDiedError", "ActorUnavailableError", "OwnerDiedError", "WorkerCrashedError", "NodeDiedError")
+    names = (
+        "RayActorError",
+        "ActorDiedError",
+        "ActorUnavailableError",
+        "OwnerDiedError",
+        "WorkerCrashedError",
+        "NodeDiedError",
+    )
     return tuple(getattr(exceptions, n) for n in names if hasattr(exceptions, n))
 
 
@@ -124,7 +132,13 @@ class ClusterLedger:
     weight_pushes: int = 0
 
     def running(self) -> int:
-        return self.groups_dispatched - self.groups_completed - self.groups_lost - self.groups_failed - self.groups_cancelled
+        return (
+            self.groups_dispatched
+            - self.groups_completed
+            - self.groups_lost
+            - self.groups_failed
+            - self.groups_cancelled
+        )
 
 
 class RayRollout(TaskOwner):
@@ -193,7 +207,12 @@ class RayRollout(TaskOwner):
         self._router.set_weight_version(self.weight_version)
         await asyncio.gather(*(self._start_shard(slot) for slot in self._shards))
         self._monitor = asyncio.ensure_future(self._watch_engines())
-        logger.info("ray rollout up in %.1f s: %d engines, %d env shards", time.perf_counter() - started, len(self._engines), len(self._shards))
+        logger.info(
+            "ray rollout up in %.1f s: %d engines, %d env shards",
+            time.perf_counter() - started,
+            len(self._engines),
+            len(self._shards),
+        )
 
     def _actor_name(self, slot: _Slot) -> str:
         return f"{self.name_prefix}.{slot.slot_id}.{slot.incarnation}"
@@ -205,10 +224,25 @@ class RayRollout(TaskOwner):
         from rollhub.rollout.cluster.engine_server import EngineServer
 
         c = self.cluster
-        options: dict[str, Any] = {"name": self._actor_name(slot), "num_cpus": c.engine_num_cpus, "num_gpus": c.engine_num_gpus, "scheduling_strategy": "SPREAD", "max_concurrency": 1000}
-        actor = self._ray.remote(EngineServer).options(**options).remote(
-            slot.slot_id, c.engine, self._latest_weights, self.weight_version,
-            engine=self.engine_config, extra_args=c.engine_extra_args, startup_timeout_s=c.startup_timeout_s,
+        options: dict[str, Any] = {
+            "name": self._actor_name(slot),
+            "num_cpus": c.engine_num_cpus,
+            "num_gpus": c.engine_num_gpus,
+            "scheduling_strategy": "SPREAD",
+            "max_concurrency": 1000,
+        }
+        actor = (
+            self._ray.remote(EngineServer)
+            .options(**options)
+            .remote(
+                slot.slot_id,
+                c.engine,
+                self._latest_weights,
+                self.weight_version,
+                engine=self.engine_config,
+                extra_args=c.engine_extra_args,
+                startup_timeout_s=c.startup_timeout_s,
+            )
         )
         slot.handle = actor  # recorded before it is up, so close() can kill it whatever happens
         slot.info = await asyncio.wait_for(actor.start.remote(), timeout=c.startup_timeout_s)
@@ -219,10 +253,25 @@ class RayRollout(TaskOwner):
         from rollhub.rollout.cluster.env_shard import EnvShard
 
         c = self.cluster
-        options: dict[str, Any] = {"name": self._actor_name(slot), "num_cpus": c.shard_num_cpus, "resources": dict(c.shard_resources), "scheduling_strategy": "SPREAD", "max_concurrency": 10_000}
+        options: dict[str, Any] = {
+            "name": self._actor_name(slot),
+            "num_cpus": c.shard_num_cpus,
+            "resources": dict(c.shard_resources),
+            "scheduling_strategy": "SPREAD",
+            "max_concurrency": 10_000,
+        }
         urls, version = self._engine_urls(), self.weight_version
-        actor = self._ray.remote(EnvShard).options(**options).remote(
-            f"{slot.slot_id}.{slot.incarnation}", self.model_path, self.config, urls, version, reap_orphan_sandboxes=c.reap_orphan_sandboxes
+        actor = (
+            self._ray.remote(EnvShard)
+            .options(**options)
+            .remote(
+                f"{slot.slot_id}.{slot.incarnation}",
+                self.model_path,
+                self.config,
+                urls,
+                version,
+                reap_orphan_sandboxes=c.reap_orphan_sandboxes,
+            )
         )
         slot.handle = actor  # recorded before it is up, so close() can kill it whatever happens
         slot.info = await asyncio.wait_for(actor.start.remote(), timeout=c.startup_timeout_s)
@@ -322,7 +371,9 @@ class RayRollout(TaskOwner):
             self.ledger.groups_lost += 1
             self.ledger.trajectories_lost += self.config.group_size + self.config.group_redundancy
             self._release(ticket)
-            logger.warning("%s died with group of seed %d in flight (%s); counted as lost", slot.slot_id, seed, type(exc).__name__)
+            logger.warning(
+                "%s died with group of seed %d in flight (%s); counted as lost", slot.slot_id, seed, type(exc).__name__
+            )
             self._replace_shard(slot, incarnation)
             return None
         except Exception as exc:
@@ -363,7 +414,9 @@ class RayRollout(TaskOwner):
 
     def _spend_replacement(self, what: str) -> None:
         if self.ledger.shards_replaced + self.ledger.engines_replaced > self.cluster.max_replacements:
-            error = RuntimeError(f"{what} died and cluster.max_replacements={self.cluster.max_replacements} is used up; check the Ray logs of the dead actors")
+            error = RuntimeError(
+                f"{what} died and cluster.max_replacements={self.cluster.max_replacements} is used up; check the Ray logs of the dead actors"
+            )
             if self._fatal is not None and not self._fatal.done():
                 self._fatal.set_result(error)  # run() raises it; a task's own exception would go unseen
             raise error
@@ -403,7 +456,9 @@ class RayRollout(TaskOwner):
                 if not slot.ready.is_set():
                     continue
                 try:
-                    await asyncio.wait_for(slot.handle.ping.remote(), timeout=max(10.0, 5 * self.cluster.health_interval_s))
+                    await asyncio.wait_for(
+                        slot.handle.ping.remote(), timeout=max(10.0, 5 * self.cluster.health_interval_s)
+                    )
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
@@ -430,7 +485,9 @@ class RayRollout(TaskOwner):
     async def _on_shards(self, method: str, *args: Any) -> None:
         """Call `method` on every ready shard; a dead one is left to its dispatch to replace."""
         ready = [s for s in self._shards if s.ready.is_set()]
-        results = await asyncio.gather(*(getattr(s.handle, method).remote(*args) for s in ready), return_exceptions=True)
+        results = await asyncio.gather(
+            *(getattr(s.handle, method).remote(*args) for s in ready), return_exceptions=True
+        )
         for slot, result in zip(ready, results):
             if isinstance(result, BaseException):
                 logger.warning("%s.%s failed: %r", slot.slot_id, method, result)
@@ -467,7 +524,15 @@ class RayRollout(TaskOwner):
                 await self._on_shards("release", self.weight_version)
                 await self._router.resume()
             self.ledger.weight_pushes += 1
-            self.weight_updates.append({"version": version, "write_s": written - started, "pause_s": paused - written, "update_s": updated - paused, "resume_s": time.perf_counter() - updated})
+            self.weight_updates.append(
+                {
+                    "version": version,
+                    "write_s": written - started,
+                    "pause_s": paused - written,
+                    "update_s": updated - paused,
+                    "resume_s": time.perf_counter() - updated,
+                }
+            )
             await asyncio.to_thread(self._prune_weights)
 
     def _materialise(self, source: Any, version: int) -> str:
@@ -505,7 +570,17 @@ class RayRollout(TaskOwner):
         totals: dict[str, float] = {}
         routers: dict[str, int] = {}
         for shard in self.shard_summaries():
-            for key in ("generated_tokens", "wasted_tokens", "trajectories_kept", "redundant_cancelled", "groups_redundant_cancelled", "infra_failures", "infra_retries", "groups_dropped_infra", "groups_done"):
+            for key in (
+                "generated_tokens",
+                "wasted_tokens",
+                "trajectories_kept",
+                "redundant_cancelled",
+                "groups_redundant_cancelled",
+                "infra_failures",
+                "infra_retries",
+                "groups_dropped_infra",
+                "groups_done",
+            ):
                 totals[key] = totals.get(key, 0) + shard.get(key, 0)
             for key, value in shard.get("router", {}).items():
                 routers[key] = routers.get(key, 0) + value
@@ -521,4 +596,3 @@ class RayRollout(TaskOwner):
         return data
 
     # --- tasks ---------------------------------------------------------------------------
-

@@ -16,17 +16,23 @@ class ClusterConfig:
     (threads, batch size) are the run's `engine:` section, the same as in a local run."""
 
     backend: Literal["local", "ray"] = "local"
-    address: str | None = None  # Ray address ("auto", "ray://host:10001"); None = join RAY_ADDRESS or start a local instance
+    address: str | None = (
+        None  # Ray address ("auto", "ray://host:10001"); None = join RAY_ADDRESS or start a local instance
+    )
     local_num_cpus: int | None = None  # num_cpus of a local Ray instance started by rollhub (None = all cores)
     num_env_shards: int = 2  # K EnvShard actors, each owning an EnvManager and its envs
     num_engines: int = 2  # M engine servers behind the router
-    engine: Literal["rollhub", "sglang"] = "rollhub"  # rollhub = transformers engine behind `rollhub serve`'s HTTP app (CPU); sglang = sglang.launch_server
+    engine: Literal["rollhub", "sglang"] = (
+        "rollhub"  # rollhub = transformers engine behind `rollhub serve`'s HTTP app (CPU); sglang = sglang.launch_server
+    )
     engine_num_cpus: float = 0.5  # Ray scheduling resources of one engine actor
     engine_num_gpus: float = 0.0  # set 1 (or tensor-parallel size) for SGLang on GPU nodes
     engine_extra_args: list[str] = field(default_factory=list)  # extra sglang.launch_server flags
     shard_num_cpus: float = 0.25  # Ray scheduling resources of one env shard
     shard_resources: dict[str, float] = field(default_factory=dict)  # custom resources, e.g. {"sandbox_host": 1}
-    reap_orphan_sandboxes: bool = False  # a starting shard removes its Docker host's containers whose owner died (a killed shard's)
+    reap_orphan_sandboxes: bool = (
+        False  # a starting shard removes its Docker host's containers whose owner died (a killed shard's)
+    )
     weights_dir: str | None = None  # shared path all engine nodes can read; default RUN_DIR/weights
     keep_weight_versions: int = 2  # older pushed weight folders are deleted
     health_interval_s: float = 1.0  # how often the driver checks that engines are alive

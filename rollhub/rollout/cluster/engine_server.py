@@ -44,7 +44,17 @@ def _free_port() -> int:
 class EngineServer:
     """Construct through `ray.remote(...)(EngineServer)`; call `start()` once, then use the URL."""
 
-    def __init__(self, engine_id: str, kind: str, model_path: str, weight_version: int = 0, *, engine: EngineConfig | None = None, extra_args: list[str] | None = None, startup_timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        engine_id: str,
+        kind: str,
+        model_path: str,
+        weight_version: int = 0,
+        *,
+        engine: EngineConfig | None = None,
+        extra_args: list[str] | None = None,
+        startup_timeout_s: float = 600.0,
+    ) -> None:
         self.engine_id = engine_id
         self.kind = kind
         self.model_path = model_path
@@ -67,7 +77,15 @@ class EngineServer:
         else:
             port = await self._start_sglang(host)
         context = ray.get_runtime_context()
-        self._info = {"engine_id": self.engine_id, "url": f"http://{host}:{port}", "node_id": context.get_node_id(), "node_ip": host, "pid": os.getpid(), "kind": self.kind, "weight_version": self.weight_version}
+        self._info = {
+            "engine_id": self.engine_id,
+            "url": f"http://{host}:{port}",
+            "node_id": context.get_node_id(),
+            "node_ip": host,
+            "pid": os.getpid(),
+            "kind": self.kind,
+            "weight_version": self.weight_version,
+        }
         logger.info("engine %s serving %s at %s", self.engine_id, self.model_path, self._info["url"])
         return self._info
 
@@ -94,15 +112,30 @@ class EngineServer:
         from rollhub.rollout.engines.sglang import SGLangEngine, SGLangError
 
         port = _free_port()
-        command = [sys.executable, "-m", "sglang.launch_server", "--model-path", self.model_path, "--host", "0.0.0.0", "--port", str(port), *self.extra_args]
-        self._process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
+        command = [
+            sys.executable,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            self.model_path,
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(port),
+            *self.extra_args,
+        ]
+        self._process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_die_with_parent
+        )
         client = SGLangEngine(f"http://127.0.0.1:{port}")
         try:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self.startup_timeout_s
             while not await client.healthy():
                 if self._process.poll() is not None:
-                    stderr = self._process.stderr.read().decode(errors="replace")[-2000:] if self._process.stderr else ""
+                    stderr = (
+                        self._process.stderr.read().decode(errors="replace")[-2000:] if self._process.stderr else ""
+                    )
                     raise SGLangError(f"sglang exited with code {self._process.returncode}: {stderr}")
                 if loop.time() > deadline:
                     raise SGLangError(f"sglang on port {port} not healthy after {self.startup_timeout_s:.0f} s")

@@ -14,7 +14,8 @@ import collections
 import dataclasses
 import logging
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,16 @@ class _SeedFeed:
 class EnvShard:
     """Construct through `ray.remote(...)(EnvShard)`; `start()` once, then `run_group(seed)`."""
 
-    def __init__(self, shard_id: str, model_path: str, manager_config: Any, engine_urls: dict[str, str], weight_version: int = 0, *, reap_orphan_sandboxes: bool = False) -> None:
+    def __init__(
+        self,
+        shard_id: str,
+        model_path: str,
+        manager_config: Any,
+        engine_urls: dict[str, str],
+        weight_version: int = 0,
+        *,
+        reap_orphan_sandboxes: bool = False,
+    ) -> None:
         self.shard_id = shard_id
         self.model_path = model_path
         # one group per call; the driver's buffer owns batching, and the driver writes the JSONL log
@@ -75,7 +85,12 @@ class EnvShard:
         self.router.set_weight_version(self.weight_version)
         self.manager = EnvManager(self.router, tokenizer, self.manager_config, seeds=self._seeds)
         context = ray.get_runtime_context()
-        self._info = {"shard_id": self.shard_id, "node_id": context.get_node_id(), "node_ip": ray.util.get_node_ip_address(), "pid": __import__("os").getpid()}
+        self._info = {
+            "shard_id": self.shard_id,
+            "node_id": context.get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(),
+            "pid": __import__("os").getpid(),
+        }
         return self._info
 
     async def run_group(self, seed: int) -> tuple[Any, dict[str, Any] | None]:

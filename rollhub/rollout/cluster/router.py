@@ -128,7 +128,9 @@ class EngineRouter(InferenceEngine):
                 self._gate.set()
         return self._gate
 
-    async def generate(self, input_ids: list[int], sampling: SamplingParams, request_id: str | None = None) -> Generation:
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams, request_id: str | None = None
+    ) -> Generation:
         gate = self._gate_event()
         while not gate.is_set():
             await gate.wait()
@@ -137,7 +139,9 @@ class EngineRouter(InferenceEngine):
         while True:
             engine_id = self._choose(key, tried)
             if engine_id is None:
-                raise SGLangError(f"no reachable engine server (tried {sorted(tried) or 'none'}; all down: {sorted(self._down)})")
+                raise SGLangError(
+                    f"no reachable engine server (tried {sorted(tried) or 'none'}; all down: {sorted(self._down)})"
+                )
             client = self._clients[engine_id]
             self.stats.requests += 1
             self._in_flight[engine_id] += 1
@@ -180,7 +184,9 @@ class EngineRouter(InferenceEngine):
     async def _each(self, action: str, *args: Any) -> None:
         """Run `action` on every live server; a dropped connection marks it down, other errors raise."""
         live = self.live_engine_ids
-        results = await asyncio.gather(*(getattr(self._clients[e], action)(*args) for e in live), return_exceptions=True)
+        results = await asyncio.gather(
+            *(getattr(self._clients[e], action)(*args) for e in live), return_exceptions=True
+        )
         failures = []
         for engine_id, result in zip(live, results):
             if isinstance(result, BaseException):

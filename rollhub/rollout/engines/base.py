@@ -56,7 +56,9 @@ class InferenceEngine(abc.ABC):
     weight_version: int = 0
 
     @abc.abstractmethod
-    async def generate(self, input_ids: list[int], sampling: SamplingParams, request_id: str | None = None) -> Generation: ...
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams, request_id: str | None = None
+    ) -> Generation: ...
 
     @abc.abstractmethod
     async def update_weights(self, source: Any, version: int) -> None:
@@ -77,7 +79,7 @@ class InferenceEngine(abc.ABC):
     async def close(self) -> None:
         """Stop background work and free the model / server. Idempotent."""
 
-    async def __aenter__(self) -> "InferenceEngine":
+    async def __aenter__(self) -> InferenceEngine:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

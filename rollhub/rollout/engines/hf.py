@@ -121,7 +121,9 @@ class HFEngine(InferenceEngine):
         self.max_batch_size = max_batch_size
         self.batch_window_s = batch_window_s
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 30))
-        self.stop_token_ids = tuple(stop_token_ids) if stop_token_ids is not None else self._default_stop_ids(model, tokenizer)
+        self.stop_token_ids = (
+            tuple(stop_token_ids) if stop_token_ids is not None else self._default_stop_ids(model, tokenizer)
+        )
         self.pad_token_id = self._pad_id(model, tokenizer)
         # transformers >= 5.2x renamed `past_key_values` to `cache`; accept both
         self._cache_argument = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -130,7 +132,9 @@ class HFEngine(InferenceEngine):
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self._weights_epoch = 0  # bumped by every weight load
         self._layer_class = growing_layer_class()
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine", initializer=torch.set_num_threads, initargs=(threads,))
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="hf-engine", initializer=torch.set_num_threads, initargs=(threads,)
+        )
         self._seed_counter = itertools.count(seed * 1_000_003)
         self._waiting: list[_Request] = []
         self._by_id: dict[str, _Request] = {}
@@ -153,7 +157,9 @@ class HFEngine(InferenceEngine):
     def paused(self) -> bool:
         return self._paused
 
-    async def generate(self, input_ids: list[int], sampling: SamplingParams, request_id: str | None = None) -> Generation:
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams, request_id: str | None = None
+    ) -> Generation:
         self._ensure_started()
         if self._closed:
             raise RuntimeError("engine is closed")
@@ -169,7 +175,9 @@ class HFEngine(InferenceEngine):
         loop = asyncio.get_running_loop()
         if sampling.max_new_tokens == 0 or len(input_ids) >= self.max_positions:
             return Generation([], [], [], "length", request_id=rid, prompt_tokens=len(input_ids))
-        generator = torch.Generator().manual_seed(sampling.seed if sampling.seed is not None else next(self._seed_counter))
+        generator = torch.Generator().manual_seed(
+            sampling.seed if sampling.seed is not None else next(self._seed_counter)
+        )
         request = _Request(rid, list(input_ids), sampling, loop.create_future(), generator)
         self._by_id[rid] = request
         self._waiting.append(request)
@@ -225,7 +233,7 @@ class HFEngine(InferenceEngine):
                 self._wakeup.set()
             try:
                 await asyncio.wait_for(self._task, timeout=30)
-            except (asyncio.TimeoutError, asyncio.CancelledError):
+            except (TimeoutError, asyncio.CancelledError):
                 self._task.cancel()
         self._executor.shutdown(wait=False)
         if self._resumed is not None:
@@ -365,7 +373,9 @@ class HFEngine(InferenceEngine):
                 self._store_prefix(row, request)
         self._select_rows([i for i, r in enumerate(self._batch.requests) if r.finish_reason is None and not r.aborted])
         for request in done:
-            self._finish(request, "abort" if request.aborted and request.finish_reason is None else request.finish_reason)
+            self._finish(
+                request, "abort" if request.aborted and request.finish_reason is None else request.finish_reason
+            )
 
     def _store_prefix(self, row: int, request: _Request) -> None:
         """Keep the KV of prompt + output (minus the last token, never fed) for reuse."""
@@ -417,10 +427,19 @@ class HFEngine(InferenceEngine):
         cache.layers = [self._layer_class() if type(layer) is DynamicLayer else layer for layer in cache.layers]
         return cache
 
-    def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
+    def _forward(
+        self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
         cache_kwarg = {self._cache_argument: cache}
         device = self.device
-        out = self.model(input_ids=input_ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device), use_cache=True, logits_to_keep=1, **cache_kwarg)
+        out = self.model(
+            input_ids=input_ids.to(device),
+            attention_mask=mask.to(device),
+            position_ids=positions.to(device),
+            use_cache=True,
+            logits_to_keep=1,
+            **cache_kwarg,
+        )
         return out.logits[:, -1, :].float().cpu()  # bookkeeping and sampling stay on the CPU
 
     def _prefill(self, requests: list[_Request], version: int) -> None:
@@ -436,7 +455,9 @@ class HFEngine(InferenceEngine):
         if misses:
             self._prefill_batch(misses, version)
 
-    def _prefill_from_prefixes(self, hits: list[tuple[_Request, tuple[int, list[torch.Tensor], list[torch.Tensor]]]], version: int) -> None:
+    def _prefill_from_prefixes(
+        self, hits: list[tuple[_Request, tuple[int, list[torch.Tensor], list[torch.Tensor]]]], version: int
+    ) -> None:
         """One forward for all cache hits: row = [pad | cached prefix KV | pad | new suffix].
 
         Rows have different prefix and suffix lengths, so each is right-aligned in both
@@ -515,7 +536,9 @@ class HFEngine(InferenceEngine):
                 request.finish_reason = "length"
         return tokens
 
-    def _merge(self, requests: list[_Request], cache: Any, mask: torch.Tensor, lengths: torch.Tensor, tokens: list[int]) -> None:
+    def _merge(
+        self, requests: list[_Request], cache: Any, mask: torch.Tensor, lengths: torch.Tensor, tokens: list[int]
+    ) -> None:
         batch = self._batch
         if not batch:
             batch.cache, batch.mask, batch.lengths = cache, mask, lengths

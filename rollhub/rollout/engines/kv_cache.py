@@ -28,7 +28,9 @@ class PrefixCache:
 
     def __init__(self, max_tokens: int) -> None:
         self.max_tokens = max_tokens
-        self._entries: collections.OrderedDict[tuple[int, ...], tuple[list[torch.Tensor], list[torch.Tensor]]] = collections.OrderedDict()
+        self._entries: collections.OrderedDict[tuple[int, ...], tuple[list[torch.Tensor], list[torch.Tensor]]] = (
+            collections.OrderedDict()
+        )
         self.tokens = 0
         self.hits = 0
         self.hit_tokens = 0
@@ -76,7 +78,9 @@ def growing_layer_class() -> type:
     from transformers.cache_utils import DynamicLayer
 
     class GrowingLayer(DynamicLayer):
-        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        def update(
+            self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+        ) -> tuple[torch.Tensor, torch.Tensor]:
             if not self.is_initialized:
                 self.lazy_initialization(key_states, value_states)
                 self._key_store = self._value_store = None

@@ -35,17 +35,23 @@ def _truncate(logprobs: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
     return out
 
 
-def sample_tokens(logits: torch.Tensor, params: list[SamplingParams], generators: list[Any]) -> tuple[list[int], list[float]]:
+def sample_tokens(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[Any]
+) -> tuple[list[int], list[float]]:
     """Sample one token per row of `logits` [B, V]; returns (token ids, behaviour log-probs).
 
     Vectorised inverse-CDF sampling: each row draws one uniform number from its own
     generator (so per-request seeds reproduce), then one batched searchsorted picks the
     tokens. `torch.multinomial` per row cost ~1 ms each and dominated small-model decoding.
     """
-    temperatures = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], dtype=torch.float32).unsqueeze(-1)
+    temperatures = torch.tensor(
+        [p.temperature if p.temperature > 0 else 1.0 for p in params], dtype=torch.float32
+    ).unsqueeze(-1)
     logprobs = torch.log_softmax(logits.float() / temperatures, dim=-1)
     sampling_lp = logprobs
-    truncated_rows = [i for i, p in enumerate(params) if p.temperature > 0 and (p.top_p < 1.0 or 0 < p.top_k < logits.shape[-1])]
+    truncated_rows = [
+        i for i, p in enumerate(params) if p.temperature > 0 and (p.top_p < 1.0 or 0 < p.top_k < logits.shape[-1])
+    ]
     if truncated_rows:
         sampling_lp = logprobs.clone()
         for row in truncated_rows:

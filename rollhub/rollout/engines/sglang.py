@@ -46,13 +46,33 @@ class SGLangEngine(InferenceEngine):
     # --- construction ----------------------------------------------------------------
 
     @classmethod
-    async def launch(cls, model_path: str, *, port: int = 30000, host: str = "127.0.0.1", command: list[str] | None = None, startup_timeout_s: float = 600.0, extra_args: list[str] | None = None) -> "SGLangEngine":
+    async def launch(
+        cls,
+        model_path: str,
+        *,
+        port: int = 30000,
+        host: str = "127.0.0.1",
+        command: list[str] | None = None,
+        startup_timeout_s: float = 600.0,
+        extra_args: list[str] | None = None,
+    ) -> SGLangEngine:
         """Start a server process and wait for /health. Default: `python -m sglang.launch_server`.
 
         `command` replaces the launcher, e.g. `["rollhub", "serve", "--model", DIR, "--port", "P"]`.
         """
         if command is None:
-            command = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path), "--host", host, "--port", str(port), *(extra_args or [])]
+            command = [
+                sys.executable,
+                "-m",
+                "sglang.launch_server",
+                "--model-path",
+                str(model_path),
+                "--host",
+                host,
+                "--port",
+                str(port),
+                *(extra_args or []),
+            ]
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ))
         engine = cls(f"http://{host}:{port}", process=process)
         deadline = time.monotonic() + startup_timeout_s
@@ -96,22 +116,35 @@ class SGLangEngine(InferenceEngine):
             session = await self._http()
             async with session.get(self.url + "/health", timeout=aiohttp.ClientTimeout(total=5)) as response:
                 return response.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        except (TimeoutError, aiohttp.ClientError, OSError):
             return False
 
     # --- InferenceEngine ---------------------------------------------------------------
 
-    async def generate(self, input_ids: list[int], sampling: SamplingParams, request_id: str | None = None) -> Generation:
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams, request_id: str | None = None
+    ) -> Generation:
         if self._closed:
             raise RuntimeError("engine is closed")
         rid = request_id or uuid.uuid4().hex
         version = self.weight_version  # stamped at submit (see module docstring)
-        params: dict[str, Any] = {"max_new_tokens": sampling.max_new_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k}
+        params: dict[str, Any] = {
+            "max_new_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k,
+        }
         if sampling.stop_token_ids:
             params["stop_token_ids"] = list(sampling.stop_token_ids)
         if sampling.seed is not None:
             params["sampling_seed"] = sampling.seed
-        body = {"input_ids": list(input_ids), "sampling_params": params, "return_logprob": True, "rid": rid, "stream": False}
+        body = {
+            "input_ids": list(input_ids),
+            "sampling_params": params,
+            "return_logprob": True,
+            "rid": rid,
+            "stream": False,
+        }
         self._in_flight.add(rid)
         try:
             reply = await self._post("/generate", body)
@@ -211,7 +244,15 @@ def parse_generate_reply(reply: dict[str, Any], rid: str, version: int, prompt_t
     finish = meta.get("finish_reason") or {}
     kind = finish.get("type") if isinstance(finish, dict) else str(finish)
     reason = kind if kind in ("stop", "length", "abort") else "stop"
-    return Generation(token_ids, logprobs, [version] * len(token_ids), reason, request_id=rid, prompt_tokens=prompt_tokens, meta={"e2e_latency_s": meta.get("e2e_latency", 0.0), "server_weight_version": meta.get("weight_version")})
+    return Generation(
+        token_ids,
+        logprobs,
+        [version] * len(token_ids),
+        reason,
+        request_id=rid,
+        prompt_tokens=prompt_tokens,
+        meta={"e2e_latency_s": meta.get("e2e_latency", 0.0), "server_weight_version": meta.get("weight_version")},
+    )
 
 
 def _write_state_dict(state: dict[str, Any], folder: Path, model_path: str | None) -> None:

@@ -5,7 +5,10 @@ import importlib.util
 import pytest
 
 ENGINE_MISSING = [m for m in ("textworld", "alfworld", "fast_downward") if importlib.util.find_spec(m) is None]
-needs_engine = pytest.mark.skipif(bool(ENGINE_MISSING), reason=f"ALFWorld engine not installed (missing {', '.join(ENGINE_MISSING)}): pip install -e '.[alfworld]'")
+needs_engine = pytest.mark.skipif(
+    bool(ENGINE_MISSING),
+    reason=f"ALFWorld engine not installed (missing {', '.join(ENGINE_MISSING)}): pip install -e '.[alfworld]'",
+)
 
 
 @pytest.fixture(scope="module")

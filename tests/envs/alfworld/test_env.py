@@ -72,7 +72,9 @@ async def test_anchor_is_history_free_and_tells_lookalike_texts_apart(pool):
     from rollhub.envs.alfworld.env import ALFWorldEnv
 
     env = ALFWorldEnv(pool=pool)
-    _, info = await env.reset(options={"game": "look_at_obj_in_light-AlarmClock-None-DeskLamp-308/trial_T20190908_222917_366542"})
+    _, info = await env.reset(
+        options={"game": "look_at_obj_in_light-AlarmClock-None-DeskLamp-308/trial_T20190908_222917_366542"}
+    )
     start = info["anchor"]
     obs, _, _, _, info = await env.step(act("look"))
     assert info["anchor"] == start  # looking around records nothing about the state
@@ -153,5 +155,5 @@ async def test_same_seed_same_game_and_a_seeded_random_agent(pool):
     again, _ = await env.reset(seed=4 + len(env.games))
     assert env.game == game and again == first
     action = env.random_action(np.random.default_rng(0))
-    assert action.startswith("<action>") and action[len("<action>"):-len("</action>")] in first[1]["content"]
+    assert action.startswith("<action>") and action[len("<action>") : -len("</action>")] in first[1]["content"]
     await env.close()

@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from rollhub.envs.alfworld.games import BUNDLED_DATA, data_root, list_game_dir, list_games, normalise_task_types
 from rollhub.core.errors import UserError
+from rollhub.envs.alfworld.games import BUNDLED_DATA, data_root, list_game_dir, list_games, normalise_task_types
 
 README_SHA256 = "5032d23181f29c6fc48873961280b9b1145f57640ebfd9291517f29a44995cd0"
 EXPECTED_COUNTS = {
@@ -41,7 +41,10 @@ def test_every_bundled_game_has_a_walkthrough():
 
 
 def test_task_type_filters_accept_ids_and_names():
-    assert normalise_task_types([2, "pick_two_obj_and_place", "2"]) == ("look_at_obj_in_light", "pick_two_obj_and_place")
+    assert normalise_task_types([2, "pick_two_obj_and_place", "2"]) == (
+        "look_at_obj_in_light",
+        "pick_two_obj_and_place",
+    )
     assert len(normalise_task_types(None)) == 6
     looks = list_games(task_types=[2])
     assert len(looks) == 18 and {g.task_type for g in looks} == {"look_at_obj_in_light"}
@@ -72,11 +75,13 @@ def test_missing_engine_is_a_one_line_user_error(monkeypatch, capsys):
     import importlib.util
 
     from rollhub.cli import main
-    from rollhub.envs.alfworld import env as env_module
     from rollhub.core.errors import MissingExtraError
+    from rollhub.envs.alfworld import env as env_module
 
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "textworld" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "textworld" else real_find_spec(name, *a)
+    )
     with pytest.raises(MissingExtraError, match=r"pip install -e '\.\[alfworld\]'"):
         env_module.ALFWorldEnv()
     assert main(["alfworld", "make-games", "--n", "1", "--out", "unused"]) == 2

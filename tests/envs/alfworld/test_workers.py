@@ -95,7 +95,9 @@ async def test_a_group_shares_one_worker_and_its_translation_cache():
         assert loner.slot.worker != group[0].slot.worker  # new groups go to the least loaded worker
         stats = {s["worker"]: s for s in await pool.worker_stats()}
         cache = stats[group[0].slot.worker]["translation_cache"]
-        assert cache["misses"] == 2 and cache["hits"] >= 4 * 4 - 2  # one translation (plain + optimised) for 4 loads + 4 resets
+        assert (
+            cache["misses"] == 2 and cache["hits"] >= 4 * 4 - 2
+        )  # one translation (plain + optimised) for 4 loads + 4 resets
         assert stats[group[0].slot.worker]["logic_cache"]["misses"] == 1  # one grammar parse for the group
         assert stats[group[0].slot.worker]["sessions"] == 4
         worker = group[0].slot.worker
@@ -134,7 +136,9 @@ async def check_concurrent_episodes(num_envs: int, group_size: int, random_max_s
     assert len(results) == num_envs
     for i, (success, steps, info) in enumerate(results):
         assert "infra_failure" not in info
-        assert success is True if i % 2 == 0 else (steps == random_max_steps or success)  # experts win, random agents run out
+        assert (
+            success is True if i % 2 == 0 else (steps == random_max_steps or success)
+        )  # experts win, random agents run out
     assert sum(s["sessions"] for s in stats) == num_envs and all(s["restarts"] == 0 for s in stats)
 
 

@@ -1,6 +1,13 @@
 import pytest
 
-from rollhub.envs.math.answers import _safe_for_sympy, extract_answer, extract_boxed, final_number, is_equivalent, normalize
+from rollhub.envs.math.answers import (
+    _safe_for_sympy,
+    extract_answer,
+    extract_boxed,
+    final_number,
+    is_equivalent,
+    normalize,
+)
 
 
 @pytest.mark.parametrize(
@@ -27,7 +34,9 @@ def test_equivalent_forms(predicted, gold):
     assert is_equivalent(predicted, gold)
 
 
-@pytest.mark.parametrize("predicted,gold", [("41", "42"), ("1/3", "0.33"), ("x+1", "x+2"), ("", "0"), (None, "1"), ("(1, 2)", "(2, 1)")])
+@pytest.mark.parametrize(
+    "predicted,gold", [("41", "42"), ("1/3", "0.33"), ("x+1", "x+2"), ("", "0"), (None, "1"), ("(1, 2)", "(2, 1)")]
+)
 def test_different_values(predicted, gold):
     assert not is_equivalent(predicted, gold)
 

@@ -24,7 +24,15 @@ async def play_expert(env, seed):
             return info["success"], steps, total
 
 
-@pytest.mark.parametrize("env_id,episodes", [("rollhub/Sokoban-v0", 150), ("rollhub/Sokoban-Sparse-v0", 20), ("rollhub/Sokoban-6x6-2b-v0", 20), ("rollhub/Sokoban-8x8-2b-v0", 10)])
+@pytest.mark.parametrize(
+    "env_id,episodes",
+    [
+        ("rollhub/Sokoban-v0", 150),
+        ("rollhub/Sokoban-Sparse-v0", 20),
+        ("rollhub/Sokoban-6x6-2b-v0", 20),
+        ("rollhub/Sokoban-8x8-2b-v0", 10),
+    ],
+)
 async def test_expert_solves_every_generated_room(env_id, episodes):
     env = envs.make(env_id)
     for seed in range(episodes):
@@ -148,7 +156,9 @@ async def test_truncation_at_max_steps_and_step_after_end():
 async def test_sparse_reward_and_overrides():
     sparse = SokobanEnv(reward="sparse")
     await sparse.reset(options={"board": LEVEL})
-    rewards = [(await sparse.step(a))[1] for a in ("<action>left</action>", "<action>up</action>", "<action>right</action>")]
+    rewards = [
+        (await sparse.step(a))[1] for a in ("<action>left</action>", "<action>up</action>", "<action>right</action>")
+    ]
     assert rewards == [0.0, 0.0, 1.0]
     custom = SokobanEnv(step_reward=-0.5, invalid_reward=-2.0)
     await custom.reset(options={"board": LEVEL})
@@ -221,7 +231,9 @@ async def test_progress_reward_prices_a_dead_box_as_max_steps_plus_one():
     env = SokobanEnv(reward="sparse", progress_reward=1.0, max_steps=10)
     await env.reset(options={"board": level})
     before = env.distance_to_go(env.board)
-    _, reward, *_ = await env.step("<action>up</action>")  # the box goes against the top wall; the target is two rows down
+    _, reward, *_ = await env.step(
+        "<action>up</action>"
+    )  # the box goes against the top wall; the target is two rows down
     assert reward == pytest.approx(before - 11)  # dead: no plan, distance max_steps + 1
     with pytest.raises(ValueError, match="progress_reward"):
         SokobanEnv(progress_reward=-1.0)

@@ -74,7 +74,9 @@ async def test_gold_patch_scores_one_and_empty_patch_zero(tasks, backend):
         assert set(gold.grade.tests) == set(task.fail_to_pass) | set(task.pass_to_pass)
         assert empty.reward == 0.0 and empty.patch_applied and not empty.infra_failure
         assert all(empty.grade.tests[t] == "FAILED" for t in task.fail_to_pass)
-        assert empty.grade.pass_fraction == pytest.approx(len(task.pass_to_pass) / (len(task.pass_to_pass) + len(task.fail_to_pass)))
+        assert empty.grade.pass_fraction == pytest.approx(
+            len(task.pass_to_pass) / (len(task.pass_to_pass) + len(task.fail_to_pass))
+        )
 
 
 def _swap_added_and_removed(patch: str) -> list[tuple[str, str]]:
@@ -100,7 +102,9 @@ async def test_wrong_patch_and_test_edits_score_zero(tasks, backend):
     task = tasks[0]
     source = files_in_patch(task.patch)[0]
     # a "fix" that changes the right file but not the bug
-    wrong = f"diff --git a/{source} b/{source}\n--- a/{source}\n+++ b/{source}\n@@ -1,0 +1,1 @@\n+# looked at this file\n"
+    wrong = (
+        f"diff --git a/{source} b/{source}\n--- a/{source}\n+++ b/{source}\n@@ -1,0 +1,1 @@\n+# looked at this file\n"
+    )
     outcome = await evaluate_patch(backend, task, wrong)
     assert outcome.patch_applied and outcome.reward == 0.0 and not outcome.infra_failure
     # deleting the failing tests is not a fix: test files are dropped from the agent's diff
@@ -125,15 +129,21 @@ async def test_scripted_agent_episode_view_edit_submit(tasks, backend):
     def call(name, **arguments):
         return "I will look.\n<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
 
-    obs, reward, terminated, truncated, info = await env.step(call("bash", command="git log --oneline | wc -l && git status --short"))
+    obs, reward, terminated, truncated, info = await env.step(
+        call("bash", command="git log --oneline | wc -l && git status --short")
+    )
     assert obs[0]["content"].startswith("1\n") and info["action_valid"]  # one squashed commit, clean tree
     start_anchor = info["anchor"]
     obs, *_ = await env.step(call("str_replace_editor", command="view", path=path, view_range=[1, 5]))
     assert re.match(r"\s+1\t", obs[0]["content"])
-    obs, reward, terminated, truncated, info = await env.step(call("str_replace_editor", command="str_replace", path=path, old_str="no such text anywhere", new_str="x"))
+    obs, reward, terminated, truncated, info = await env.step(
+        call("str_replace_editor", command="str_replace", path=path, old_str="no such text anywhere", new_str="x")
+    )
     assert not info["action_valid"] and info["format_ok"] and "0 times" in obs[0]["content"]
     for old, new in _swap_added_and_removed(task.patch):
-        obs, reward, terminated, truncated, info = await env.step(call("str_replace_editor", command="str_replace", path=path, old_str=old, new_str=new))
+        obs, reward, terminated, truncated, info = await env.step(
+            call("str_replace_editor", command="str_replace", path=path, old_str=old, new_str=new)
+        )
         assert info["action_valid"], obs[0]["content"]
     assert info["anchor"] != start_anchor  # the repository state changed
     obs, reward, terminated, truncated, info = await env.step(call("bash", command="sleep 5", timeout_s=1))
@@ -211,9 +221,28 @@ def test_make_tasks_on_a_package_not_in_the_shipped_set(tmp_path):
     from rollhub.envs.swe.tasks import load_tasks
 
     out = tmp_path / "tasks.jsonl"
-    assert main(["swe", "make-tasks", "tabulate==0.9.0", "--max", "2", "--out", str(out), "--workers", "2", "--cache-dir", str(tmp_path / "cache")]) == 0
+    assert (
+        main(
+            [
+                "swe",
+                "make-tasks",
+                "tabulate==0.9.0",
+                "--max",
+                "2",
+                "--out",
+                str(out),
+                "--workers",
+                "2",
+                "--cache-dir",
+                str(tmp_path / "cache"),
+            ]
+        )
+        == 0
+    )
     made = load_tasks(out)
     assert len(made) == 2
     for task in made:
-        assert task.fail_to_pass and task.pass_to_pass and task.image.startswith("rollhub/sweb.eval.x86_64.tabulate_1776_")
+        assert (
+            task.fail_to_pass and task.pass_to_pass and task.image.startswith("rollhub/sweb.eval.x86_64.tabulate_1776_")
+        )
         assert "diff" not in task.problem_statement and task.fail_to_pass[0] in task.problem_statement

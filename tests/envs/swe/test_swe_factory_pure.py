@@ -29,7 +29,11 @@ def tiny(x):
 
 
 def changed_lines(before, after):
-    return [row for row in difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0) if row[:1] in "+-" and row[:3] not in ("+++", "---")]
+    return [
+        row
+        for row in difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0)
+        if row[:1] in "+-" and row[:3] not in ("+++", "---")
+    ]
 
 
 def test_every_family_finds_one_site_that_parses_and_keeps_the_rest():
@@ -47,7 +51,10 @@ def test_every_family_finds_one_site_that_parses_and_keeps_the_rest():
 def test_operator_flips_are_exact():
     by_family = {m.family: m for m in find_mutations("m.py", SOURCE)}
     op = changed_lines(SOURCE, by_family["op_flip"].new_source)
-    assert op in (["-    result = value * 2 + 1", "+    result = value // 2 + 1"], ["-    result = value * 2 + 1", "+    result = value * 2 - 1"])
+    assert op in (
+        ["-    result = value * 2 + 1", "+    result = value // 2 + 1"],
+        ["-    result = value * 2 + 1", "+    result = value * 2 - 1"],
+    )
     cmp_lines = changed_lines(SOURCE, by_family["cmp_flip"].new_source)
     assert cmp_lines in (
         ["-    if value < low:", "+    if value >= low:"],
@@ -59,7 +66,9 @@ def test_operator_flips_are_exact():
 
 
 def test_mutations_are_deterministic_and_skip_broken_files():
-    assert [m.new_source for m in find_mutations("m.py", SOURCE)] == [m.new_source for m in find_mutations("m.py", SOURCE)]
+    assert [m.new_source for m in find_mutations("m.py", SOURCE)] == [
+        m.new_source for m in find_mutations("m.py", SOURCE)
+    ]
     assert find_mutations("bad.py", "def f(:\n") == []
     assert find_mutations("m.py", SOURCE, families=("bool_flip",))[0].family == "bool_flip"
 
@@ -70,7 +79,9 @@ def test_problem_statement_uses_tests_not_the_diff():
     log = "PASSED t.py::test_ok\nFAILED t.py::test_a[x y] - AssertionError: assert 3 == 4\nFAILED t.py::test_b\n"
     messages = failure_messages(log, ["t.py::test_a[x y]", "t.py::test_b"])
     assert messages == {"t.py::test_a[x y]": "AssertionError: assert 3 == 4", "t.py::test_b": ""}
-    text = problem_statement("demo", ["t.py::test_a[x y]", "t.py::test_b"] + [f"t.py::test_{i}" for i in range(10)], messages)
+    text = problem_statement(
+        "demo", ["t.py::test_a[x y]", "t.py::test_b"] + [f"t.py::test_{i}" for i in range(10)], messages
+    )
     assert "t.py::test_a[x y]" in text and "assert 3 == 4" in text and "and 7 more" in text
     assert "diff" not in text and "+" not in text
 
@@ -89,9 +100,9 @@ def test_drop_test_files_keeps_only_source_sections():
 
 
 def test_requirement_parsing_and_instance_image_names():
+    from rollhub.core.errors import UserError
     from rollhub.envs.swe.images import instance_image_name
     from rollhub.envs.swe.package_repo import parse_requirement
-    from rollhub.core.errors import UserError
 
     assert parse_requirement("inflection==0.5.1") == ("inflection", "0.5.1")
     with pytest.raises(UserError, match="PACKAGE==VERSION"):

@@ -6,9 +6,9 @@ import pytest
 
 pytest.importorskip("swebench")
 
+from rollhub.core.errors import UserError  # noqa: E402
 from rollhub.envs.swe.grading import grade_log, parse_pytest_log  # noqa: E402
 from rollhub.envs.swe.tasks import LegacyMapping, SweTask, files_in_patch, is_test_path, pytest_eval_script  # noqa: E402
-from rollhub.core.errors import UserError  # noqa: E402
 
 F2P = ["tests/test_a.py::test_fix[a b]", "tests/test_a.py::test_other"]
 P2P = ["tests/test_a.py::test_keep[a b]", "tests/test_a.py::test_keep[a c]"]
@@ -91,13 +91,19 @@ def test_engine_failure_in_log_is_infra_not_model():
 
 def test_v2_parser_keeps_whole_parametrised_ids():
     text = "PASSED t.py::test_x[a b]\nPASSED t.py::test_x[a c]\nFAILED t.py::test_y - AssertionError: boom\n"
-    assert parse_pytest_log(text) == {"t.py::test_x[a b]": "PASSED", "t.py::test_x[a c]": "PASSED", "t.py::test_y": "FAILED"}
+    assert parse_pytest_log(text) == {
+        "t.py::test_x[a b]": "PASSED",
+        "t.py::test_x[a c]": "PASSED",
+        "t.py::test_y": "FAILED",
+    }
 
 
 def test_legacy_row_maps_to_official_image_and_pytest_script():
     row = make_task().row
     legacy = {k: v for k, v in row.items() if k not in ("image", "eval_script", "log_parser", "eval_type")}
-    legacy["test_patch"] = "diff --git a/tests/test_a.py b/tests/test_a.py\n--- a/tests/test_a.py\n+++ b/tests/test_a.py\n@@ -1 +1 @@\n-x\n+y\n"
+    legacy["test_patch"] = (
+        "diff --git a/tests/test_a.py b/tests/test_a.py\n--- a/tests/test_a.py\n+++ b/tests/test_a.py\n@@ -1 +1 @@\n-x\n+y\n"
+    )
     with pytest.raises(UserError, match="4.x"):
         SweTask.from_row(legacy)
     task = SweTask.from_row(legacy, LegacyMapping())

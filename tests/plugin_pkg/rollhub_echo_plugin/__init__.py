@@ -23,17 +23,32 @@ class EchoEnv(Env):
         if seed is not None:
             self._rng = np.random.default_rng(seed)
         self.word, self.steps = WORDS[int(self._rng.integers(len(WORDS)))], 0
-        return [{"role": "user", "content": f"Say <action>{self.word}</action>."}], {"anchor": self.word, "success": False}
+        return [{"role": "user", "content": f"Say <action>{self.word}</action>."}], {
+            "anchor": self.word,
+            "success": False,
+        }
 
     async def step(self, action):
         self.steps += 1
         said = extract_action(action, self.action_tag)
         truncated = self.steps >= self.max_steps
         if said is None:
-            return [{"role": "user", "content": "Use the <action> tag."}], 0.0, False, truncated, invalid_step_info(self.word, "no tag", format_ok=False)
+            return (
+                [{"role": "user", "content": "Use the <action> tag."}],
+                0.0,
+                False,
+                truncated,
+                invalid_step_info(self.word, "no tag", format_ok=False),
+            )
         won = said == self.word
         info = {"anchor": self.word, "success": won, "action_valid": True, "format_ok": True}
-        return [{"role": "user", "content": "Right." if won else "Wrong."}], float(won), won, truncated and not won, info
+        return (
+            [{"role": "user", "content": "Right." if won else "Wrong."}],
+            float(won),
+            won,
+            truncated and not won,
+            info,
+        )
 
     def expert_action(self):
         return wrap_action(self.word, self.action_tag)
