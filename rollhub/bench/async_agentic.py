@@ -84,8 +84,10 @@ class AgenticBenchConfig:
 
 # printed (the JSON rows have every key): Prop. 2 beside the agentic bound
 COLUMNS = [
-    "config", "step_s", "speedup_vs_lockstep", "speedup_vs_env_async", "idle_frac", "train_step_s", "gen_gpus", "peak_in_flight", "stale_drops", "cancelled",
-    "bound_vs_lockstep", "bound_agentic_vs_lockstep", "beta_star", "of_bound", "bound_agentic_at_beta_vs_lockstep", "of_bound_at_beta", "of_floor",
+    "config", "step_s", "speedup_vs_lockstep", "speedup_vs_env_async", "idle_frac", "train_step_s", "gen_gpus",
+    "peak_in_flight", "stale_drops", "cancelled",
+    "bound_vs_lockstep", "bound_agentic_vs_lockstep", "beta_star", "of_bound", "bound_agentic_at_beta_vs_lockstep",
+    "of_bound_at_beta", "of_floor",
 ]  # fmt: skip
 
 QUICK = [
@@ -249,7 +251,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         section = sweep_workload(cfg, "bench/LatencySokoban-v0", kwargs, cfg.gpus, tokenizer, full=True)
         report["sokoban_by_sigma"][str(sigma)] = section
         print_table(
-            f"async-agentic, Sokoban-like, step latency N({cfg.step_mean_s:g} s, {sigma:g} s), {cfg.gpus} simulated GPUs, batch {cfg.groups}x{cfg.group_size}",
+            f"async-agentic, Sokoban-like, step latency N({cfg.step_mean_s:g} s, {sigma:g} s), "
+            f"{cfg.gpus} simulated GPUs, batch {cfg.groups}x{cfg.group_size}",
             section["rows"],
             COLUMNS,
         )
@@ -295,11 +298,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     save_json(out / "result.json", report)
     save_plot(out / "speedup.png", _plot, cfg, report, panels=2)
     print(
-        f"headline (σ={max(cfg.sigmas):g}): {best['config']} {best['speedup_vs_lockstep']:.2f}x over lockstep (ROLL Flash: {ROLL_FLASH_AGENTIC}x)"
+        f"headline (σ={max(cfg.sigmas):g}): {best['config']} {best['speedup_vs_lockstep']:.2f}x over lockstep "
+        f"(ROLL Flash: {ROLL_FLASH_AGENTIC}x)"
     )
     print(
-        f"  agentic bound over lockstep: {best['bound_agentic_vs_lockstep']:.2f}x at the best split β*={best['beta_star']:.3f} "
-        f"({best['of_bound']:.0%} of it), {best['bound_agentic_at_beta_vs_lockstep']:.2f}x at the run's split ({best['of_bound_at_beta']:.0%}); "
+        f"  agentic bound over lockstep: {best['bound_agentic_vs_lockstep']:.2f}x "
+        f"at the best split β*={best['beta_star']:.3f} "
+        f"({best['of_bound']:.0%} of it), {best['bound_agentic_at_beta_vs_lockstep']:.2f}x "
+        f"at the run's split ({best['of_bound_at_beta']:.0%}); "
         f"Prop. 2: {best['bound_vs_lockstep']:.2f}x ({best['of_prop2_bound']:.0%})"
     )
     return report

@@ -127,7 +127,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             runs[f"async_a{alpha:g}"] = result.as_dict()
         report["by_gpus"][str(gpus)] = {"rows": rows, "runs": runs}
         print_table(
-            f"async-rlvr, Math-v0, {cfg.prompts}x{cfg.samples_per_prompt} samples, lengths lognormal(mean {cfg.mean_tokens:g}, σ {cfg.length_sigma:g}) ≤ {cfg.max_new_tokens}, {gpus} simulated GPUs",
+            f"async-rlvr, Math-v0, {cfg.prompts}x{cfg.samples_per_prompt} samples, "
+            f"lengths lognormal(mean {cfg.mean_tokens:g}, σ {cfg.length_sigma:g}) ≤ {cfg.max_new_tokens}, "
+            f"{gpus} simulated GPUs",
             rows,
         )
     best_overall = max((r["speedup"], k, r["config"]) for k, sec in report["by_gpus"].items() for r in sec["rows"])
@@ -141,7 +143,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     save_json(out / "result.json", report)
     save_plot(out / "speedup.png", _plot, cfg, report)
     print(
-        f"headline: {best_overall[2]} at {best_overall[1]} GPUs: {best_overall[0]:.2f}x over sync (ROLL Flash RLVR: up to {ROLL_FLASH_RLVR}x)"
+        f"headline: {best_overall[2]} at {best_overall[1]} GPUs: {best_overall[0]:.2f}x over sync "
+        f"(ROLL Flash RLVR: up to {ROLL_FLASH_RLVR}x)"
     )
     return report
 

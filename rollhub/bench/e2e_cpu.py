@@ -151,7 +151,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rows,
     )
     print(
-        f"async is {report['step_speedup']:.2f}x faster per step; warm-start held-out success {report['warmstart_success']}"
+        f"async is {report['step_speedup']:.2f}x faster per step; "
+        f"warm-start held-out success {report['warmstart_success']}"
     )
     save_json(out / "result.json", report)
     save_plot(out / "e2e.png", _plot, report, panels=2)

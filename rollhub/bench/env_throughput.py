@@ -231,7 +231,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     shown = [{headers[k]: row[k] for k in headers} for row in rows]
     print_table("env throughput (one process, one core)", shown, list(headers.values()))
     print(
-        f"Sokoban room generation (6x6, 1 box, depth 30): {rooms['rooms_per_s']:.0f} rooms/s over {rooms['rooms']} rooms (aim >= 200)"
+        f"Sokoban room generation (6x6, 1 box, depth 30): {rooms['rooms_per_s']:.0f} rooms/s "
+        f"over {rooms['rooms']} rooms (aim >= 200)"
     )
     result = {"config": asdict(cfg), "envs": rows, "skipped": skipped, "failed": failed, "sokoban_generation": rooms}
     path = save_json(Path(args.out) / "env_throughput.json", result)

@@ -89,7 +89,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     needed = 2 * max(sizes)
     if len(groups) < needed:
         raise UserError(
-            f"{len(groups)} complete groups with versions <= {cfg.max_version}; {needed} needed (raise max_version or lower sizes)"
+            f"{len(groups)} complete groups with versions <= {cfg.max_version}; "
+            f"{needed} needed (raise max_version or lower sizes)"
         )
     policy = Policy(model, micro_batch_size=recipe.optim.micro_batch_size, temperature=recipe.agent.temperature)
     # the policy-gradient part only: a KL term to the warm-start has zero gradient at the warm-start

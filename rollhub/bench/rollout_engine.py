@@ -162,7 +162,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         {"mode": "lockstep, prefix cache", **lockstep},
     ]
     print_table(
-        f"Sokoban-v0 rollout, {cfg.groups}x{cfg.group_size} trajectories, {cfg.turn_tokens} tokens/turn, <= {cfg.max_turns} turns",
+        f"Sokoban-v0 rollout, {cfg.groups}x{cfg.group_size} trajectories, "
+        f"{cfg.turn_tokens} tokens/turn, <= {cfg.max_turns} turns",
         rollout_rows,
     )
     result = {
@@ -181,7 +182,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         latency_rows,
     )
     print(
-        f"prefix cache: {result['prefix_cache_speedup']:.2f}x faster, {result['prefix_cache_prefill_reduction']:.1f}x fewer prefill tokens; "
+        f"prefix cache: {result['prefix_cache_speedup']:.2f}x faster, "
+        f"{result['prefix_cache_prefill_reduction']:.1f}x fewer prefill tokens; "
         f"env-level async vs lockstep: {result['async_vs_lockstep_speedup']:.2f}x on Sokoban, "
         f"{result['latency_env_async_vs_lockstep_speedup']:.2f}x with simulated env latencies "
         f"({result['latency_env_redundancy_vs_lockstep_speedup']:.2f}x with redundancy)"

@@ -157,7 +157,8 @@ async def _play(env, args: argparse.Namespace) -> int:
             total += reward
             _print_messages(obs)
             print(
-                f"[reward {reward:+.2f}  return {total:+.2f}{'  terminated' if terminated else ''}{'  truncated' if truncated else ''}]"
+                f"[reward {reward:+.2f}  return {total:+.2f}"
+                f"{'  terminated' if terminated else ''}{'  truncated' if truncated else ''}]"
             )
             if terminated or truncated:
                 success = bool(info.get("success", False))

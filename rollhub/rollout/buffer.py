@@ -228,7 +228,8 @@ class GroupBuffer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["batch_size"] != self.batch_size or state["alpha"] != self.alpha:
             raise ValueError(
-                f"buffer checkpoint has B={state['batch_size']}, alpha={state['alpha']}; this buffer has B={self.batch_size}, alpha={self.alpha}"
+                f"buffer checkpoint has B={state['batch_size']}, alpha={state['alpha']}; "
+                f"this buffer has B={self.batch_size}, alpha={self.alpha}"
             )
         self.trainer_version = state["trainer_version"]
         self._groups = collections.deque(group_from_dict(g) for g in state["groups"])

@@ -109,7 +109,8 @@ def run_rollout_command(args: argparse.Namespace) -> int:
     if not args.json:
         print(f"{summary['trajectories']} trajectories in {summary['groups']} groups -> {jsonl_path}")
         print(
-            f"generation {summary['generation_tokens_per_s']:.0f} tok/s, success {summary['success_rate']:.2f}, mean reward {summary['mean_reward']:.3f}"
+            f"generation {summary['generation_tokens_per_s']:.0f} tok/s, success {summary['success_rate']:.2f}, "
+            f"mean reward {summary['mean_reward']:.3f}"
         )
     print(json.dumps(summary, default=str))
     return 0

@@ -52,7 +52,10 @@ def _synthetic_env_text(rng: random.Random) -> str:
         return f"I think the best move is {action}. <action>{action}</action>"
     if kind == 3:  # tool calls
         path = rng.choice(["src/app.py", "tests/test_core.py", "README.md", "setup.cfg"])
-        return f'<tool_call>{{"name": "bash", "arguments": {{"command": "cat {path} | head -n {rng.randint(5, 80)}"}}}}</tool_call>'
+        return (
+            '<tool_call>{"name": "bash", "arguments": '
+            f'{{"command": "cat {path} | head -n {rng.randint(5, 80)}"}}}}</tool_call>'
+        )
     return " ".join(rng.choice(_WORDS) for _ in range(rng.randint(8, 40))).capitalize() + "."
 
 

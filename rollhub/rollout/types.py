@@ -42,7 +42,8 @@ class Turn:
         n = len(self.response_ids)
         if len(self.behaviour_logprobs) != n or len(self.token_versions) != n:
             raise ValueError(
-                f"turn has {n} response tokens but {len(self.behaviour_logprobs)} log-probs and {len(self.token_versions)} versions"
+                f"turn has {n} response tokens but {len(self.behaviour_logprobs)} log-probs "
+                f"and {len(self.token_versions)} versions"
             )
 
 

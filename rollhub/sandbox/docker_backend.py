@@ -184,7 +184,8 @@ class DockerSandbox(Sandbox):
             self.backend._remove(self.id)
             self._closed = True
             raise SandboxError(
-                f"exec in {self!r} outlived its {timeout_s:g}s timeout by {self.backend.exec_grace_s:g}s; sandbox removed"
+                f"exec in {self!r} outlived its {timeout_s:g}s timeout by {self.backend.exec_grace_s:g}s; "
+                "sandbox removed"
             ) from None
         except OSError as exc:
             raise SandboxError(f"lost the exec stream of {self!r}: {exc}") from exc

@@ -247,7 +247,10 @@ def python_venv_steps(wheelhouse: str, packages: list[str], venv: str = "/opt/ve
     quoted = " ".join(json.dumps(package) for package in packages)
     return [
         f"python3 -m venv --without-pip {venv}",
-        f"{venv}/bin/python $(ls {wheelhouse}/pip-*.whl | head -n1)/pip install --quiet --no-index --find-links {wheelhouse} {quoted}",
+        (
+            f"{venv}/bin/python $(ls {wheelhouse}/pip-*.whl | head -n1)/pip install --quiet --no-index "
+            f"--find-links {wheelhouse} {quoted}"
+        ),
     ]
 
 

@@ -73,7 +73,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     logging.getLogger("rollhub").setLevel(min(logging.getLogger().level, logging.WARNING))
     summary = asyncio.run(run_training(config, resume=args.resume is not None, progress=not args.no_progress))
     print(
-        f"run folder: {summary.run_dir} (metrics.jsonl, tensorboard/, learning_curve.png; rollhub view {summary.run_dir})"
+        f"run folder: {summary.run_dir} "
+        f"(metrics.jsonl, tensorboard/, learning_curve.png; rollhub view {summary.run_dir})"
     )
     return 0
 

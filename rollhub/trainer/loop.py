@@ -216,7 +216,8 @@ async def rl_loop(
                 step_metrics["lr"] = optimizer.param_groups[0]["lr"]
             else:
                 logger.warning(
-                    "step %d: nothing to train on in the batch (every group or sequence filtered out, e.g. all advantages 0); skipping the update",
+                    "step %d: nothing to train on in the batch (every group or sequence filtered out, "
+                    "e.g. all advantages 0); skipping the update",
                     state.version + 1,
                 )
 
@@ -430,7 +431,8 @@ async def warm_start(config: RunConfig, policy: Policy, sft_dir: Path, *, print_
     policy.save_pretrained(sft_dir)
     wall = time.perf_counter() - started
     print_fn(
-        f"SFT warm-start: {len(demos)} demos, {len(history)} steps, final loss {history[-1]['sft/loss']:.3f} ({wall:.0f}s)"
+        f"SFT warm-start: {len(demos)} demos, {len(history)} steps, "
+        f"final loss {history[-1]['sft/loss']:.3f} ({wall:.0f}s)"
     )
     return wall
 
@@ -560,7 +562,8 @@ def report(
     if before is not None:
         print_fn(
             f"warm-start success: {100 * before:.1f}%  ->  final success: {100 * final.success_rate:.1f}%  "
-            f"({final.success_rate - before:+.1%} on {config.eval.label}, {state.version} RL steps, {wall / 60:.1f} min)"
+            f"({final.success_rate - before:+.1%} on {config.eval.label}, "
+            f"{state.version} RL steps, {wall / 60:.1f} min)"
         )
     else:
         print_fn(f"final success: {100 * final.success_rate:.1f}% ({state.version} RL steps, {wall / 60:.1f} min)")

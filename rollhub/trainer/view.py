@@ -23,7 +23,8 @@ def find_trajectory_file(run: Path) -> Path:
     if candidate.is_file():
         return candidate
     raise UserError(
-        f"no trajectories found at {run}: expected a run folder with trajectories.jsonl (train.log_trajectories: true) or a .jsonl file"
+        f"no trajectories found at {run}: expected a run folder with trajectories.jsonl "
+        "(train.log_trajectories: true) or a .jsonl file"
     )
 
 
@@ -72,7 +73,8 @@ def render_text(path: Path, *, limit: int = 20, only: str | None = None) -> str:
         for index, turn in _turns(record):
             valid = "ok" if turn.get("action_valid", True) else "INVALID"
             lines.append(
-                f"  [{index}] v{_versions(turn)} {valid} r={turn.get('reward', 0):+.2f}  {turn.get('response_text', '')!r}"
+                f"  [{index}] v{_versions(turn)} {valid} r={turn.get('reward', 0):+.2f}  "
+                f"{turn.get('response_text', '')!r}"
             )
             obs = _observation_text(turn)
             if obs:
@@ -103,7 +105,8 @@ def render_html(path: Path, out: Path, *, limit: int = 200, only: str | None = N
         head = (
             f"<span class='{cls}'>{'success' if record.get('success') else 'failure'}</span> "
             f"{html.escape(str(record.get('trajectory_id', '')))} &middot; {html.escape(str(record.get('env_id')))} "
-            f"seed {record.get('seed')} &middot; {len(record.get('turns', []))} turns &middot; return {record.get('total_reward', 0):.2f} "
+            f"seed {record.get('seed')} &middot; {len(record.get('turns', []))} turns &middot; "
+            f"return {record.get('total_reward', 0):.2f} "
             f"&middot; {html.escape(str(record.get('status')))}"
         )
         body = []
@@ -114,7 +117,8 @@ def render_html(path: Path, out: Path, *, limit: int = 200, only: str | None = N
                 else "<span class='bad'>invalid</span>"
             )
             body.append(
-                f"<div class='turn'><b>turn {index}</b> reward {turn.get('reward', 0):+.2f}, {valid}, policy version {_versions(turn)}"
+                f"<div class='turn'><b>turn {index}</b> reward {turn.get('reward', 0):+.2f}, {valid}, "
+                f"policy version {_versions(turn)}"
                 f"<pre>{html.escape(turn.get('response_text', ''))}</pre>"
                 f"<pre>{html.escape(_observation_text(turn))}</pre></div>"
             )

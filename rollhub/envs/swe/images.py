@@ -50,7 +50,11 @@ def build_package_image(client: Any, repo: PackageRepo) -> str:
 
     import_path = f"{WORKDIR}/{repo.import_root}" if repo.import_root else WORKDIR
     run = [
-        f"echo {import_path} > $(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')/rollhub_testbed.pth",
+        (
+            f"echo {import_path} > "
+            "$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')"
+            "/rollhub_testbed.pth"
+        ),
         "git config --system --add safe.directory '*'",
         f"cd {WORKDIR} && git status --short | head -5",
     ]

@@ -207,7 +207,8 @@ def prepare_package(
     targets, sources, import_root = _find_layout(root)
     if not targets:
         raise UserError(
-            f"the sdist of {name}=={version} ships no tests (no tests/ folder or test_*.py); pick another package or version"
+            f"the sdist of {name}=={version} ships no tests (no tests/ folder or test_*.py); "
+            "pick another package or version"
         )
     if not sources:
         raise UserError(f"found no library source files to mutate in {name}=={version}")

@@ -45,7 +45,8 @@ TOOLS: list[dict[str, Any]] = [
             "name": "str_replace_editor",
             "description": "View, create and edit files. view: a file with line numbers (optionally view_range "
             "[first, last]) or a directory listing; create: write file_text to a new path; str_replace: replace "
-            "old_str, which must occur exactly once, by new_str; insert: insert new_str after line insert_line (0 = top).",
+            "old_str, which must occur exactly once, by new_str; "
+            "insert: insert new_str after line insert_line (0 = top).",
             "parameters": {
                 "type": "object",
                 "properties": {
@@ -65,7 +66,8 @@ TOOLS: list[dict[str, Any]] = [
         "type": "function",
         "function": {
             "name": "submit",
-            "description": "Submit your changes to the repository as the final answer; the episode ends and hidden tests grade it.",
+            "description": "Submit your changes to the repository as the final answer; "
+            "the episode ends and hidden tests grade it.",
             "parameters": {"type": "object", "properties": {}},
         },
     },

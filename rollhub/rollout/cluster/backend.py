@@ -87,7 +87,8 @@ def ensure_ray(config: ClusterConfig) -> bool:
         ray.init(**kwargs)
     except ConnectionError as exc:
         raise UserError(
-            f"cannot reach the Ray cluster at {config.address!r}: {exc}; start one with 'ray start --head', check cluster.address, "
+            f"cannot reach the Ray cluster at {config.address!r}: {exc}; "
+            "start one with 'ray start --head', check cluster.address, "
             "and with token auth copy the head's ~/.ray/auth_token to this machine"
         ) from exc
     return True
@@ -415,7 +416,8 @@ class RayRollout(TaskOwner):
     def _spend_replacement(self, what: str) -> None:
         if self.ledger.shards_replaced + self.ledger.engines_replaced > self.cluster.max_replacements:
             error = RuntimeError(
-                f"{what} died and cluster.max_replacements={self.cluster.max_replacements} is used up; check the Ray logs of the dead actors"
+                f"{what} died and cluster.max_replacements={self.cluster.max_replacements} is used up; "
+                "check the Ray logs of the dead actors"
             )
             if self._fatal is not None and not self._fatal.done():
                 self._fatal.set_result(error)  # run() raises it; a task's own exception would go unseen

@@ -22,9 +22,8 @@ class ClusterConfig:
     local_num_cpus: int | None = None  # num_cpus of a local Ray instance started by rollhub (None = all cores)
     num_env_shards: int = 2  # K EnvShard actors, each owning an EnvManager and its envs
     num_engines: int = 2  # M engine servers behind the router
-    engine: Literal["rollhub", "sglang"] = (
-        "rollhub"  # rollhub = transformers engine behind `rollhub serve`'s HTTP app (CPU); sglang = sglang.launch_server
-    )
+    # rollhub = transformers engine behind `rollhub serve`'s HTTP app (CPU); sglang = sglang.launch_server
+    engine: Literal["rollhub", "sglang"] = "rollhub"
     engine_num_cpus: float = 0.5  # Ray scheduling resources of one engine actor
     engine_num_gpus: float = 0.0  # set 1 (or tensor-parallel size) for SGLang on GPU nodes
     engine_extra_args: list[str] = field(default_factory=list)  # extra sglang.launch_server flags

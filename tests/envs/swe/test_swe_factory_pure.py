@@ -91,7 +91,8 @@ def test_drop_test_files_keeps_only_source_sections():
 
     patch = (
         "diff --git a/pkg/core.py b/pkg/core.py\n--- a/pkg/core.py\n+++ b/pkg/core.py\n@@ -1 +1 @@\n-a\n+b\n"
-        "diff --git a/tests/test_core.py b/tests/test_core.py\n--- a/tests/test_core.py\n+++ b/tests/test_core.py\n@@ -1 +1 @@\n-a\n+b\n"
+        "diff --git a/tests/test_core.py b/tests/test_core.py\n"
+        "--- a/tests/test_core.py\n+++ b/tests/test_core.py\n@@ -1 +1 @@\n-a\n+b\n"
         "diff --git a/test_x.py b/test_x.py\nnew file mode 100644\n"
     )
     kept = drop_test_files(patch)

@@ -38,7 +38,10 @@ def log(statuses, exit_code=None):
     body = "\n".join(f"{status} {test}" for test, status in statuses.items())
     if exit_code is None:
         exit_code = 1 if any(s in ("FAILED", "ERROR") for s in statuses.values()) else 0
-    return f"+ git diff\n+ : '>>>>> Start Test Output'\n===== short test summary info =====\n{body}\n+ : '>>>>> End Test Output'\n>>>>> Test Exit Code: {exit_code}\n"
+    return (
+        f"+ git diff\n+ : '>>>>> Start Test Output'\n===== short test summary info =====\n{body}\n"
+        f"+ : '>>>>> End Test Output'\n>>>>> Test Exit Code: {exit_code}\n"
+    )
 
 
 def test_all_pass_is_resolved_and_keeps_ids_with_spaces():
@@ -102,7 +105,8 @@ def test_legacy_row_maps_to_official_image_and_pytest_script():
     row = make_task().row
     legacy = {k: v for k, v in row.items() if k not in ("image", "eval_script", "log_parser", "eval_type")}
     legacy["test_patch"] = (
-        "diff --git a/tests/test_a.py b/tests/test_a.py\n--- a/tests/test_a.py\n+++ b/tests/test_a.py\n@@ -1 +1 @@\n-x\n+y\n"
+        "diff --git a/tests/test_a.py b/tests/test_a.py\n"
+        "--- a/tests/test_a.py\n+++ b/tests/test_a.py\n@@ -1 +1 @@\n-x\n+y\n"
     )
     with pytest.raises(UserError, match="4.x"):
         SweTask.from_row(legacy)
