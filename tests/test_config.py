@@ -6,7 +6,7 @@ from typing import Literal
 
 import pytest
 
-from rollhub.core.config import apply_overrides, config_to_dict, load_config, parse_override
+from rollhub.core.config import ALLOW_NONFINITE, apply_overrides, config_to_dict, load_config, parse_override
 from rollhub.core.errors import UserError
 
 
@@ -94,3 +94,65 @@ def test_override_parsing():
     assert data == {"a": {"b": 1, "c": 2}, "d": {"e": [1, 2]}}
     with pytest.raises(UserError, match="'name' is not a section"):
         apply_overrides({"name": "a"}, ["name.sub=3"])
+
+
+@dataclass
+class Limits:
+    """Float shapes the loader meets: optional, listed, mapped, and one that allows nan/inf."""
+
+    timeout_s: float | None = None
+    weights: list[float] = field(default_factory=list)
+    scales: dict[str, float] = field(default_factory=dict)
+    threshold: float = field(default=0.0, metadata={ALLOW_NONFINITE: True})
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("timeout_s=.nan", "timeout_s"),
+        ("timeout_s=.inf", "timeout_s"),
+        ("timeout_s=-.inf", "timeout_s"),
+        ("timeout_s=nan", "timeout_s"),  # a YAML string that float() would read
+        ("timeout_s=1e999", "timeout_s"),  # YAML 1.1 keeps it a string; float() makes it inf
+        (f"timeout_s={10**400}", "timeout_s"),  # an int too large for a float
+        ("weights=[1.0, .nan]", "weights[1]"),
+        ("scales.a=.inf", "scales.a"),
+    ],
+)
+def test_non_finite_floats_are_refused_with_their_key(override, key):
+    """nan passes every range check (nan < 0 is false), so the loader refuses it for every float."""
+    with pytest.raises(UserError) as caught:
+        load_config(Limits, None, [override])
+    message = str(caught.value)
+    assert message.startswith(f"{key}: ") and "not a finite number" in message
+
+
+def test_a_field_may_allow_non_finite_floats():
+    assert load_config(Limits, None, ["threshold=.inf"]).threshold == float("inf")
+    assert load_config(Limits, None, ["timeout_s=null", "weights=[1, 2.5]"]) == Limits(None, [1.0, 2.5])
+
+
+@dataclass
+class Inner:
+    rate: float = 1.0
+    mode: str = "a"
+
+    def validate(self) -> None:
+        if self.rate <= 0:
+            raise ValueError("inner.rate must be > 0")
+        if self.mode != "a":
+            raise ValueError("mode must be 'a'")
+
+
+@dataclass
+class Outer:
+    inner: Inner = field(default_factory=Inner)
+
+
+def test_validate_messages_name_the_dotted_key_once():
+    with pytest.raises(UserError) as caught:
+        load_config(Outer, None, ["inner.rate=0"])
+    assert str(caught.value) == "inner.rate must be > 0"  # not "inner: inner.rate ..."
+    with pytest.raises(UserError) as caught:
+        load_config(Outer, None, ["inner.mode=b"])
+    assert str(caught.value) == "inner: mode must be 'a'"

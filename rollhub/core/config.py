@@ -4,13 +4,21 @@ Configs are plain (nested) dataclasses. `load_config(Cls, path, overrides)` read
 applies dotted overrides, and builds the dataclass tree, checking every key and type on the
 way: an unknown key or a wrong type raises `UserError` naming the dotted key and what is
 allowed. Dataclasses may define `validate(self)` for cross-field checks; it runs after
-construction (raise `ValueError`, which is re-raised as `UserError` with the key path).
+construction (raise `ValueError`, which is re-raised as `UserError` prefixed with the
+section's path, "env: ...", unless the message already names its dotted key, "env.max_concurrent
+must be >= 1").
+
+Every float must be finite: YAML reads `.nan` and `.inf` (and `nan` as a string) as floats,
+and a NaN slips through every range check (`nan < 0` is false) to poison a run hours later.
+A field that really means to accept them says so with `field(metadata={ALLOW_NONFINITE: True})`
+(none does today).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from pathlib import Path
@@ -21,6 +29,13 @@ import yaml
 from rollhub.core.errors import UserError
 
 T = TypeVar("T")
+
+#: dataclass field metadata key: this float field accepts nan and +-inf
+ALLOW_NONFINITE = "allow_nonfinite"
+
+
+class _NonFinite(UserError):
+    """A float that is nan or infinite: reported as such, also through `float | None`."""
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -58,7 +73,10 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _coerce(value: Any, tp: Any, path: str) -> Any:
+def coerce_value(value: Any, tp: Any, path: str, *, finite: bool = True) -> Any:
+    """`value` checked against (and widened to) type `tp`; raises UserError naming `path`.
+
+    `finite=False` lets floats be nan or +-inf (see ALLOW_NONFINITE)."""
     origin = get_origin(tp)
     if tp is Any:
         return value
@@ -71,7 +89,9 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
             if option is type(None):
                 continue
             try:
-                return _coerce(value, option, path)
+                return coerce_value(value, option, path, finite=finite)
+            except _NonFinite:
+                raise
             except UserError as exc:
                 errors.append(str(exc))
         raise UserError(f"{path}: {value!r} matches none of {' | '.join(_type_name(o) for o in options)}")
@@ -89,20 +109,15 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
             raise UserError(f"{path}: expected a list, got {value!r}")
         args = get_args(tp)
         item_tp = args[0] if args else Any
-        items = [_coerce(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value)]
+        items = [coerce_value(v, item_tp, f"{path}[{i}]", finite=finite) for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if origin is dict:
         if not isinstance(value, dict):
             raise UserError(f"{path}: expected a mapping, got {value!r}")
         _, val_tp = get_args(tp) or (Any, Any)
-        return {k: _coerce(v, val_tp, f"{path}.{k}") for k, v in value.items()}
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if tp is float and isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
-        try:
-            return float(value)
-        except ValueError:
-            pass
+        return {k: coerce_value(v, val_tp, f"{path}.{k}", finite=finite) for k, v in value.items()}
+    if tp is float:
+        return _coerce_float(value, path, finite=finite)
     if tp is Path and isinstance(value, str):
         return Path(value)
     if isinstance(tp, type):
@@ -112,6 +127,32 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
             return value
         raise UserError(f"{path}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
     return value
+
+
+def _coerce_float(value: Any, path: str, *, finite: bool) -> float:
+    """A float from a float, an int (widened) or a numeric string (YAML 1.1 reads 1e-3 as one)."""
+    number: float | None = None
+    if isinstance(value, float):
+        number = value
+    elif isinstance(value, int) and not isinstance(value, bool):
+        number = float(value) if abs(value) < 2**1023 else math.inf
+    elif isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            pass
+    if number is None:
+        raise UserError(f"{path}: expected float, got {type(value).__name__} {value!r}")
+    if finite and not math.isfinite(number):
+        raise _NonFinite(f"{path}: {value!r} is not a finite number (nan and infinity are not allowed here)")
+    return number
+
+
+def _qualify(path: str, message: str) -> str:
+    """A validate() message with its section in front, unless it already starts with its dotted key."""
+    if not path or message.startswith(f"{path}."):
+        return message
+    return f"{path}: {message}"
 
 
 def build_dataclass(cls: type[T], data: dict, path: str = "") -> T:
@@ -127,7 +168,8 @@ def build_dataclass(cls: type[T], data: dict, path: str = "") -> T:
         raise UserError(f"unknown config key '{where}'{hint}; allowed keys: {', '.join(sorted(fields))}")
     kwargs = {}
     for name, value in data.items():
-        kwargs[name] = _coerce(value, hints[name], f"{path}.{name}" if path else name)
+        finite = not fields[name].metadata.get(ALLOW_NONFINITE, False)
+        kwargs[name] = coerce_value(value, hints[name], f"{path}.{name}" if path else name, finite=finite)
     try:
         obj = cls(**kwargs)
     except TypeError as exc:
@@ -137,7 +179,7 @@ def build_dataclass(cls: type[T], data: dict, path: str = "") -> T:
         try:
             validate()
         except ValueError as exc:
-            raise UserError(f"{path + ': ' if path else ''}{exc}") from None
+            raise UserError(_qualify(path, str(exc))) from None
     return obj
 
 

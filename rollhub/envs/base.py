@@ -21,7 +21,10 @@ event loop (env-level asynchrony) and an env may await a container or a worker p
   observation shows: GiGPO groups steps by it), `success` (bool; meaningful when done),
   `action_valid` and `format_ok` after a step. `infra_failure` (str) marks a failure of
   the machinery (container died, worker crashed) that must never be scored as a model
-  failure. Optional: `metrics` (dict of floats) for logging.
+  failure. An exception raised by `step` counts against the action (a model failure,
+  scored and trained on) unless it is a `SandboxError` or `ConnectionError`: report
+  machinery faults through `info["infra_failure"]` (rule in rollhub.rollout.types).
+  Optional: `metrics` (dict of floats) for logging.
 * `tools`: envs that take tool calls declare them as JSON-schema function specs (OpenAI
   style); the action is then a `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
 * `expert_action()`: the next action of a scripted expert (solver, walkthrough, gold

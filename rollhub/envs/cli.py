@@ -84,38 +84,10 @@ def _parse_env_args(items: list[str]) -> dict:
     return kwargs
 
 
-def _typed_env_args(env_spec, kwargs: dict) -> dict:
-    """Check `--set` values against the env constructor's signature and type hints, so a
-    wrong name or type is reported as such (with the allowed names) before construction."""
-    import difflib
-    import inspect
-    import typing
-
-    from rollhub.core.config import _coerce
-
-    if not kwargs:
-        return kwargs
-    factory = env_spec.load_entry_point()
-    try:
-        parameters = inspect.signature(factory).parameters
-        hints = typing.get_type_hints(factory.__init__ if isinstance(factory, type) else factory)
-    except (TypeError, ValueError, NameError):  # builtins, odd callables, unresolvable hints
-        return kwargs
-    open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-    names = [n for n, p in parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n != "self"]
-    typed = {}
-    for key, value in kwargs.items():
-        if key not in parameters and not open_ended:
-            close = difflib.get_close_matches(key, names, n=2)
-            hint = f"did you mean {', '.join(close)}? " if close else ""
-            raise UserError(f"--set {key}: {env_spec.id} has no argument '{key}'; {hint}arguments: {', '.join(names)}")
-        typed[key] = _coerce(value, hints[key], f"--set {key}") if key in hints else value
-    return typed
-
-
 def try_env(args: argparse.Namespace) -> int:
     import asyncio
 
+    from rollhub.envs.arguments import typed_env_kwargs
     from rollhub.envs.checker import missing_requirements
     from rollhub.envs.registry import make, spec
 
@@ -127,7 +99,7 @@ def try_env(args: argparse.Namespace) -> int:
     missing = missing_requirements(env_spec)
     if missing:
         raise UserError(f"{args.env_id} cannot run here: {'; '.join(missing)}")
-    kwargs = _typed_env_args(env_spec, _parse_env_args(args.env_args))
+    kwargs = typed_env_kwargs(env_spec, _parse_env_args(args.env_args), key_prefix="--set ")
     try:
         env = make(args.env_id, **kwargs)
     except ValueError as exc:

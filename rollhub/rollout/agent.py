@@ -15,7 +15,9 @@ What it guarantees:
   can add `format_penalty` to the turn reward;
 * the context guard ends the episode as TRUNCATED (reason in `info["truncated_reason"]`)
   when the next prompt leaves fewer than `min_new_tokens` of room;
-* env infra failures end it as INFRA_FAILED (never scored as a model failure).
+* failures follow the one rule of rollhub.rollout.types: the machinery's end the episode as
+  INFRA_FAILED (never scored), the model's (an env exception caused by its action, context
+  overflow, too many resubmits) as TRUNCATED with `info["model_failure"]`, scored and trained on.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any, Literal
 
 from rollhub.rollout.engines.base import Generation, InferenceEngine, SamplingParams
 from rollhub.rollout.prompting import ChatSegments
-from rollhub.rollout.types import Trajectory, TrajectoryStatus, Turn
+from rollhub.rollout.types import MACHINERY_ERRORS, Trajectory, TrajectoryStatus, Turn
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +74,17 @@ class AgentConfig:
             raise ValueError("resume_mode must be 'partial' or 'regenerate'")
         if self.max_resubmits < 0:
             raise ValueError("max_resubmits must be >= 0")
+        if self.max_turns is not None and self.max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1 or null (the env's own limit), got {self.max_turns}")
+        # the float checks are written `not (in range)` so that nan fails them too
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k != -1 and self.top_k < 1:
+            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if not self.format_penalty <= 0:  # it is added to the reward of a badly formatted turn
+            raise ValueError(f"format_penalty is a penalty: use a value <= 0, got {self.format_penalty}")
         SamplingParams(
             max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k
         )
@@ -165,9 +178,8 @@ class EpisodeRunner:
         prompt = self.prompt_ids()
         room = self.config.max_context_tokens - len(prompt)
         if room < self.config.min_new_tokens:
-            self.trajectory.info["truncated_reason"] = "context"
             self.trajectory.info["context_tokens"] = len(prompt)
-            self._end(TrajectoryStatus.TRUNCATED)
+            self._end_model_failure("context", f"the next prompt has {len(prompt)} tokens")
             return None
         sampling = SamplingParams(
             max_new_tokens=min(self.config.max_new_tokens, room),
@@ -247,14 +259,19 @@ class EpisodeRunner:
         )
         turn.timings_s["generate"] = float(generation.meta.get("e2e_latency_s", 0.0))
         self.trajectory.turns.append(turn)
-        if generation.finish_reason == "abort":  # resubmit cap reached: not the model's fault
-            self._end(TrajectoryStatus.INFRA_FAILED, error="generation aborted more than max_resubmits times")
+        if generation.finish_reason == "abort":  # resubmit cap reached: the turn ran across too many versions
+            self._end_model_failure("max_resubmits", f"generation aborted more than {self.config.max_resubmits} times")
             return
         started = time.perf_counter()
         try:
             observation, reward, terminated, truncated, info = await self.env.step(text)
-        except Exception as exc:
+        except MACHINERY_ERRORS as exc:
             self._end(TrajectoryStatus.INFRA_FAILED, error=f"step: {exc!r}")
+            return
+        except Exception as exc:  # the env got the model's action and could not process it
+            turn.action_valid = False
+            self.trajectory.info["invalid_actions"] += 1
+            self._end_model_failure("env_error", f"step: {exc!r}")
             return
         finally:
             elapsed = time.perf_counter() - started
@@ -289,6 +306,12 @@ class EpisodeRunner:
         if not self.done:
             self._end(TrajectoryStatus.CANCELLED)
 
+    def fail_infra(self, error: str) -> None:
+        """End the episode as the machinery's failure; for callers that drive the engine
+        themselves (lockstep batches) and catch its errors there."""
+        if not self.done:
+            self._end(TrajectoryStatus.INFRA_FAILED, error=error)
+
     @property
     def messages(self) -> list[dict[str, str]]:
         return list(self._messages)
@@ -304,6 +327,16 @@ class EpisodeRunner:
         if messages and messages[0]["role"] == "system":
             return [system, *messages[1:]]
         return [system, *messages]
+
+    def _end_model_failure(self, reason: str, detail: str) -> None:
+        """End the episode as the model's failure: trainable, scored with what it earned so far."""
+        self.trajectory.info["model_failure"] = reason
+        self.trajectory.info["truncated_reason"] = reason
+        self.trajectory.info["model_failure_detail"] = detail
+        # an exception from env.step may also be a bug of the env: keep it visible
+        level = logging.WARNING if reason == "env_error" else logging.INFO
+        logger.log(level, "trajectory %s: model failure (%s): %s", self.trajectory.trajectory_id, reason, detail)
+        self._end(TrajectoryStatus.TRUNCATED)
 
     def _end(self, status: TrajectoryStatus, error: str | None = None) -> None:
         self.done = True

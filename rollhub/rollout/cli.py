@@ -26,10 +26,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     serve = subparsers.add_parser("serve", help="serve a model over the SGLang-native HTTP subset (/generate, ...)")
     serve.add_argument("--model", required=True, help="HF checkpoint dir")
-    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default loopback only; 0.0.0.0 = every interface)"
+    )
     serve.add_argument("--port", type=int, default=30000)
     serve.add_argument("--threads", type=int, default=1, help="torch threads of the engine")
     serve.add_argument("--max-batch-size", type=int, default=32)
+    serve.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on every endpoint but /health (default: $ROLLHUB_API_KEY; "
+        "prefer the variable: a flag is visible to other users in the process list)",
+    )
     serve.set_defaults(func=_cmd_serve)
 
     rollout = subparsers.add_parser("rollout", help="collect groups of trajectories from an env with an engine")
@@ -81,7 +89,14 @@ def _cmd_smollm2(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from rollhub.rollout.server import serve_forever
 
-    serve_forever(args.model, host=args.host, port=args.port, threads=args.threads, max_batch_size=args.max_batch_size)
+    serve_forever(
+        args.model,
+        host=args.host,
+        port=args.port,
+        threads=args.threads,
+        max_batch_size=args.max_batch_size,
+        api_key=args.api_key,
+    )
     return 0
 
 

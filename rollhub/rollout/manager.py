@@ -7,8 +7,14 @@
 * Redundancy: N+r trajectories per group and/or G+g groups per batch; the first to finish
   are kept and the rest cancelled at once (engine requests aborted through task
   cancellation, envs closed, so their containers go away); counted as redundant work.
-* Infra failures (env machinery, not the model) are retried with a fresh env up to
-  `max_infra_retries` per slot, else the group is dropped; both are counted.
+* Failures follow the one rule of rollhub.rollout.types. Model failures are kept and scored
+  like any episode. Infra failures (env machinery, not the model) are retried with a fresh
+  env, up to `max_infra_retries` per slot, else the group is dropped and a new one started,
+  so a group never holds an infra-failed member (in lockstep mode it may: the trainer leaves
+  such members out of the group statistics). All of this is bounded: once more than
+  `max_infra_failure_rate` of the last `infra_failure_window` finished trajectories were
+  infra failures, `collect_batch` and `run` raise `RolloutFailureError` (and `failure` holds
+  it) instead of re-rolling a permanently broken env forever.
 * `run(stop_event)` keeps the GroupBuffer full for async training; `collect_batch(G)` is
   the sync API; `update_weights(source, version)` = pause -> abort -> update -> resume.
 """
@@ -32,7 +38,7 @@ from rollhub.rollout.engines.base import InferenceEngine
 from rollhub.rollout.prompting import ChatSegments
 from rollhub.rollout.tasks import TaskOwner
 from rollhub.rollout.trajectory_log import TrajectoryWriter
-from rollhub.rollout.types import Group, Trajectory, TrajectoryStatus
+from rollhub.rollout.types import Group, RolloutFailureError, Trajectory, TrajectoryStatus
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +60,10 @@ class EnvManagerConfig:
     seed_start: int = 0
     lockstep: bool = False
     max_infra_retries: int = 2
+    # failure budget: stop (RolloutFailureError) once more than this fraction of the last
+    # `infra_failure_window` finished trajectories were infra failures; at 1.0, once all of them were
+    max_infra_failure_rate: float = 0.5
+    infra_failure_window: int = 200
     jsonl_path: str | None = None
     agent: AgentConfig = field(default_factory=AgentConfig)
 
@@ -68,6 +78,14 @@ class EnvManagerConfig:
             raise ValueError("lockstep mode runs every env to the end; set redundancy to 0")
         if any(v < 1 for v in self.env_concurrency.values()):
             raise ValueError("env_concurrency limits must be >= 1")
+        if self.seed_start < 0:
+            raise ValueError(f"seed_start must be >= 0 (numpy refuses negative seeds), got {self.seed_start}")
+        if self.max_infra_retries < 0:
+            raise ValueError(f"max_infra_retries must be >= 0, got {self.max_infra_retries}")
+        if not 0 <= self.max_infra_failure_rate <= 1:
+            raise ValueError(f"max_infra_failure_rate must be in [0, 1], got {self.max_infra_failure_rate}")
+        if self.infra_failure_window < 1:
+            raise ValueError(f"infra_failure_window must be >= 1, got {self.infra_failure_window}")
         self.agent.validate()
 
 
@@ -82,6 +100,7 @@ class ManagerMetrics:
     infra_retries: int = 0
     groups_dropped_infra: int = 0
     groups_done: int = 0
+    model_failures: collections.Counter = field(default_factory=collections.Counter)  # reason -> kept trajectories
     status_counts: collections.Counter = field(default_factory=collections.Counter)
     env_step_latency_s: dict[str, list[float]] = field(default_factory=lambda: collections.defaultdict(list))
     weight_updates: list[dict[str, float]] = field(default_factory=list)
@@ -110,6 +129,8 @@ class ManagerMetrics:
             "infra_failures": self.infra_failures,
             "infra_retries": self.infra_retries,
             "groups_dropped_infra": self.groups_dropped_infra,
+            "model_failures": sum(self.model_failures.values()),
+            "model_failure_reasons": dict(self.model_failures),
             "status_counts": dict(self.status_counts),
             "env_step_latency": latency,
             "weight_updates": list(self.weight_updates),
@@ -118,6 +139,36 @@ class ManagerMetrics:
 
 class _GroupFailed(Exception):
     """A group could not get N good trajectories (infra failures beyond retries)."""
+
+
+class InfraFailureWindow:
+    """Whether each of the last `size` finished trajectories was an infra failure.
+
+    A full window is needed before judging, so a few early failures of a healthy env never
+    stop a run; a permanently broken env fills it with failures within `size` trajectories.
+    """
+
+    def __init__(self, size: int, max_rate: float) -> None:
+        self.size = max(1, size)
+        self.max_rate = max_rate
+        self._outcomes: collections.deque[bool] = collections.deque(maxlen=self.size)
+
+    def add(self, infra_failed: bool) -> None:
+        self._outcomes.append(infra_failed)
+
+    @property
+    def failures(self) -> int:
+        return sum(self._outcomes)
+
+    @property
+    def rate(self) -> float:
+        return self.failures / len(self._outcomes) if self._outcomes else 0.0
+
+    def exceeded(self) -> bool:
+        """Full, and more than `max_rate` of it failed (or all of it: a rate of 1.0 still stops a dead env)."""
+        if len(self._outcomes) < self.size:
+            return False
+        return self.failures > self.max_rate * self.size or self.failures == self.size
 
 
 class EnvManager(TaskOwner):
@@ -148,6 +199,11 @@ class EnvManager(TaskOwner):
         self._group_counter = itertools.count()
         self.open_envs = 0  # live env objects (tests check it returns to 0)
         self._tasks: set[asyncio.Task] = set()
+        self._infra_window = InfraFailureWindow(config.infra_failure_window, config.max_infra_failure_rate)
+        self._last_infra_error: str | None = None
+        #: set once the failure budget is spent; `collect_batch` and `run` raise it, a trainer polls it
+        self.failure: RolloutFailureError | None = None
+        self._failed = asyncio.Event()
 
     # --- public API ------------------------------------------------------------------
 
@@ -156,31 +212,31 @@ class EnvManager(TaskOwner):
         return sum(1 for t in self._tasks if not t.done())
 
     async def collect_batch(self, num_groups: int) -> list[Group]:
-        """Sync use: run `num_groups` (+ batch_redundancy) groups and return the first G done."""
+        """Sync use: run `num_groups` (+ batch_redundancy) groups and return the first G done.
+
+        Raises RolloutFailureError once the infra failure budget is spent (see module docstring)."""
+        self._raise_if_failed()
         if self.config.lockstep:
             return await self._collect_lockstep(num_groups)
         pending: set[asyncio.Task] = set()
         kept: list[Group] = []
+        failed = asyncio.ensure_future(self._failed.wait())
         try:
             for _ in range(num_groups + self.config.batch_redundancy):
                 pending.add(self._spawn(self._run_group()))
             while len(kept) < num_groups:
                 if not pending:
-                    pending.add(self._spawn(self._run_group()))  # replace infra-dropped groups
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    try:
-                        group = task.result()
-                    except _GroupFailed:
-                        continue
-                    if len(kept) < num_groups:
-                        kept.append(group)
-                        self._record_group(group)
-                    else:  # finished in the same tick as the last needed one: surplus
-                        self._count_cancelled_group(group)
+                    pending.add(self._spawn(self._run_group()))  # replace infra-dropped groups (budget-bounded)
+                done, pending = await asyncio.wait(pending | {failed}, return_when=asyncio.FIRST_COMPLETED)
+                pending.discard(failed)
+                for task in done - {failed}:
+                    self._keep_group(task, kept, num_groups)
+                self._raise_if_failed()
         finally:
+            failed.cancel()
             if pending:
-                self.metrics.groups_redundant_cancelled += len(pending)
+                if self.failure is None:
+                    self.metrics.groups_redundant_cancelled += len(pending)
                 await self._cancel(pending)
         return kept
 
@@ -192,21 +248,27 @@ class EnvManager(TaskOwner):
             raise ValueError("lockstep is the sync baseline; use collect_batch()")
         groups: set[asyncio.Task] = set()
         stopper = asyncio.ensure_future(stop_event.wait())
+        failed = asyncio.ensure_future(self._failed.wait())
         try:
-            while not stop_event.is_set():
+            while not stop_event.is_set() and self.failure is None:
                 acquire = asyncio.ensure_future(self.buffer.acquire())
-                await asyncio.wait({acquire, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait({acquire, stopper, failed}, return_when=asyncio.FIRST_COMPLETED)
                 if not acquire.done():
                     acquire.cancel()
                     await asyncio.gather(acquire, return_exceptions=True)
                     break
                 ticket = acquire.result()
+                if self.failure is not None:
+                    self.buffer.release(ticket)
+                    break
                 task = self._spawn(self._run_group_into(ticket))
                 groups.add(task)
                 task.add_done_callback(groups.discard)
         finally:
             stopper.cancel()
+            failed.cancel()
             await self._cancel(set(groups))
+        self._raise_if_failed()
 
     async def update_weights(self, source: Any, version: int) -> None:
         """pause (in-flight requests abort) -> load weights -> resume (runners resubmit)."""
@@ -230,6 +292,7 @@ class EnvManager(TaskOwner):
 
     def summary(self) -> dict[str, Any]:
         data = self.metrics.summary()
+        data["infra_failure_window_rate"] = self._infra_window.rate
         if self.buffer is not None:
             data.update(self.buffer.metrics())
         stats = getattr(self.engine, "stats", None)
@@ -276,10 +339,9 @@ class EnvManager(TaskOwner):
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     trajectory = task.result()
+                    self._note_finished(trajectory)
                     if trajectory.status == TrajectoryStatus.INFRA_FAILED:
-                        self.metrics.infra_failures += 1
-                        self.metrics.wasted_tokens += trajectory.num_response_tokens
-                        if retries_left > 0 and len(kept) + len(pending) < n:
+                        if retries_left > 0 and len(kept) + len(pending) < n and self.failure is None:
                             retries_left -= 1
                             self.metrics.infra_retries += 1
                             pending.add(
@@ -290,6 +352,8 @@ class EnvManager(TaskOwner):
                         kept.append(trajectory)
                     else:
                         self._count_cancelled(trajectory)
+                if self.failure is not None:
+                    raise _GroupFailed(group_id)  # the whole rollout stops: no point finishing this group
         except _GroupFailed:
             self.metrics.groups_dropped_infra += 1
             for trajectory in kept:
@@ -402,8 +466,10 @@ class EnvManager(TaskOwner):
                 requests = [(r, req) for r in runners if (req := r.next_request()) is not None]
                 if not requests:
                     break
-                generations = await asyncio.gather(*(r.generate(self.engine, p, s) for r, (p, s) in requests))
-                await asyncio.gather(*(r.step_env(p, g) for (r, (p, _)), g in zip(requests, generations)))
+                generations = await asyncio.gather(*(self._generate_or_fail(r, p, s) for r, (p, s) in requests))
+                await asyncio.gather(
+                    *(r.step_env(p, g) for (r, (p, _)), g in zip(requests, generations) if g is not None)
+                )
         except asyncio.CancelledError:
             for runner in runners:
                 runner.cancel()
@@ -415,12 +481,66 @@ class EnvManager(TaskOwner):
             trajectories = [r.trajectory for r in runners[k * n : (k + 1) * n]]
             for trajectory in trajectories:
                 self._record_env_latency(trajectory)
+                self._note_finished(trajectory)
             group = Group(group_id=group_id, env_id=env_id, seed=seed, trajectories=trajectories)
             self._record_group(group)
             groups.append(group)
+        self._raise_if_failed()
         return groups
 
+    async def _generate_or_fail(self, runner: EpisodeRunner, prompt: list[int], sampling: Any) -> Any:
+        """One lockstep generation; an engine error ends only that runner's episode, as infra."""
+        try:
+            return await runner.generate(self.engine, prompt, sampling)
+        except Exception as exc:  # connection or server error of the engine: not the model's doing
+            runner.fail_infra(f"generate: {exc!r}")
+            return None
+
     # --- accounting ------------------------------------------------------------------
+
+    def _keep_group(self, task: asyncio.Task, kept: list[Group], wanted: int) -> None:
+        """collect_batch: keep a finished group while fewer than `wanted` are kept, else count it surplus."""
+        try:
+            group = task.result()
+        except _GroupFailed:
+            return
+        if len(kept) < wanted:
+            kept.append(group)
+            self._record_group(group)
+        else:  # finished in the same tick as the last needed one: surplus
+            self._count_cancelled_group(group)
+
+    def _note_finished(self, trajectory: Trajectory) -> None:
+        """Feed the infra failure budget with one finished trajectory; spend it -> `failure`."""
+        infra_failed = trajectory.status == TrajectoryStatus.INFRA_FAILED
+        self._infra_window.add(infra_failed)
+        if infra_failed:
+            self.metrics.infra_failures += 1
+            self._last_infra_error = trajectory.infra_error
+            if not self.config.lockstep:  # lockstep keeps the member (unscored) in its group
+                self.metrics.wasted_tokens += trajectory.num_response_tokens
+        if self.failure is None and self._infra_window.exceeded():
+            self.failure = RolloutFailureError(self._budget_message())
+            logger.error("%s", self.failure)
+            self._failed.set()
+
+    def _budget_message(self) -> str:
+        """The cause, the counts and what to check (shown to the user as one line)."""
+        window, config = self._infra_window, self.config
+        env_ids = config.env_ids or [config.env_id]
+        return (
+            f"rollout stopped: {window.failures} of the last {window.size} trajectories failed for infrastructure "
+            f"reasons (limit rollout.max_infra_failure_rate={config.max_infra_failure_rate:g}; "
+            f"{self.metrics.infra_failures} infra failures, {self.metrics.infra_retries} retries, "
+            f"{self.metrics.groups_dropped_infra} groups dropped in all); last error: {self._last_infra_error}. "
+            f"Check that {', '.join(env_ids)} starts on its own ('rollhub envs try {env_ids[0]}'), its sandbox or "
+            "worker backend (docker running, images present) and the inference engine; raise "
+            "rollout.max_infra_failure_rate only if such failures are expected"
+        )
+
+    def _raise_if_failed(self) -> None:
+        if self.failure is not None:
+            raise self.failure
 
     def _record_group(self, group: Group) -> None:
         self.metrics.groups_done += 1
@@ -428,6 +548,8 @@ class EnvManager(TaskOwner):
             self.metrics.trajectories_kept += 1
             self.metrics.generated_tokens += trajectory.num_response_tokens
             self.metrics.status_counts[trajectory.status.value] += 1
+            if trajectory.model_failure is not None:
+                self.metrics.model_failures[trajectory.model_failure] += 1
         if self._writer is not None:
             self._writer.write_group(group)
 

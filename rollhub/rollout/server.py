@@ -8,14 +8,23 @@ batch, `return_logprob`, `meta_info.output_token_logprobs` as [logprob, id, null
 `/continue_generation`, `/update_weights_from_disk`, `/flush_cache` (400 while busy),
 `/get_model_info`, `/get_weight_version`, `/update_weight_version`, `/health`,
 `/health_generate`, `/v1/loads`. Streaming is not supported (400).
+
+Hardening: one server batches the requests of many clients, so a malformed request must be
+refused before it reaches the engine (a bad token id in a shared forward pass would fail
+every request decoded with it). Every request body is validated here (400 with a JSON
+error: token ids in [0, vocab), finite sampling values in range, bounded lengths), and an
+optional bearer token (`api_key`) guards every endpoint except `/health`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
+import math
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -23,26 +32,183 @@ from aiohttp import web
 from rollhub.rollout.engines.base import Generation, SamplingParams
 from rollhub.rollout.engines.build import EngineConfig, build_engine
 from rollhub.rollout.engines.hf import HFEngine
+from rollhub.rollout.engines.sglang import API_KEY_ENV, resolve_api_key
 
 logger = logging.getLogger(__name__)
 
+OPEN_PATHS = frozenset({"/health"})  # liveness probes need no token (SGLang does the same)
+MAX_PROMPTS_PER_REQUEST = 4096
+MAX_STOP_TOKEN_IDS = 1024
+MAX_NEW_TOKENS_CAP = 1 << 20  # even for models that claim an unbounded context
+GREEDY_BELOW = 1e-5  # SGLang's sampling epsilon: smaller temperatures mean greedy (and would overflow)
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What a request may ask of this engine; checked before anything is queued."""
+
+    vocab_size: int
+    max_new_tokens: int
+
+
 ENGINE_KEY = web.AppKey("engine", HFEngine)
+LIMITS_KEY = web.AppKey("limits", RequestLimits)
+
+
+class RequestError(ValueError):
+    """A client's mistake: answered 400 with this message, and the engine never sees it."""
+
+
+def _error(message: str, status: int = 400) -> web.Response:
+    return web.json_response({"error": {"message": message, "code": status}}, status=status)
 
 
 def _bad_request(message: str) -> web.Response:
-    return web.json_response({"error": {"message": message}}, status=400)
+    return _error(message, 400)
 
 
-def sampling_from_json(params: dict[str, Any]) -> SamplingParams:
-    """SGLang `sampling_params` -> ours (unknown keys ignored, as SGLang clients expect)."""
-    stop_ids = params.get("stop_token_ids") or ()
+def limits_for(engine: HFEngine) -> RequestLimits:
+    """Vocab size from the embedding table (ids beyond it crash the forward pass)."""
+    embeddings = engine.model.get_input_embeddings()
+    vocab = getattr(embeddings, "num_embeddings", None) or int(engine.model.config.vocab_size)
+    return RequestLimits(vocab_size=int(vocab), max_new_tokens=min(int(engine.max_positions), MAX_NEW_TOKENS_CAP))
+
+
+# --- validation ----------------------------------------------------------------------
+
+
+def _show(value: Any) -> str:
+    """A value for an error message: clients may send megabytes; echo only the start."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_in(params: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
+    value = params.get(key)
+    if value is None:
+        return default
+    if not _is_int(value) or not low <= value <= high:
+        raise RequestError(f"sampling_params.{key} must be an integer in [{low}, {high}], got {_show(value)}")
+    return value
+
+
+def _finite(params: dict[str, Any], key: str, default: float) -> float:
+    value = params.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise RequestError(f"sampling_params.{key} must be a finite number, got {_show(value)}")
+    return float(value)
+
+
+def _token_ids(value: Any, what: str, vocab_size: int) -> list[int]:
+    if not isinstance(value, list) or not value:
+        raise RequestError(f"{what} must be a non-empty list of token ids")
+    for token in value:
+        if not _is_int(token) or not 0 <= token < vocab_size:
+            raise RequestError(f"{what} holds {_show(token)}: token ids must be integers in [0, {vocab_size})")
+    return value
+
+
+def sampling_from_json(params: Any, limits: RequestLimits | None = None) -> SamplingParams:
+    """SGLang `sampling_params` -> ours, every value checked (unknown keys ignored, as SGLang
+    clients expect). Temperatures below SGLang's epsilon mean greedy, as in SGLang."""
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise RequestError("sampling_params must be a JSON object")
+    max_new = limits.max_new_tokens if limits is not None else MAX_NEW_TOKENS_CAP
+    temperature = _finite(params, "temperature", 1.0)
+    if temperature < 0:
+        raise RequestError(f"sampling_params.temperature must be >= 0, got {temperature}")
+    top_p = _finite(params, "top_p", 1.0)
+    if not 0 < top_p <= 1:
+        raise RequestError(f"sampling_params.top_p must be in (0, 1], got {top_p}")
+    top_k = _int_in(params, "top_k", -1, -1, 1 << 30)
+    if top_k == 0:
+        raise RequestError("sampling_params.top_k must be -1 (disabled) or >= 1, got 0")
+    stop_ids = params.get("stop_token_ids") or []
+    if not isinstance(stop_ids, list) or len(stop_ids) > MAX_STOP_TOKEN_IDS:
+        raise RequestError(f"sampling_params.stop_token_ids must be a list of at most {MAX_STOP_TOKEN_IDS} ids")
+    if not all(_is_int(t) and 0 <= t < 1 << 63 for t in stop_ids):
+        raise RequestError("sampling_params.stop_token_ids must hold non-negative integers")
     return SamplingParams(
-        max_new_tokens=int(params.get("max_new_tokens", 128)),
-        temperature=float(params.get("temperature", 1.0)),
-        top_p=float(params.get("top_p", 1.0)),
-        top_k=int(params.get("top_k", -1)),
-        stop_token_ids=tuple(int(t) for t in stop_ids),
-        seed=params.get("sampling_seed"),
+        max_new_tokens=_int_in(params, "max_new_tokens", 128, 0, max_new),
+        temperature=0.0 if temperature < GREEDY_BELOW else temperature,
+        top_p=top_p,
+        top_k=top_k,
+        stop_token_ids=tuple(stop_ids),
+        seed=_int_in(params, "sampling_seed", None, 0, (1 << 63) - 1),  # type: ignore[arg-type]
+    )
+
+
+@dataclass
+class GenerateRequest:
+    """A validated `/generate` body: what the engine is asked, prompt by prompt."""
+
+    prompts: list[list[int]]
+    rids: list[str]
+    sampling: SamplingParams
+    return_logprob: bool
+    batched: bool
+
+
+def _prompts(body: dict[str, Any], engine: HFEngine, limits: RequestLimits) -> tuple[list[list[int]], bool]:
+    ids, text = body.get("input_ids"), body.get("text")
+    if (ids is None) == (text is None):
+        raise RequestError("exactly one of input_ids or text is required")
+    if text is not None:
+        batched = isinstance(text, list)
+        texts = text if batched else [text]
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise RequestError("text must be a string or a non-empty list of strings")
+        if len(texts) > MAX_PROMPTS_PER_REQUEST:
+            raise RequestError(f"at most {MAX_PROMPTS_PER_REQUEST} prompts per request, got {len(texts)}")
+        if engine.tokenizer is None:
+            raise RequestError("this server has no tokenizer; send input_ids")
+        ids = [list(engine.tokenizer.encode(t, add_special_tokens=False)) for t in texts]
+        ids = ids if batched else ids[0]
+    batched = isinstance(ids, list) and bool(ids) and isinstance(ids[0], list)
+    if not batched:
+        return [_token_ids(ids, "input_ids", limits.vocab_size)], False
+    if len(ids) > MAX_PROMPTS_PER_REQUEST:
+        raise RequestError(f"at most {MAX_PROMPTS_PER_REQUEST} prompts per request, got {len(ids)}")
+    return [_token_ids(p, f"input_ids[{i}]", limits.vocab_size) for i, p in enumerate(ids)], True
+
+
+def _rids(raw: Any, count: int) -> list[str]:
+    if raw is None:
+        return [uuid.uuid4().hex for _ in range(count)]
+    rids = raw if isinstance(raw, list) else [raw]
+    if not all(isinstance(r, str) and r for r in rids):
+        raise RequestError("rid must be a non-empty string or a list of them")
+    if len(rids) != count:
+        raise RequestError("rid must have one entry per prompt")
+    if len(set(rids)) != len(rids):
+        raise RequestError("rid values must be unique within a request")
+    return rids
+
+
+def parse_generate(body: Any, engine: HFEngine, limits: RequestLimits) -> GenerateRequest:
+    """Check a `/generate` body completely; raises RequestError before anything is queued."""
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    if body.get("stream"):
+        raise RequestError("streaming is not supported by rollhub serve; send stream=false")
+    return_logprob = body.get("return_logprob", False)
+    if not isinstance(return_logprob, bool) and return_logprob is not None:
+        raise RequestError("return_logprob must be true or false")
+    prompts, batched = _prompts(body, engine, limits)
+    return GenerateRequest(
+        prompts=prompts,
+        rids=_rids(body.get("rid"), len(prompts)),
+        sampling=sampling_from_json(body.get("sampling_params"), limits),
+        return_logprob=bool(return_logprob),
+        batched=batched,
     )
 
 
@@ -72,53 +238,48 @@ def generation_json(engine: HFEngine, generation: Generation, return_logprob: bo
     return {"text": text, "output_ids": list(generation.token_ids), "meta_info": meta}
 
 
+async def _generate_all(engine: HFEngine, parsed: GenerateRequest) -> list[Generation]:
+    """All prompts of one request; if one is refused (e.g. its rid is already in flight) or
+    the client goes away, the others are aborted instead of decoding for nobody."""
+    tasks = [
+        asyncio.ensure_future(engine.generate(prompt, parsed.sampling, request_id=rid))
+        for prompt, rid in zip(parsed.prompts, parsed.rids)
+    ]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        failed = any(t.done() and not t.cancelled() and t.exception() is not None for t in tasks)
+        if failed or not all(t.done() for t in tasks):
+            for task in tasks:
+                task.cancel()  # a cancelled HFEngine.generate aborts its request
+            await asyncio.gather(*tasks, return_exceptions=True)
+    errors = [t.exception() for t in tasks if not t.cancelled() and t.exception() is not None]
+    if errors:
+        if isinstance(errors[0], ValueError):
+            raise RequestError(str(errors[0]))
+        raise errors[0]
+    return [task.result() for task in tasks]
+
+
 async def handle_generate(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
-    try:
-        body = await request.json()
-    except ValueError:
-        return _bad_request("body must be JSON")
-    if body.get("stream"):
-        return _bad_request("streaming is not supported by rollhub serve; send stream=false")
-    inputs = body.get("input_ids")
-    if inputs is None and body.get("text") is not None:
-        texts = body["text"]
-        encode = lambda t: list(engine.tokenizer.encode(t, add_special_tokens=False))  # noqa: E731
-        inputs = [encode(t) for t in texts] if isinstance(texts, list) else encode(texts)
-    if not inputs:
-        return _bad_request("exactly one of input_ids or text is required")
-    batched = isinstance(inputs[0], list)
-    prompts = inputs if batched else [inputs]
-    rids = body.get("rid")
-    if rids is None:
-        rids = [uuid.uuid4().hex for _ in prompts]
-    elif not isinstance(rids, list):
-        rids = [rids]
-    if len(rids) != len(prompts):
-        return _bad_request("rid must have one entry per prompt")
-    try:
-        sampling = sampling_from_json(body.get("sampling_params") or {})
-    except (TypeError, ValueError) as exc:
-        return _bad_request(f"bad sampling_params: {exc}")
-    return_logprob = bool(body.get("return_logprob", False))
+    parsed = parse_generate(await _json_body(request), engine, request.app[LIMITS_KEY])
     started = time.perf_counter()
-    try:
-        generations = await asyncio.gather(
-            *(engine.generate(p, sampling, request_id=str(r)) for p, r in zip(prompts, rids))
-        )
-    except ValueError as exc:
-        return _bad_request(str(exc))
-    results = [generation_json(engine, g, return_logprob, started) for g in generations]
-    return web.json_response(results if batched else results[0])
+    generations = await _generate_all(engine, parsed)
+    results = [generation_json(engine, g, parsed.return_logprob, started) for g in generations]
+    return web.json_response(results if parsed.batched else results[0])
 
 
 async def handle_abort(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     body = await _json_or_empty(request)
+    rid = body.get("rid")
+    if rid is not None and not isinstance(rid, str):
+        raise RequestError("rid must be a string")
     if body.get("abort_all"):
         await engine.abort_all()
-    elif body.get("rid") is not None:
-        await engine.abort(str(body["rid"]))
+    elif rid is not None:
+        await engine.abort(rid)
     return web.Response(status=200)
 
 
@@ -140,14 +301,15 @@ async def handle_update_from_disk(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     body = await _json_or_empty(request)
     path = body.get("model_path")
-    if not path:
-        return web.json_response({"success": False, "message": "model_path is required"}, status=400)
+    if not path or not isinstance(path, str):
+        return web.json_response({"success": False, "message": "model_path (a string) is required"}, status=400)
+    raw_version = body.get("weight_version")
+    version = _version(raw_version, "weight_version") if raw_version is not None else engine.weight_version + 1
     in_flight = engine.num_in_flight
     if body.get("abort_all_requests"):
         await engine.abort_all()
-    version = body.get("weight_version")
     try:
-        await engine.update_weights(path, int(version) if version is not None else engine.weight_version + 1)
+        await engine.update_weights(path, version)
     except (OSError, ValueError, TypeError, RuntimeError) as exc:
         return web.json_response(
             {"success": False, "message": f"update failed: {exc}", "num_paused_requests": 0}, status=400
@@ -185,9 +347,10 @@ async def handle_weight_version(request: web.Request) -> web.Response:
 async def handle_update_weight_version(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     body = await _json_or_empty(request)
+    version = _version(body.get("new_version"), "new_version")
     if body.get("abort_all_requests"):
         await engine.abort_all()
-    engine.weight_version = int(body["new_version"])
+    engine.weight_version = version
     return web.json_response({"success": True, "message": "ok", "new_version": str(engine.weight_version)})
 
 
@@ -213,20 +376,78 @@ async def handle_loads(request: web.Request) -> web.Response:
     )
 
 
+def _version(value: Any, key: str) -> int:
+    """Versions travel as strings in SGLang's API ("3"); both forms are accepted."""
+    if _is_int(value) and value >= 0:
+        return value
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    raise RequestError(f"{key} must be a non-negative integer (or its string), got {_show(value)}")
+
+
+async def _json_body(request: web.Request) -> Any:
+    try:
+        return await request.json()
+    except ValueError as exc:  # includes UnicodeDecodeError and over-long integer literals
+        raise RequestError(f"the request body must be JSON ({exc})") from None
+
+
 async def _json_or_empty(request: web.Request) -> dict[str, Any]:
+    """Control endpoints take an optional JSON object; anything else is a client error."""
     if not request.can_read_body:
         return {}
-    try:
-        body = await request.json()
-    except ValueError:
+    if not (await request.read()).strip():
         return {}
-    return body if isinstance(body, dict) else {}
+    body = await _json_body(request)
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    return body
 
 
-def build_app(engine: HFEngine) -> web.Application:
-    """The aiohttp app; the caller owns the engine (closed on app cleanup)."""
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+# --- middlewares -----------------------------------------------------------------------
+
+
+@web.middleware
+async def client_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """RequestError anywhere in a handler -> 400 with a JSON error, logged at debug only."""
+    try:
+        return await handler(request)
+    except RequestError as exc:
+        logger.debug("400 on %s: %s", request.path, exc)
+        return _bad_request(str(exc))
+
+
+def bearer_auth(api_key: str) -> Any:
+    """Middleware: `Authorization: Bearer <api_key>` on every path but OPEN_PATHS, else 401.
+
+    Compared in constant time on bytes, so the answer time says nothing about the token.
+    """
+    expected = api_key.encode()
+
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path not in OPEN_PATHS:
+            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+            valid = hmac.compare_digest(token.strip().encode("utf-8", "replace"), expected)
+            if scheme.lower() != "bearer" or not valid:
+                response = _error("missing or invalid bearer token (Authorization: Bearer <api key>)", 401)
+                response.headers["WWW-Authenticate"] = "Bearer"
+                return response
+        return await handler(request)
+
+    return check
+
+
+def build_app(engine: HFEngine, *, api_key: str | None = None) -> web.Application:
+    """The aiohttp app; the caller owns the engine (closed on app cleanup).
+
+    `api_key` (None or empty: no authentication) is required as a bearer token on every
+    endpoint but /health.
+    """
+    middlewares = [bearer_auth(api_key)] if api_key else []
+    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[*middlewares, client_errors])
     app[ENGINE_KEY] = engine
+    app[LIMITS_KEY] = limits_for(engine)
     app.router.add_post("/generate", handle_generate)
     app.router.add_post("/abort_request", handle_abort)
     app.router.add_post("/pause_generation", handle_pause)
@@ -248,9 +469,19 @@ def build_app(engine: HFEngine) -> web.Application:
 
 
 def serve_forever(
-    model_path: str, *, host: str = "127.0.0.1", port: int = 30000, threads: int = 1, max_batch_size: int = 32
+    model_path: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 30000,
+    threads: int = 1,
+    max_batch_size: int = 32,
+    api_key: str | None = None,
 ) -> None:
-    """Load the model and serve until interrupted (the `rollhub serve` command)."""
+    """Load the model and serve until interrupted (the `rollhub serve` command).
+
+    `api_key` None falls back to ROLLHUB_API_KEY; serving beyond loopback without one is
+    allowed (a trusted network) but warned about: anyone who can connect can load weights.
+    """
     from pathlib import Path
 
     from rollhub.core.errors import UserError
@@ -263,5 +494,14 @@ def serve_forever(
 
     torch.set_num_threads(threads)
     engine = build_engine(EngineConfig(threads=threads, max_batch_size=max_batch_size), model_path)
-    print(f"rollhub serve: {model_path} on http://{host}:{port} (SGLang-native /generate)", flush=True)
-    web.run_app(build_app(engine), host=host, port=port, print=None)
+    api_key = resolve_api_key(api_key)
+    if not api_key and host not in ("127.0.0.1", "localhost", "::1"):
+        logger.warning(
+            "rollhub serve listens on %s without an API key: anyone who can connect can generate, "
+            "load weights and pause the engine; set --api-key or %s",
+            host,
+            API_KEY_ENV,
+        )
+    auth = "bearer token required" if api_key else "no authentication"
+    print(f"rollhub serve: {model_path} on http://{host}:{port} (SGLang-native /generate; {auth})", flush=True)
+    web.run_app(build_app(engine, api_key=api_key), host=host, port=port, print=None)

@@ -15,6 +15,10 @@ from rollhub.rollout.types import Group
 
 @runtime_checkable
 class RolloutSource(Protocol):
+    #: the error that stopped the producer (e.g. its infra-failure budget is spent), once there
+    #: is one; the trainer raises it instead of waiting on a buffer nobody fills any more
+    failure: BaseException | None
+
     async def run(self, stop_event: asyncio.Event) -> None:
         """Keep the `GroupBuffer` full (async mode) until `stop_event` is set."""
 

@@ -4,6 +4,22 @@ Every generated token keeps the behaviour log-prob the engine reported and the p
 version that produced it, so the trainer can correct for staleness per token. Prompt ids
 are kept exactly as sent to the engine (built incrementally, never re-tokenised), which is
 what makes `packed_sequences()` reproduce precisely what the model saw.
+
+Failure rule (the agent and the env manager follow it; the trainer relies on it). A failure
+is the machinery's (status INFRA_FAILED: never scored, left out of every group statistic,
+re-rolled by the env manager) only when nothing the model wrote can have caused it:
+  1. the env says so: `info["infra_failure"]` from `reset` or `step` (rollhub.envs.base);
+  2. it happened before the model acted: building the env or `env.reset` raised;
+  3. the machinery itself raised: the inference engine (connection or server error), or a
+     `SandboxError` / `ConnectionError` escaping `env.step` (MACHINERY_ERRORS).
+Every other way an episode cannot go on is the model's failure: the trajectory stays
+trainable (status TRUNCATED, scored with the rewards it earned; the turn that failed earns 0)
+and `info["model_failure"]` names the reason (MODEL_FAILURE_REASONS):
+  * "env_error": any other exception from `env.step`: the env received the model's action
+    and could not process it, so the turn also counts as an invalid action;
+  * "context": the conversation outgrew `max_context_tokens`;
+  * "max_resubmits": a turn's generation was aborted (by weight updates) more than
+    `max_resubmits` times, i.e. it ran on across that many policy versions.
 """
 
 from __future__ import annotations
@@ -13,12 +29,29 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollhub.core.errors import UserError
+from rollhub.sandbox.base import SandboxError
+
+#: exceptions from `env.step` that are the machinery's, not the action's (see the failure rule above)
+MACHINERY_ERRORS: tuple[type[BaseException], ...] = (SandboxError, ConnectionError)
+#: values of `Trajectory.info["model_failure"]`
+MODEL_FAILURE_REASONS = ("env_error", "context", "max_resubmits")
+
 
 class TrajectoryStatus(str, enum.Enum):
     COMPLETED = "completed"  # the env terminated the episode
-    TRUNCATED = "truncated"  # step limit or context-length guard
+    TRUNCATED = "truncated"  # step limit, context-length guard or another model failure (see above)
     INFRA_FAILED = "infra_failed"  # the machinery failed; never train on it as a model failure
     CANCELLED = "cancelled"  # redundant straggler or shutdown
+
+
+#: statuses that carry no score: such a trajectory is never part of a group's statistics
+UNSCORED_STATUSES = frozenset({TrajectoryStatus.INFRA_FAILED, TrajectoryStatus.CANCELLED})
+
+
+class RolloutFailureError(UserError):
+    """Rollout keeps failing (infra failure budget spent, or batch after batch where every trajectory
+    failed): training stops with the cause, the counts and what to check, instead of looping forever."""
 
 
 @dataclass
@@ -61,6 +94,16 @@ class Trajectory:
     infra_error: str | None = None
     timings_s: dict[str, float] = field(default_factory=dict)  # reset, generate, env, total
     info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def scored(self) -> bool:
+        """Whether the trajectory's rewards say something about the model (not infra-failed, not cancelled)."""
+        return self.status not in UNSCORED_STATUSES
+
+    @property
+    def model_failure(self) -> str | None:
+        """Why the model's own output ended the episode early (MODEL_FAILURE_REASONS), or None."""
+        return self.info.get("model_failure")
 
     @property
     def total_reward(self) -> float:

@@ -11,20 +11,70 @@ report it as an infra failure instead of scoring it as a model failure.
 from __future__ import annotations
 
 import abc
+import errno
 from dataclasses import dataclass
+
+#: Capabilities a sandbox keeps: none. What the tasks run (git, python, pytest, patch on files
+#: that the command's own uid owns) needs none of Docker's defaults (CHOWN, DAC_OVERRIDE,
+#: FOWNER, FSETID, SETUID, SETGID, KILL, NET_RAW, NET_BIND_SERVICE, MKNOD, SYS_CHROOT,
+#: SETPCAP, SETFCAP, AUDIT_WRITE), so root in a sandbox is a uid that owns the image's files
+#: and nothing more (it cannot write a 0444 file or chown to another user, for instance).
+#: An env that needs one passes `Limits(cap_add=(...))`; see IDLE_USER in docker_backend
+#: for what that costs.
+DEFAULT_CAPS: tuple[str, ...] = ()
+#: Writable folders when the disk budget is enforced with tmpfs (see the README).
+DEFAULT_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/root", "/home")
+#: `read_file` refuses larger files before transferring them (per call: `max_bytes=`).
+DEFAULT_MAX_READ_BYTES = 32 * 1024 * 1024
 
 
 class SandboxError(RuntimeError):
     """Infrastructure failure of a sandbox (not a command's non-zero exit)."""
 
 
+class FileTooLargeError(OSError):
+    """`read_file` of a file over the read cap: the caller's (or the policy's) doing, not an
+    infra failure. Nothing was transferred."""
+
+    def __init__(self, path: str, size: int, limit: int):
+        super().__init__(
+            errno.EFBIG,
+            f"{path} is {size} bytes ({size / 2**20:.1f} MiB); read_file refuses files over {limit} bytes "
+            f"({limit / 2**20:.1f} MiB). Read a part of it with head, tail or sed instead",
+        )
+        self.path, self.size, self.limit = path, size, limit
+
+
 @dataclass(frozen=True)
 class Limits:
+    """What a sandbox may use. Docker enforces all of it; the process backend only some
+    (see rollhub/sandbox/README.md).
+
+    - `disk_mb`: budget for what commands write (None: no budget, only `fsize_mb` per file).
+      Enforced with `storage_opt size` where the engine's storage driver can, else with a
+      read-only root file system and size-limited tmpfs for `writable_dirs` plus the image's
+      working directory (seeded with the image's content; the memory limit grows by `disk_mb`).
+    - `user`: "auto" runs commands as the user the image declares with the
+      `rollhub.sandbox.user` label (non-root), else as the image's default user (root for
+      ours); "root", a user name or "uid[:gid]" choose explicitly.
+    - `nofile`, `fsize_mb`, `nproc`: rlimits of every process (open files, largest file a
+      process may write, processes of the user; `nproc` is counted per uid across all
+      containers and does not bind root, so `pids` is the per-container bound).
+    - `cap_add`: capabilities kept (default none); everything else is dropped, and
+      no-new-privileges is set.
+    """
+
     cpus: float = 1.0
     memory_mb: int = 1024
     pids: int = 512
     network: bool = False  # off by default
     disk_mb: int | None = None
+    user: str = "auto"
+    nofile: int = 4096
+    fsize_mb: int | None = 1024
+    nproc: int | None = None
+    cap_add: tuple[str, ...] = DEFAULT_CAPS
+    writable_dirs: tuple[str, ...] = DEFAULT_WRITABLE_DIRS
 
 
 @dataclass
@@ -64,7 +114,9 @@ class Sandbox(abc.ABC):
     async def write_file(self, path: str, content: str | bytes) -> None: ...
 
     @abc.abstractmethod
-    async def read_file(self, path: str) -> bytes: ...
+    async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        """The file's bytes. Raises FileNotFoundError, IsADirectoryError, or FileTooLargeError
+        when it is over `max_bytes` (default: the backend's cap), checked before transfer."""
 
     @abc.abstractmethod
     async def copy_in(self, local_dir: str, dest: str) -> None: ...

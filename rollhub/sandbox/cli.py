@@ -14,8 +14,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ls = actions.add_parser("ls", help="list rollhub containers and whether their owner is alive")
     ls.set_defaults(func=_ls)
 
-    gc = actions.add_parser("gc", help="remove containers whose owner process is gone")
-    gc.add_argument("--all", action="store_true", help="remove every rollhub container, owners alive or not")
+    gc = actions.add_parser(
+        "gc",
+        help="remove containers whose owner process is provably gone (on this host, in this PID namespace)",
+    )
+    gc.add_argument(
+        "--all",
+        action="store_true",
+        help="remove every rollhub container, owners alive or not, including other hosts' and namespaces'",
+    )
+    gc.add_argument("--run", default=None, metavar="RUN_ID", help="only containers of this run id")
     gc.set_defaults(func=_gc)
 
     build = actions.add_parser("build-base", help="build rollhub/base:bookworm with debootstrap (no registry)")
@@ -43,18 +51,33 @@ def _ls(args: argparse.Namespace) -> int:
     records = list_rollhub_containers(_client().api)
     print(f"{'container':14s} {'state':10s} {'owner':8s} {'run':24s} image")
     for record in records:
-        owner = "alive" if record.owner_alive else "GONE"
+        owner = _OWNER_WORDS[record.owner.state]
         print(f"{record.id[:12]:14s} {record.state:10s} {owner:8s} {record.run_id[:24]:24s} {record.image}")
-    print(f"{len(records)} rollhub container(s), {sum(not r.owner_alive for r in records)} orphaned")
+    foreign = sum(r.owner.state == "foreign" for r in records)
+    print(
+        f"{len(records)} rollhub container(s), {sum(not r.owner_alive for r in records)} orphaned, "
+        f"{foreign} with an owner on another host or PID namespace (not checkable here)"
+    )
     return 0
+
+
+_OWNER_WORDS = {"alive": "alive", "dead": "GONE", "foreign": "foreign"}
 
 
 def _gc(args: argparse.Namespace) -> int:
-    from rollhub.sandbox.reaper import collect_garbage
+    from rollhub.sandbox.reaper import sweep
 
-    removed = collect_garbage(_client().api, remove_all=args.all)
-    print(f"removed {len(removed)} container(s)" + (" (all rollhub containers)" if args.all else " with no live owner"))
-    return 0
+    report = sweep(_client().api, remove_all=args.all, run_id=args.run)
+    scope = f" of run {args.run}" if args.run else ""
+    what = " (all rollhub containers)" if args.all else " whose owner is provably gone"
+    print(f"removed {len(report.removed) - report.failed} container(s){scope}{what}")
+    if report.failed:
+        print(f"could not remove {report.failed} container(s); see the warnings above and run gc again")
+    for reason, records in sorted(report.skipped.items()):
+        print(f"skipped {len(records)} container(s): {reason}")
+    if any(reason != "owner alive" for reason in report.skipped):
+        print("containers of other hosts or PID namespaces are only removed with --all (check they are unused)")
+    return 1 if report.failed else 0
 
 
 def _build_base(args: argparse.Namespace) -> int:

@@ -21,6 +21,8 @@ import hashlib
 import json
 import logging
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -37,6 +39,8 @@ BASE_PACKAGES = ("python3", "python3-venv", "git", "patch", "ca-certificates")
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 DEB_CACHE_DIR = "/var/cache/rollhub/debootstrap-debs"
 LABEL_CONTENT_HASH = "rollhub.content_hash"
+#: The non-root user sandboxes run commands as (`Limits(user="auto")` in docker_backend).
+LABEL_SANDBOX_USER = "rollhub.sandbox.user"
 # No bytecode in images (smaller, reproducible layers) and a fixed git identity for commits
 # made inside sandboxes.
 BASE_ENV = {
@@ -146,12 +150,21 @@ def _hash_path(digest: hashlib._Hash, path: Path) -> None:
 
 
 def layered_image_hash(
-    base_id: str, files: dict[str, str], run: list[str], env: dict[str, str], workdir: str | None
+    base_id: str,
+    files: dict[str, str],
+    run: list[str],
+    env: dict[str, str],
+    workdir: str | None,
+    sandbox_user: str | None = None,
+    user_owned: list[str] | None = None,
 ) -> str:
     """The content hash that names a layered image: base image id, every input file's
-    destination and bytes, the RUN steps, env and workdir."""
+    destination and bytes, the RUN steps, env, workdir and the sandbox user."""
     digest = hashlib.sha256()
-    digest.update(json.dumps({"base": base_id, "run": run, "env": env, "workdir": workdir}, sort_keys=True).encode())
+    recipe: dict[str, object] = {"base": base_id, "run": run, "env": env, "workdir": workdir}
+    if sandbox_user:  # absent otherwise, so existing images keep their tags
+        recipe["sandbox_user"] = [sandbox_user, sorted(user_owned or [])]
+    digest.update(json.dumps(recipe, sort_keys=True).encode())
     for dest in sorted(files):
         digest.update(b"\1" + dest.encode() + b"\1")
         _hash_path(digest, Path(files[dest]))
@@ -167,12 +180,20 @@ def build_layered_image(
     *,
     env: dict[str, str] | None = None,
     workdir: str | None = None,
+    sandbox_user: str | None = None,
+    user_owned: list[str] | None = None,
 ) -> str:
     """Build `base` + files + RUN steps with the network off; returns `tag_prefix:<hash16>`.
 
     `files` maps a destination path in the image to a local file or directory. The tag is a
     content hash of all inputs (including the base image's id), so an unchanged request
     reuses the existing image instantly and a changed one never collides with it.
+
+    `sandbox_user` (a user name): the image gets that user (uid 1000 when it must be
+    created), `user_owned` folders (default: `workdir`) are chowned to it after the RUN
+    steps, and the `rollhub.sandbox.user` label makes sandboxes run commands as it
+    (`Limits(user="auto")`). Images built FROM this one inherit the label: a later step that
+    writes into those folders as root must chown them again.
     """
     import docker.errors
 
@@ -186,13 +207,24 @@ def build_layered_image(
     for dest in files:
         if not dest.startswith("/"):
             raise ValueError(f"image destinations must be absolute, got {dest!r}")
-    content_hash = layered_image_hash(base_id, files, run, env, workdir)
+    if sandbox_user is not None and not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", sandbox_user):
+        raise ValueError(f"sandbox_user must be a plain user name, got {sandbox_user!r}")
+    owned = list(user_owned if user_owned is not None else ([workdir] if workdir else []))
+    for folder in owned:
+        if not folder.startswith("/"):
+            raise ValueError(f"user_owned folders must be absolute, got {folder!r}")
+    content_hash = layered_image_hash(base_id, files, run, env, workdir, sandbox_user, owned)
     tag = f"{tag_prefix}:{content_hash[:16]}"
     if image_exists(client, tag):
         logger.info("reusing %s", tag)
         return tag
     with tempfile.TemporaryDirectory(prefix="rollhub-image-") as context:
         lines = [f"FROM {base}"]
+        if sandbox_user:
+            lines.append(
+                f"RUN id -u {sandbox_user} >/dev/null 2>&1 || "
+                f"useradd --uid 1000 --user-group --create-home --shell /bin/bash {sandbox_user}"
+            )
         for index, dest in enumerate(sorted(files)):
             source = Path(files[dest])
             staged = Path(context, "inputs", str(index))
@@ -207,6 +239,11 @@ def build_layered_image(
         if workdir:
             lines.append(f"WORKDIR {workdir}")
         lines += [f"RUN {step}" for step in run]
+        if sandbox_user:
+            if owned:
+                folders = " ".join(shlex.quote(folder) for folder in owned)
+                lines.append(f"RUN mkdir -p {folders} && chown -R {sandbox_user}: {folders}")
+            lines.append(f'LABEL {LABEL_SANDBOX_USER}="{sandbox_user}"')
         lines.append(f'LABEL {LABEL_CONTENT_HASH}="{content_hash}"')
         Path(context, "Dockerfile").write_text("\n".join(lines) + "\n")
         try:
@@ -264,10 +301,13 @@ def build_python_image(
     run: list[str] | None = None,
     venv: str = "/opt/venv",
     wheel_dir: str | None = None,
+    sandbox_user: str | None = None,
+    user_owned: list[str] | None = None,
 ) -> str:
     """Base + a venv with `requirements` installed offline + files + extra RUN steps. The
     venv's bin comes first on PATH. Wheels are downloaded on the host into `wheel_dir`
-    (default: a cache folder named by the requirements)."""
+    (default: a cache folder named by the requirements). `sandbox_user` / `user_owned`: as
+    in `build_layered_image` (the venv stays root's: packages are installed at build time)."""
     key = hashlib.sha256(json.dumps(sorted(requirements)).encode()).hexdigest()[:16]
     wheel_dir = wheel_dir or os.path.join(os.path.expanduser("~/.cache/rollhub/wheelhouses"), key)
     if not (os.path.isdir(wheel_dir) and any(name.startswith("pip-") for name in os.listdir(wheel_dir))):
@@ -276,4 +316,6 @@ def build_python_image(
     all_files = {wheelhouse: wheel_dir, **(files or {})}
     steps = python_venv_steps(wheelhouse, requirements, venv) + list(run or [])
     env = {"PATH": f"{venv}/bin:{BASE_ENV['PATH']}", "VIRTUAL_ENV": venv}
-    return build_layered_image(client, base, all_files, steps, tag_prefix, env=env)
+    return build_layered_image(
+        client, base, all_files, steps, tag_prefix, env=env, sandbox_user=sandbox_user, user_owned=user_owned
+    )

@@ -103,8 +103,8 @@ class PooledSandbox(Sandbox):
     async def write_file(self, path: str, content: str | bytes) -> None:
         await self.inner.write_file(path, content)
 
-    async def read_file(self, path: str) -> bytes:
-        return await self.inner.read_file(path)
+    async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        return await self.inner.read_file(path, max_bytes=max_bytes)
 
     async def copy_in(self, local_dir: str, dest: str) -> None:
         await self.inner.copy_in(local_dir, dest)

@@ -13,7 +13,10 @@ Without bubblewrap: commands are ordinary host processes started in
 relative to the workdir. There is no network, file-system or pid isolation in that mode.
 
 In both modes the memory limit is an address-space rlimit (a hog gets MemoryError rather
-than an OOM kill, so `oom_killed` is never set) and cpu / pids limits are not enforced.
+than an OOM kill, so `oom_killed` is never set), `Limits.fsize_mb` and `Limits.nofile` are
+rlimits too, and cpu / pids / disk / nproc limits, capabilities and users are not enforced.
+When a command returns, its process group is killed; with bubblewrap its whole PID
+namespace goes (a `setsid` daemon included), without it a `setsid` daemon survives.
 See rollhub/sandbox/README.md for the full list of what this backend lacks.
 """
 
@@ -30,7 +33,15 @@ import time
 from pathlib import Path
 
 from rollhub.sandbox import exit_cleanup
-from rollhub.sandbox.base import ExecResult, Limits, Sandbox, SandboxBackend, SandboxError
+from rollhub.sandbox.base import (
+    DEFAULT_MAX_READ_BYTES,
+    ExecResult,
+    FileTooLargeError,
+    Limits,
+    Sandbox,
+    SandboxBackend,
+    SandboxError,
+)
 from rollhub.sandbox.output_buffer import HeadTailBuffer
 from rollhub.sandbox.tar_archives import require_absolute
 
@@ -105,6 +116,12 @@ class ProcessSandbox(Sandbox):
     def _limit_resources(self) -> None:  # runs in the child between fork and exec
         memory_bytes = self.limits.memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+        if self.limits.fsize_mb is not None:
+            fsize = self.limits.fsize_mb * 1024 * 1024
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        nofile = self.limits.nofile if hard == resource.RLIM_INFINITY else min(self.limits.nofile, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
     async def exec(
         self, cmd: str, timeout_s: float, workdir: str | None = None, env: dict[str, str] | None = None
@@ -139,11 +156,12 @@ class ProcessSandbox(Sandbox):
         except TimeoutError:
             outer_timed_out = True
             _kill_group(process)
-            await process.wait()
+            while process.returncode is None:
+                await asyncio.sleep(0.01)
         finally:
             self._running.discard(process)
-            if process.returncode is None:  # cancelled: never leave the command running
-                _kill_group(process)
+            _kill_group(process)  # whatever the command left in its group (cancelled: the command too)
+            _close_pipes(process)
         duration_s = time.monotonic() - started
         exit_code = process.returncode if process.returncode is not None else -signal.SIGKILL
         if exit_code < 0:  # killed by a signal: report it the way a shell would
@@ -152,12 +170,27 @@ class ProcessSandbox(Sandbox):
         timed_out = outer_timed_out or (exit_code in (124, 137) and duration_s >= timeout_s)
         return ExecResult(exit_code, output, timed_out=timed_out, duration_s=duration_s, truncated=truncated)
 
-    @staticmethod
-    async def _drain(process: asyncio.subprocess.Process, buffer: HeadTailBuffer) -> None:
-        assert process.stdout is not None
-        while chunk := await process.stdout.read(65536):
-            buffer.append(chunk)
-        await process.wait()
+    async def _drain(self, process: asyncio.subprocess.Process, buffer: HeadTailBuffer) -> None:
+        """Read output until the command exits; then kill its process group and read what is
+        left for a moment: a process that escaped the group (setsid, without bubblewrap)
+        may hold the pipe open forever, and must not hold up the result."""
+
+        async def read_all() -> None:
+            assert process.stdout is not None
+            while chunk := await process.stdout.read(65536):
+                buffer.append(chunk)
+
+        reader = asyncio.ensure_future(read_all())
+        try:
+            while process.returncode is None:  # not process.wait(): it also waits for the pipe
+                if reader.done():  # output closed, command still running
+                    await asyncio.sleep(0.02)
+                else:
+                    await asyncio.wait({reader}, timeout=0.02)
+            _kill_group(process)
+            await asyncio.wait({reader}, timeout=self.backend.output_tail_s)
+        finally:
+            reader.cancel()
 
     async def write_file(self, path: str, content: str | bytes) -> None:
         self._check_open()
@@ -165,14 +198,15 @@ class ProcessSandbox(Sandbox):
         data = content.encode() if isinstance(content, str) else content
         await asyncio.to_thread(_write_bytes, target, data)
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
         self._check_open()
         target = self.host_path(path)
         if target.is_dir():
             raise IsADirectoryError(path)
         if not target.is_file():
             raise FileNotFoundError(f"{path} does not exist in {self!r}")
-        return await asyncio.to_thread(target.read_bytes)
+        limit = self.backend.max_read_bytes if max_bytes is None else max_bytes
+        return await asyncio.to_thread(_read_capped, target, path, limit)
 
     async def copy_in(self, local_dir: str, dest: str) -> None:
         self._check_open()
@@ -198,6 +232,24 @@ def _write_bytes(target: Path, data: bytes) -> None:
     target.write_bytes(data)
 
 
+def _read_capped(target: Path, path: str, limit: int) -> bytes:
+    """Stat, then read at most `limit` + 1 bytes (the file may grow in between)."""
+    size = target.stat().st_size
+    if size > limit:
+        raise FileTooLargeError(path, size, limit)
+    with open(target, "rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise FileTooLargeError(path, len(data), limit)
+    return data
+
+
+def _close_pipes(process: asyncio.subprocess.Process) -> None:
+    transport = getattr(process, "_transport", None)
+    if transport is not None:
+        transport.close()
+
+
 def _kill_group(process: asyncio.subprocess.Process) -> None:
     try:
         os.killpg(process.pid, signal.SIGKILL)
@@ -217,6 +269,8 @@ class ProcessBackend(SandboxBackend):
         use_bubblewrap: bool | None = None,
         shell: tuple[str, ...] = ("bash", "-c"),
         exec_grace_s: float = 2.0,
+        max_read_bytes: int = DEFAULT_MAX_READ_BYTES,
+        output_tail_s: float = 1.0,
     ):
         if use_bubblewrap and not bubblewrap_available():
             raise SandboxError("bubblewrap requested but `bwrap` is not installed: apt-get install -y bubblewrap")
@@ -227,6 +281,8 @@ class ProcessBackend(SandboxBackend):
         self.output_limit_chars = output_limit_chars
         self.shell = tuple(shell)
         self.exec_grace_s = exec_grace_s
+        self.max_read_bytes = max_read_bytes
+        self.output_tail_s = output_tail_s
         self._live: dict[str, ProcessSandbox] = {}
         exit_cleanup.register(self)
 

@@ -6,9 +6,10 @@ container for a PID 1 that may ignore SIGTERM, and we never need the container's
 
 from __future__ import annotations
 
+import collections
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rollhub.sandbox import ownership
@@ -23,8 +24,25 @@ class ContainerRecord:
     image: str
     state: str
     run_id: str
-    owner_alive: bool
+    owner: ownership.OwnerStatus
     labels: dict[str, str]
+
+    @property
+    def owner_alive(self) -> bool:
+        """False only when the owner is provably dead in this host + PID namespace."""
+        return self.owner.state != ownership.DEAD
+
+
+@dataclass
+class GcReport:
+    """What `gc` did: removed containers, and the ones it left alone grouped by reason."""
+
+    removed: list[ContainerRecord] = field(default_factory=list)  # selected and force-removed
+    failed: int = 0  # of `removed`, how many the engine refused (a later gc retries them)
+    skipped: dict[str, list[ContainerRecord]] = field(default_factory=dict)
+
+    def skipped_count(self) -> int:
+        return sum(len(records) for records in self.skipped.values())
 
 
 def list_rollhub_containers(api: Any, run_id: str | None = None) -> list[ContainerRecord]:
@@ -40,7 +58,7 @@ def list_rollhub_containers(api: Any, run_id: str | None = None) -> list[Contain
                 image=raw.get("Image", "?"),
                 state=raw.get("State", "?"),
                 run_id=labels.get(ownership.LABEL_RUN, ""),
-                owner_alive=ownership.owner_is_alive(labels),
+                owner=ownership.owner_status(labels),
                 labels=labels,
             )
         )
@@ -99,9 +117,33 @@ def remove_run(api: Any, run_id: str) -> int:
     return remove_containers(api, [record.id for record in records])
 
 
+def _skip_reason(record: ContainerRecord) -> str:
+    if record.owner.state == ownership.ALIVE:
+        return "owner alive"
+    return record.owner.reason
+
+
+def sweep(api: Any, remove_all: bool = False, run_id: str | None = None) -> GcReport:
+    """Remove containers whose owner is provably dead in this host + PID namespace (every
+    rollhub container with `remove_all`), optionally of one run only.
+
+    Foreign owners (another host sharing the engine, another PID namespace, labels too old
+    to tell) are skipped and reported: their pid says nothing here, so a pid we cannot see
+    is no proof of death.
+    """
+    report = GcReport()
+    skipped: dict[str, list[ContainerRecord]] = collections.defaultdict(list)
+    for record in list_rollhub_containers(api, run_id):
+        if remove_all or record.owner.state == ownership.DEAD:
+            report.removed.append(record)
+        else:
+            skipped[_skip_reason(record)].append(record)
+    report.skipped = dict(skipped)
+    removed = remove_containers(api, [record.id for record in report.removed])
+    report.failed = len(report.removed) - removed
+    return report
+
+
 def collect_garbage(api: Any, remove_all: bool = False) -> list[ContainerRecord]:
-    """Remove containers whose owner process on this host is gone (or every rollhub
-    container with `remove_all`). Returns the records removed."""
-    doomed = [record for record in list_rollhub_containers(api) if remove_all or not record.owner_alive]
-    remove_containers(api, [record.id for record in doomed])
-    return doomed
+    """`sweep` for callers that only need the removed records (backend start, Ray shards)."""
+    return sweep(api, remove_all=remove_all).removed

@@ -1,7 +1,10 @@
 """From finished groups to a training batch: advantages per turn, then per token.
 
 Trajectories that failed for infrastructure reasons (or were cancelled) are removed from
-their group before any statistics are computed: a dead container is not a model failure.
+their group before any statistics are computed: a dead container is not a model failure,
+so it is never scored as 0 and never moves the baseline of the others (the rule that tells
+the two apart is in rollhub.rollout.types). A group left with a single scored member has
+no baseline at all and is skipped. Model failures are ordinary scored members.
 Each turn's advantage is broadcast to that turn's response tokens in the packed sequences.
 """
 
@@ -11,11 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rollhub.rollout.types import Group, Trajectory, TrajectoryStatus
+from rollhub.rollout.types import Group, Trajectory
 from rollhub.trainer.advantages import anchor_group_stats, gigpo_advantages, grpo_advantages
 from rollhub.trainer.policy import TokenBatch, collate
-
-_EXCLUDED = (TrajectoryStatus.INFRA_FAILED, TrajectoryStatus.CANCELLED)
 
 
 @dataclass
@@ -23,6 +24,8 @@ class BatchStats:
     groups: int = 0
     trajectories: int = 0
     excluded_trajectories: int = 0
+    # groups that lost all but one member to infra failures: no baseline, so not trained on
+    groups_without_baseline: int = 0
     zero_advantage_groups: int = 0
     sequences: int = 0
     dropped_sequences: int = 0  # zero-advantage sequences left out (drop_zero_advantage_sequences)
@@ -48,16 +51,41 @@ class AlgorithmConfig:
     cap_invalid_advantage: bool = True
 
     def validate(self) -> None:
-        if self.invalid_action_penalty > 0:
-            raise ValueError("invalid_action_penalty is a penalty: use a value <= 0")
+        # written `not (in range)` so that nan fails too (the loader refuses it; direct construction does not)
+        if not self.invalid_action_penalty <= 0:
+            raise ValueError(
+                f"invalid_action_penalty is a penalty: use a value <= 0, got {self.invalid_action_penalty}"
+            )
         if not 0 <= self.gamma <= 1:
-            raise ValueError("gamma must be in [0, 1]")
-        if self.episode_weight < 0 or self.omega < 0:
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+        if not (self.episode_weight >= 0 and self.omega >= 0):
             raise ValueError("algorithm.episode_weight and algorithm.omega must be >= 0")
 
 
 def trainable_trajectories(group: Group) -> list[Trajectory]:
-    return [t for t in group.trajectories if t.status not in _EXCLUDED and t.turns]
+    """The members that enter the group statistics: scored (not infra-failed, not cancelled), with turns."""
+    return [t for t in group.trajectories if t.scored and t.turns]
+
+
+def baseline_members(group: Group) -> list[Trajectory]:
+    """`trainable_trajectories`, or [] when exclusions left one member of a larger group.
+
+    A lone survivor would be compared with nothing (GRPO then gives A = R, as for a
+    configured group of one), which rewards whatever it did; it carries no relative signal.
+    """
+    members = trainable_trajectories(group)
+    if len(members) == 1 and len(group.trajectories) > 1:
+        return []
+    return members
+
+
+def batch_failed(groups: Sequence[Group], stats: BatchStats) -> bool:
+    """Every trajectory of the batch failed: none succeeded, and no group gave an advantage signal
+    (each was all infra failures, lost its baseline, or scored all its members alike)."""
+    if any(t.success for group in groups for t in trainable_trajectories(group)):
+        return False
+    unscored = sum(1 for group in groups if not trainable_trajectories(group))
+    return unscored + stats.groups_without_baseline + stats.zero_advantage_groups >= len(groups)
 
 
 def turn_advantages(trajectories: Sequence[Trajectory], algorithm: AlgorithmConfig) -> list[list[float]]:
@@ -121,9 +149,10 @@ def build_training_batch(
     sequences, token_advantages = [], []
     singleton_sum, size_sum, counted = 0.0, 0.0, 0
     for group in groups:
-        trajectories = trainable_trajectories(group)
+        trajectories = baseline_members(group)
         stats.excluded_trajectories += len(group.trajectories) - len(trajectories)
         if not trajectories:
+            stats.groups_without_baseline += int(bool(trainable_trajectories(group)))
             continue
         per_turn = turn_advantages(trajectories, algorithm)
         if all(abs(a) < 1e-12 for row in per_turn for a in row):

@@ -40,6 +40,21 @@ def check_env_registered(env_id: str) -> None:
         raise UserError(f"env id '{env_id}' is not registered{hint}; see 'rollhub envs list'")
 
 
+def check_env_kwargs(env_id: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`env.kwargs` checked against the env constructor (names and types), before any model loads.
+
+    Returns them typed (an int given for a float argument widened, `1e-3` read as a number),
+    so the run builds its envs from exactly what was checked. A wrong key or type raises
+    UserError naming `env.kwargs.KEY`; an env whose extra is not installed raises the
+    MissingExtraError that building it would.
+    """
+    from rollhub.envs.arguments import typed_env_kwargs
+    from rollhub.envs.registry import spec
+
+    check_env_registered(env_id)
+    return typed_env_kwargs(spec(env_id), kwargs, key_prefix="env.kwargs.")
+
+
 def ensure_model(config: RunConfig) -> Path:
     """The model dir, built with `init_tiny_model` when missing and allowed."""
     path = Path(config.model.path)
@@ -134,6 +149,8 @@ def build_rollout(
         lockstep=config.rollout.lockstep,
         jsonl_path=str(run_dir / "trajectories.jsonl") if config.train.log_trajectories else None,
         agent=config.agent,
+        max_infra_failure_rate=config.rollout.max_infra_failure_rate,
+        infra_failure_window=config.rollout.infra_failure_window,
     )
     if config.cluster.backend == "ray":  # env shards and engine servers as Ray actors (docs/ray.md)
         from rollhub.rollout.cluster.backend import RayRollout

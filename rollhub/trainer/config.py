@@ -6,10 +6,17 @@ knob has one place: a section that configures one component is defined beside it
 (`AgentConfig` in rollhub.rollout.agent, `EngineConfig` in rollhub.rollout.engines.build,
 `AlgorithmConfig` in rollhub.trainer.batch, `LossConfig` in rollhub.trainer.losses) and
 reaches it whole through the composition root, rollhub.trainer.build.
+
+Every numeric knob is range-checked in its section's `validate()` (the loader has already
+refused nan and infinity), and `RunConfig.validate()` keeps the three seed ranges apart:
+evaluation [eval.seed_offset, + eval.episodes), SFT demos [sft.seed_offset, + sft.episodes)
+and training [env.train_seed_offset, + `train_seed_bound`). Training seeds have no fixed
+end (one per group started), so the bound is an upper estimate, see `RunConfig.train_seeds`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -18,6 +25,26 @@ from rollhub.rollout.cluster.config import ClusterConfig
 from rollhub.rollout.engines.build import EngineConfig
 from rollhub.trainer.batch import AlgorithmConfig
 from rollhub.trainer.losses import LossConfig
+
+#: training seeds reserved beyond train.steps x groups_per_batch x (1 + ceil(async_ratio)):
+#: groups re-started after all their trajectories failed on infrastructure take a new seed each
+TRAIN_SEED_SLACK = 1000
+
+
+def _at_least(key: str, value: float, low: float) -> None:
+    if value < low:
+        raise ValueError(f"{key} must be >= {low}, got {value}")
+
+
+def _positive(key: str, value: float) -> None:
+    if not value > 0:
+        raise ValueError(f"{key} must be > 0, got {value}")
+
+
+def _fraction(key: str, value: float, *, high_open: bool = False) -> None:
+    """value in [0, 1], or [0, 1) with high_open."""
+    if not (0 <= value < 1 if high_open else 0 <= value <= 1):
+        raise ValueError(f"{key} must be in [0, 1{')' if high_open else ']'}, got {value}")
 
 
 @dataclass
@@ -32,8 +59,9 @@ class ModelConfig:
     fsdp: bool = False  # FSDP2 across the torch.distributed group (GPU runs launched by torchrun)
 
     def validate(self) -> None:
-        if self.threads < 1:
-            raise ValueError("threads must be >= 1")
+        _at_least("model.threads", self.threads, 1)
+        if not self.path.strip():
+            raise ValueError("model.path must name a checkpoint dir")
 
 
 @dataclass
@@ -42,6 +70,10 @@ class EnvConfig:
     kwargs: dict[str, Any] = field(default_factory=dict)
     train_seed_offset: int = 0  # training tasks use seeds offset, offset+1, ...
     max_concurrent: int = 64  # env episodes running at once (coroutines)
+
+    def validate(self) -> None:
+        _at_least("env.train_seed_offset", self.train_seed_offset, 0)  # numpy refuses negative seeds
+        _at_least("env.max_concurrent", self.max_concurrent, 1)  # 0 would start no episode and wait forever
 
 
 @dataclass
@@ -55,16 +87,28 @@ class RolloutConfig:
     # independent envs with async_ratio 0 is env-level asynchrony alone. Lockstep with a
     # positive ratio means nothing and is refused.
     lockstep: bool = False
+    # Failure budget (infra vs model failures: the rule in rollhub.rollout.types). Training stops with
+    # an error once more than this fraction of the last `infra_failure_window` finished trajectories
+    # failed for infrastructure reasons (at 1.0: once all of them did), instead of re-rolling forever
+    max_infra_failure_rate: float = 0.5
+    infra_failure_window: int = 200
+    # ... or after this many consecutive batches in which every trajectory failed (none succeeded and
+    # no group had an advantage signal); 0 = never stop for that
+    max_failed_batches: int = 20
 
     def validate(self) -> None:
-        if self.group_size < 1 or self.groups_per_batch < 1:
-            raise ValueError("group_size and groups_per_batch must be >= 1")
+        _at_least("rollout.group_size", self.group_size, 1)
+        _at_least("rollout.groups_per_batch", self.groups_per_batch, 1)
         if self.async_ratio < 0:
-            raise ValueError("async_ratio must be >= 0 (0 = synchronous)")
+            raise ValueError(f"rollout.async_ratio must be >= 0 (0 = synchronous), got {self.async_ratio}")
         if self.lockstep and self.async_ratio != 0:
             raise ValueError(
                 "lockstep runs each batch to the end before training: set async_ratio: 0 with lockstep: true"
             )
+        if not 0 <= self.max_infra_failure_rate <= 1:
+            raise ValueError(f"rollout.max_infra_failure_rate must be in [0, 1], got {self.max_infra_failure_rate}")
+        _at_least("rollout.infra_failure_window", self.infra_failure_window, 1)
+        _at_least("rollout.max_failed_batches", self.max_failed_batches, 0)
 
 
 @dataclass
@@ -85,14 +129,18 @@ class OptimConfig:
     train_embeddings: bool = True
 
     def validate(self) -> None:
-        if self.lr <= 0 or self.micro_batch_size < 1:
-            raise ValueError("lr must be > 0 and micro_batch_size >= 1")
-        if self.eps <= 0:
-            raise ValueError("optim.eps must be > 0")
-        if not 0 <= self.lr_end_factor <= 1:
-            raise ValueError("lr_end_factor must be in [0, 1]")
-        if self.minibatches < 1 or self.epochs < 1:
-            raise ValueError("optim.minibatches and optim.epochs must be >= 1")
+        _positive("optim.lr", self.lr)
+        _at_least("optim.weight_decay", self.weight_decay, 0)
+        _fraction("optim.beta1", self.beta1, high_open=True)  # AdamW's own range
+        _fraction("optim.beta2", self.beta2, high_open=True)
+        _positive("optim.eps", self.eps)
+        # clip_grad_norm_ scales by max_norm / norm: 0 zeroes every update, a negative value flips its sign
+        _positive("optim.max_grad_norm", self.max_grad_norm)
+        _at_least("optim.micro_batch_size", self.micro_batch_size, 1)
+        _at_least("optim.warmup_steps", self.warmup_steps, 0)
+        _fraction("optim.lr_end_factor", self.lr_end_factor)
+        _at_least("optim.minibatches", self.minibatches, 1)
+        _at_least("optim.epochs", self.epochs, 1)
 
 
 @dataclass
@@ -102,6 +150,13 @@ class TrainConfig:
     keep_checkpoints: int = 2
     log_trajectories: bool = True  # write trajectories.jsonl for `rollhub view`
     max_wall_s: float | None = None  # stop RL early (cleanly, after a step) when exceeded
+
+    def validate(self) -> None:
+        _at_least("train.steps", self.steps, 0)  # 0 = warm-start and evaluation only
+        _at_least("train.checkpoint_every", self.checkpoint_every, 0)
+        _at_least("train.keep_checkpoints", self.keep_checkpoints, 0)  # 0 = keep them all
+        if self.max_wall_s is not None:
+            _positive("train.max_wall_s", self.max_wall_s)
 
 
 @dataclass
@@ -117,8 +172,17 @@ class SftConfig:
     noise: float = 0.0
 
     def validate(self) -> None:
-        if not 0.0 <= self.noise < 1.0:
-            raise ValueError("sft.noise must be in [0, 1)")
+        _at_least("sft.episodes", self.episodes, 1 if self.enabled else 0)
+        _positive("sft.epochs", self.epochs)
+        _positive("sft.lr", self.lr)
+        _at_least("sft.batch_size", self.batch_size, 1)
+        _at_least("sft.seed_offset", self.seed_offset, 0)
+        _fraction("sft.noise", self.noise, high_open=True)
+
+    @property
+    def seeds(self) -> range:
+        """The demonstration seeds."""
+        return range(self.seed_offset, self.seed_offset + self.episodes)
 
 
 @dataclass
@@ -136,6 +200,9 @@ class EvalConfig:
             raise ValueError(f"samples_per_seed must be >= 1, got {self.samples_per_seed}")
         if self.episodes < 0:
             raise ValueError(f"episodes must be >= 0, got {self.episodes}")
+        _at_least("eval.seed_offset", self.seed_offset, 0)
+        _at_least("eval.temperature", self.temperature, 0)
+        _at_least("eval.every", self.every, 0)
 
     @property
     def label(self) -> str:
@@ -145,9 +212,13 @@ class EvalConfig:
         )
 
     @property
+    def seed_range(self) -> range:
+        return range(self.seed_offset, self.seed_offset + self.episodes)
+
+    @property
     def seeds(self) -> list[int]:
         """The held-out seeds: the same list for the warm-start, periodic and final evaluations."""
-        return list(range(self.seed_offset, self.seed_offset + self.episodes))
+        return list(self.seed_range)
 
 
 @dataclass
@@ -170,12 +241,44 @@ class RunConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)  # backend: local | ray (docs/ray.md)
 
     def validate(self) -> None:
-        held_out = self.eval.seeds
-        for name, start in (
-            ("env.train_seed_offset", self.env.train_seed_offset),
-            ("sft.seed_offset", self.sft.seed_offset),
-        ):
-            if start in held_out:
+        if not 0 <= self.seed < 2**32:  # numpy's global seed range
+            raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
+        if not self.run_dir.strip():
+            raise ValueError("run_dir must name a folder")
+        self._check_seed_ranges()
+
+    @property
+    def train_seed_bound(self) -> int:
+        """How many training seeds a run may take, at most.
+
+        Each group takes the next seed. Training consumes train.steps x groups_per_batch groups;
+        generation runs up to ceil(async_ratio) batches ahead, and those groups are started
+        (and take seeds) whether or not they are trained on, hence the factor
+        (1 + ceil(async_ratio)) on every step, which over-counts on purpose. TRAIN_SEED_SLACK
+        covers groups re-started after failing on infrastructure.
+        """
+        r = self.rollout
+        return self.train.steps * r.groups_per_batch * (1 + math.ceil(r.async_ratio)) + TRAIN_SEED_SLACK
+
+    @property
+    def train_seeds(self) -> range:
+        """The training seeds: env.train_seed_offset onwards, up to `train_seed_bound` of them."""
+        return range(self.env.train_seed_offset, self.env.train_seed_offset + self.train_seed_bound)
+
+    def _check_seed_ranges(self) -> None:
+        """Refuse overlapping seed ranges: training or SFT on held-out seeds inflates every evaluation."""
+        evaluation = ("evaluation seeds (eval.seed_offset + eval.episodes)", self.eval.seed_range)
+        sft = ("SFT seeds (sft.seed_offset + sft.episodes)", self.sft.seeds)
+        training = (
+            "training seeds (env.train_seed_offset + train.steps x rollout.groups_per_batch x "
+            f"(1 + ceil(rollout.async_ratio)) + {TRAIN_SEED_SLACK})",
+            self.train_seeds,
+        )
+        pairs = [(training, evaluation), (sft, evaluation)]
+        if self.sft.enabled:  # without the warm-start the demos never meet the training tasks
+            pairs.append((training, sft))
+        for (first, a), (second, b) in pairs:
+            if a and b and max(a.start, b.start) < min(a.stop, b.stop):
                 raise ValueError(
-                    f"{name} overlaps the evaluation seeds starting at eval.seed_offset={self.eval.seed_offset}"
+                    f"{first} [{a.start}, {a.stop}) overlap {second} [{b.start}, {b.stop}); move one of the offsets"
                 )

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rollhub.rollout.agent import AgentConfig, run_episode
-from rollhub.rollout.types import Trajectory, TrajectoryStatus
+from rollhub.rollout.types import Trajectory
 
 if TYPE_CHECKING:
     from rollhub.trainer.config import RunConfig
@@ -78,7 +78,9 @@ async def evaluate_policy(
                     on_done()
 
     trajectories = list(await asyncio.gather(*(one(s, k) for s in seeds for k in range(samples_per_seed))))
-    scored = [t for t in trajectories if t.status != TrajectoryStatus.INFRA_FAILED]
+    # the failure rule of rollhub.rollout.types: infra failures say nothing about the policy and are
+    # left out of every rate (counted apart); model failures are scored like any other episode
+    scored = [t for t in trajectories if t.scored]
     turns = sum(len(t.turns) for t in scored) or 1
     return EvalResult(
         success_rate=statistics.fmean(t.success for t in scored) if scored else 0.0,
@@ -96,10 +98,11 @@ async def evaluate_model_dir(config: RunConfig, model_dir: Path) -> EvalResult:
     import torch
 
     from rollhub.core.errors import UserError
-    from rollhub.trainer.build import build_engine, make_env_factory
+    from rollhub.trainer.build import build_engine, check_env_kwargs, make_env_factory
 
     if not (model_dir / "config.json").is_file():
         raise UserError(f"{model_dir} is not a model dir (no config.json)")
+    config.env.kwargs = check_env_kwargs(config.env.id, config.env.kwargs)  # before the model loads
     torch.set_num_threads(config.model.threads)
     engine = build_engine(config, model_dir)
     try:

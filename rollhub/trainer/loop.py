@@ -26,10 +26,12 @@ event loop keeps stepping envs. Sync training is the same loop with alpha = 0 an
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
 import random
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -44,7 +46,8 @@ from rollhub.core.errors import UserError
 from rollhub.rollout.buffer import GroupBuffer
 from rollhub.rollout.engines.base import InferenceEngine
 from rollhub.rollout.source import RolloutSource
-from rollhub.trainer.batch import build_training_batch
+from rollhub.rollout.types import RolloutFailureError
+from rollhub.trainer.batch import batch_failed, build_training_batch
 from rollhub.trainer.build import (
     build_buffer,
     build_engine,
@@ -52,7 +55,7 @@ from rollhub.trainer.build import (
     build_policy,
     build_reference,
     build_rollout,
-    check_env_registered,
+    check_env_kwargs,
     ensure_model,
     make_env_factory,
 )
@@ -68,6 +71,8 @@ logger = logging.getLogger(__name__)
 
 WARMSTART_FILE = "warmstart.json"
 SFT_MODEL_DIR = "sft_model"
+SFT_DONE_FILE = "sft_done.json"  # written after sft_model/ is complete: the only proof that it is
+TRAJECTORY_LOG = "trajectories.jsonl"  # as build_rollout names it
 
 
 @dataclass
@@ -147,17 +152,72 @@ class LoopState:
 
 
 def _batch_reward_metrics(groups: list[Any]) -> dict[str, float]:
-    trajectories = [t for g in groups for t in g.trajectories]
-    if not trajectories:
+    """Rates over the scored trajectories (an infra failure is no evidence about the policy), plus
+    the failure counts of the rule in rollhub.rollout.types: infra failures, model failures by reason."""
+    everything = [t for g in groups for t in g.trajectories]
+    trajectories = [t for t in everything if t.scored]
+    if not everything:
         return {}
+    record: dict[str, float] = {"train/infra_failed_trajectories": float(len(everything) - len(trajectories))}
+    if not trajectories:
+        return record
     turns = sum(len(t.turns) for t in trajectories) or 1
-    return {
-        "train/success_rate": float(np.mean([t.success for t in trajectories])),
-        "train/mean_return": float(np.mean([t.total_reward for t in trajectories])),
-        "train/mean_turns": turns / len(trajectories),
-        "train/invalid_action_rate": sum(t.info.get("invalid_actions", 0) for t in trajectories) / turns,
-        "train/format_error_rate": sum(t.info.get("format_errors", 0) for t in trajectories) / turns,
-    }
+    reasons = collections.Counter(t.model_failure for t in trajectories if t.model_failure is not None)
+    record.update(
+        {
+            "train/success_rate": float(np.mean([t.success for t in trajectories])),
+            "train/mean_return": float(np.mean([t.total_reward for t in trajectories])),
+            "train/mean_turns": turns / len(trajectories),
+            "train/invalid_action_rate": sum(t.info.get("invalid_actions", 0) for t in trajectories) / turns,
+            "train/format_error_rate": sum(t.info.get("format_errors", 0) for t in trajectories) / turns,
+            "train/model_failure_rate": sum(reasons.values()) / len(trajectories),
+            **{f"train/model_failures/{reason}": float(count) for reason, count in sorted(reasons.items())},
+        }
+    )
+    return record
+
+
+#: how often a trainer waiting for a batch checks whether the rollout source gave up
+_FAILURE_POLL_S = 0.5
+
+
+async def _next_async_batch(buffer: GroupBuffer, rollout: RolloutSource, version: int) -> list[Any]:
+    """`buffer.get_batch`, unless the rollout source fails first: then its error, not a wait forever.
+
+    The producer runs as its own task; when it stops (`failure` set, e.g. the infra failure
+    budget is spent) no group will ever arrive, so the trainer must look instead of waiting.
+    """
+    batch = asyncio.ensure_future(buffer.get_batch(version))
+    try:
+        while True:
+            done, _ = await asyncio.wait({batch}, timeout=_FAILURE_POLL_S)
+            if done:
+                return batch.result()
+            failure = rollout.failure
+            if failure is not None:
+                raise failure
+    finally:
+        if not batch.done():
+            batch.cancel()
+            await asyncio.gather(batch, return_exceptions=True)
+
+
+def _failed_batches_error(groups: list[Any], failed: int, config: RunConfig) -> RolloutFailureError:
+    """The cause, the counts of the last batch and what to check, as one line."""
+    everything = [t for g in groups for t in g.trajectories]
+    scored = [t for t in everything if t.scored]
+    reasons = collections.Counter(t.model_failure for t in scored if t.model_failure is not None)
+    turns = sum(len(t.turns) for t in scored) or 1
+    format_errors = sum(t.info.get("format_errors", 0) for t in scored) / turns
+    detail = ", ".join(f"{count} {reason}" for reason, count in sorted(reasons.items())) or "none"
+    return RolloutFailureError(
+        f"training stopped: every trajectory failed in {failed} consecutive batches "
+        f"(rollout.max_failed_batches={config.rollout.max_failed_batches}); the last one had "
+        f"{len(everything)} trajectories: {len(everything) - len(scored)} infra failures, none succeeded, no group "
+        f"had an advantage signal, model failures: {detail}, format errors on {format_errors:.0%} of turns. "
+        f"Check that {config.env.id} can be solved and rewards differ ('rollhub envs try'), the agent's prompt and "
+        "answer format, and the SFT warm-start; set rollout.max_failed_batches: 0 to train on regardless"
+    )
 
 
 async def rl_loop(
@@ -177,8 +237,12 @@ async def rl_loop(
     """RL steps from `state.version` to `config.train.steps` (see module docstring).
 
     `reference` is the frozen warm-start policy of the optional KL term (loss.kl_coef > 0).
+    Raises RolloutFailureError instead of looping on when rollout cannot feed it: the rollout
+    source spent its infra failure budget (rollout.max_infra_failure_rate), or every
+    trajectory failed in rollout.max_failed_batches consecutive batches.
     """
     sync = config.rollout.lockstep
+    failed_batches = 0  # consecutive batches in which every trajectory failed (not checkpointed)
     compute = ComputeThread()  # one thread, one malloc arena (rollhub/trainer/worker.py)
     started = time.perf_counter()
     step_started = time.perf_counter()
@@ -186,15 +250,18 @@ async def rl_loop(
         while state.version < config.train.steps:
             # batch: the buffer drops groups more than ceil(alpha) versions stale
             wait_started = time.perf_counter()
-            if sync:
+            if sync:  # raises RolloutFailureError once the rollout's infra failure budget is spent
                 groups = await rollout.collect_batch(config.rollout.groups_per_batch)  # the trainer idles meanwhile
             else:
-                groups = await buffer.get_batch(state.version)
+                groups = await _next_async_batch(buffer, rollout, state.version)
             wait_s = time.perf_counter() - wait_started
             compute_started = time.perf_counter()
 
             # advantages per group, broadcast to response tokens
             batch, stats = build_training_batch(groups, policy.tokenizer.pad_token_id, config.algorithm)
+            failed_batches = failed_batches + 1 if batch_failed(groups, stats) else 0
+            if config.rollout.max_failed_batches and failed_batches >= config.rollout.max_failed_batches:
+                raise _failed_batches_error(groups, failed_batches, config)
 
             # proximal log-probs, loss, optimizer step (off the event loop: envs keep stepping)
             step_metrics: dict[str, Any] = {}
@@ -243,6 +310,8 @@ async def rl_loop(
                 "batch/sequences": stats.sequences,
                 "batch/dropped_zero_advantage_sequences": stats.dropped_sequences,
                 "batch/excluded_trajectories": stats.excluded_trajectories,
+                "batch/groups_without_baseline": stats.groups_without_baseline,
+                "batch/consecutive_failed": failed_batches,
                 "batch/zero_advantage_groups": stats.zero_advantage_groups,
                 "gigpo/singleton_anchor_fraction": stats.singleton_anchor_fraction,
                 "gigpo/mean_step_group_size": stats.mean_step_group_size,
@@ -369,8 +438,16 @@ class Run:
         return self.prior_wall_s + time.perf_counter() - self.started
 
     def save(self, state: LoopState) -> None:
+        """Checkpoint the loop; also records how long trajectories.jsonl is now, so that a resume
+        cuts the lines of groups it will generate again (`restore`)."""
+        from rollhub.rollout.trajectory_log import log_size
+
         state.wall_s = self.wall_s()
-        rollout_state = {"next_seed": self.seeds.next_seed, "buffer": self.buffer.state_dict() if self.buffer else None}
+        rollout_state = {
+            "next_seed": self.seeds.next_seed,
+            "buffer": self.buffer.state_dict() if self.buffer else None,
+            "trajectories_bytes": log_size(self.run_dir / TRAJECTORY_LOG),
+        }
         save_checkpoint(
             self.run_dir,
             state.version,
@@ -397,7 +474,15 @@ def _progress(enabled: bool):
 
 
 def open_run_dir(config: RunConfig, *, resume: bool) -> Path | None:
-    """Create the run folder, refuse to overwrite another run, and return the checkpoint to resume (if any)."""
+    """Create the run folder, refuse to overwrite another run, and return the checkpoint to resume (if any).
+
+    config.json is replaced atomically: `rollhub train --resume` reads it back, so a torn one
+    would make the run unresumable. A run that starts from step 0 drops any trajectory log of
+    an earlier attempt, as `run_training` does with the metrics, so no group is logged twice.
+    """
+    from rollhub.rollout.trajectory_log import truncate_log
+    from rollhub.trainer.checkpoint import atomic_write_text
+
     run_dir = Path(config.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = latest_checkpoint(run_dir) if resume else None
@@ -407,17 +492,26 @@ def open_run_dir(config: RunConfig, *, resume: bool) -> Path | None:
         raise UserError(
             f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, or choose another run_dir"
         )
-    (run_dir / "config.json").write_text(json.dumps(config_to_dict(config), indent=2))
+    atomic_write_text(run_dir / "config.json", json.dumps(config_to_dict(config), indent=2))
+    if checkpoint is None:
+        truncate_log(run_dir / TRAJECTORY_LOG, 0)
     return checkpoint
 
 
 async def warm_start(config: RunConfig, policy: Policy, sft_dir: Path, *, print_fn: Callable[[str], None]) -> float:
-    """SFT on scripted-expert demos, saved to `sft_dir`; returns its wall time."""
+    """SFT on scripted-expert demos, saved to `sft_dir`; returns its wall time.
+
+    The model folder is saved atomically (`Policy.save_pretrained`), and `SFT_DONE_FILE` is
+    written after it: `run_training` trusts the SFT model only when that marker exists. An
+    interrupted SFT is redone from scratch, so its metrics log starts empty too.
+    """
+    from rollhub.trainer.checkpoint import atomic_write_text
     from rollhub.trainer.sft import sft_epochs
 
     started = time.perf_counter()
     demos = await collect_demonstrations(config, policy.tokenizer)
     sft_log = MetricsLog(sft_dir.parent, tensorboard=False, filename="sft_metrics.jsonl")
+    sft_log.truncate_after(-1)  # lines of an interrupted attempt would be counted twice
     history = await asyncio.to_thread(
         sft_epochs,
         policy,
@@ -430,6 +524,8 @@ async def warm_start(config: RunConfig, policy: Policy, sft_dir: Path, *, print_
     )
     policy.save_pretrained(sft_dir)
     wall = time.perf_counter() - started
+    done = {"demos": len(demos), "steps": len(history), "final_loss": history[-1]["sft/loss"], "wall_s": wall}
+    atomic_write_text(sft_dir.parent / SFT_DONE_FILE, json.dumps(done))
     print_fn(
         f"SFT warm-start: {len(demos)} demos, {len(history)} steps, "
         f"final loss {history[-1]['sft/loss']:.3f} ({wall:.0f}s)"
@@ -437,8 +533,31 @@ async def warm_start(config: RunConfig, policy: Policy, sft_dir: Path, *, print_
     return wall
 
 
+def sft_finished(run_dir: Path) -> bool:
+    """Whether `run_dir` holds a finished SFT model: its marker is written only after the folder is whole."""
+    return (run_dir / SFT_DONE_FILE).is_file() and (run_dir / SFT_MODEL_DIR / "config.json").is_file()
+
+
+def sft_model_ready(run_dir: Path) -> bool:
+    """`sft_finished`, and when it is not, remove what a killed SFT left, so SFT is redone on a clean slate."""
+    if sft_finished(run_dir):
+        return True
+    sft_dir = run_dir / SFT_MODEL_DIR
+    if sft_dir.exists():
+        logger.warning("%s has no %s (its save was interrupted): removing it and redoing SFT", sft_dir, SFT_DONE_FILE)
+        shutil.rmtree(sft_dir)
+    (run_dir / SFT_DONE_FILE).unlink(missing_ok=True)
+    return False
+
+
 async def restore(run: Run, checkpoint: Path, *, print_fn: Callable[[str], None]) -> None:
-    """Trainer, optimizer, seed cursor, buffer and logs as they were at `checkpoint`."""
+    """Trainer, optimizer, seed cursor, buffer and logs as they were at `checkpoint`.
+
+    Both logs are cut back to the checkpoint: metrics by step, trajectories.jsonl to the length
+    the checkpoint recorded (the groups after it are generated again from the restored seed cursor).
+    """
+    from rollhub.rollout.trajectory_log import truncate_log
+
     payload = load_checkpoint(checkpoint, model=run.policy.model, optimizer=run.optimizer)
     run.state = LoopState(**payload["trainer"])
     run.prior_wall_s = run.state.wall_s
@@ -446,6 +565,8 @@ async def restore(run: Run, checkpoint: Path, *, print_fn: Callable[[str], None]
     if run.buffer is not None and payload["rollout"].get("buffer"):
         run.buffer.load_state_dict(payload["rollout"]["buffer"])
     run.metrics_log.truncate_after(run.state.version)
+    if payload["rollout"].get("trajectories_bytes") is not None:
+        truncate_log(run.run_dir / TRAJECTORY_LOG, payload["rollout"]["trajectories_bytes"])
     await run.engine.update_weights(run.policy.engine_state_dict(), run.state.version)
     print_fn(f"resumed {run.run_dir} at step {run.state.version}")
     warm = run.run_dir / WARMSTART_FILE
@@ -576,7 +697,7 @@ async def run_training(
     """The whole job (see module docstring). Returns warm-start and final evaluations."""
     job_started = time.perf_counter()
     torch.set_num_threads(config.model.threads)
-    check_env_registered(config.env.id)
+    config.env.kwargs = check_env_kwargs(config.env.id, config.env.kwargs)  # names and types, before the model loads
     if config.cluster.backend == "ray":  # fail before the warm-start, not after it
         from rollhub.rollout.cluster.backend import import_ray
 
@@ -590,7 +711,7 @@ async def run_training(
     t = time.perf_counter()
     model_dir = ensure_model(config)
     sft_dir = run_dir / SFT_MODEL_DIR
-    sft_done = config.sft.enabled and (sft_dir / "config.json").exists()
+    sft_done = config.sft.enabled and sft_model_ready(run_dir)  # a half-written sft_model/ is removed
     policy = build_policy(config, sft_dir if sft_done else model_dir)
     phases["prepare_s"] = time.perf_counter() - t
     metrics_log = MetricsLog(run_dir)
@@ -600,7 +721,7 @@ async def run_training(
         metrics_log.truncate_after(-1)  # a resume without a complete checkpoint starts over
         if config.sft.enabled and not sft_done:
             phases["sft_s"] = await warm_start(config, policy, sft_dir, print_fn=print_fn)
-    engine_model_dir = sft_dir if (config.sft.enabled and (sft_dir / "config.json").exists()) else model_dir
+    engine_model_dir = sft_dir if (config.sft.enabled and sft_finished(run_dir)) else model_dir
     engine = build_engine(config, engine_model_dir)
     optimizer = build_optimizer(policy, config)
     reference = build_reference(config, engine_model_dir, policy)  # the KL anchor: the warm-start, frozen

@@ -59,15 +59,16 @@ class LossConfig:
     proximal: Proximal = "recompute"
 
     def validate(self) -> None:
+        # written `not (in range)` so that nan fails too (the loader refuses it; direct construction does not)
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
             raise ValueError("clip_low must be in [0, 1) and clip_high >= 0")
-        if self.dual_clip is not None and self.dual_clip <= 1:
+        if self.dual_clip is not None and not self.dual_clip > 1:
             raise ValueError("dual_clip must be > 1 (usually 3) or null")
-        if self.is_cap <= 0:
+        if not self.is_cap > 0:
             raise ValueError("is_cap must be > 0 (usually 2)")
         if not 0 <= self.mis_low < 1 < self.mis_high:
-            raise ValueError("the mis band needs mis_low < 1 < mis_high")
-        if self.kl_coef < 0 or self.entropy_coef < 0:
+            raise ValueError("the mis band needs 0 <= mis_low < 1 < mis_high")
+        if not (self.kl_coef >= 0 and self.entropy_coef >= 0):
             raise ValueError("kl_coef and entropy_coef must be >= 0")
 
 

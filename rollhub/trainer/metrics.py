@@ -2,7 +2,9 @@
 and a PNG learning curve (the summary).
 
 `truncate_after(step)` rewrites the JSONL so it ends at the checkpoint a run resumes from:
-steps redone after a crash are then logged once, never twice.
+steps redone after a crash are then logged once, never twice. The rewrite goes to a temporary
+file that is fsynced and renamed over the log, so a kill during it keeps the old log whole,
+and opening a log drops a torn last line first, so the next record is never fused onto it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from rollhub.rollout.trajectory_log import drop_torn_tail
+from rollhub.trainer.checkpoint import fsync_dir
+
 logger = logging.getLogger(__name__)
 
 
@@ -23,6 +28,7 @@ class MetricsLog:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / filename
+        drop_torn_tail(self.path)  # a kill mid-write must not cost the next record too
         self._writer = None
         if tensorboard:
             try:
@@ -58,7 +64,10 @@ class MetricsLog:
         with open(tmp, "w") as handle:
             for record in kept:
                 handle.write(json.dumps(record) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())  # the rename must not publish a file whose data is still in flight
         os.replace(tmp, self.path)
+        fsync_dir(self.path.parent)
 
     def close(self) -> None:
         if self._writer is not None:

@@ -239,8 +239,18 @@ class Policy:
         return self.model.parameters()
 
     def save_pretrained(self, out_dir: str | Path) -> None:
-        """An HF checkpoint dir (model + tokenizer) that the engine or `rollhub train` can load."""
+        """An HF checkpoint dir (model + tokenizer) that the engine or `rollhub train` can load.
+
+        Written into a temporary sibling, fsynced and renamed into place (`staged_dir`): a kill
+        mid-save leaves the previous folder or none, never a half-written one whose config.json
+        would make it look loadable. The folder is replaced as a whole, so one that holds anything
+        but a model is refused rather than deleted.
+        """
+        from rollhub.trainer.checkpoint import staged_dir
+
         out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(out)
-        self.tokenizer.save_pretrained(out)
+        if out.is_dir() and any(out.iterdir()) and not (out / "config.json").is_file():
+            raise ValueError(f"{out} is not empty and holds no model; refusing to replace it with one")
+        with staged_dir(out) as tmp:
+            self.model.save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)

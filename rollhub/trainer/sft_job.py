@@ -13,14 +13,14 @@ from rollhub.trainer.config import RunConfig
 
 async def run_sft_job(config: RunConfig, *, out_dir: str | None = None, print_fn=print) -> float:
     """Fine-tune on expert demos, save the model, print and return held-out success."""
-    from rollhub.trainer.build import build_policy, check_env_registered, ensure_model
+    from rollhub.trainer.build import build_policy, check_env_kwargs, ensure_model
     from rollhub.trainer.evaluate import evaluate_model_dir
     from rollhub.trainer.loop import collect_demonstrations, seed_everything
     from rollhub.trainer.metrics import MetricsLog
     from rollhub.trainer.sft import sft_epochs
 
     torch.set_num_threads(config.model.threads)
-    check_env_registered(config.env.id)
+    config.env.kwargs = check_env_kwargs(config.env.id, config.env.kwargs)  # before the model loads
     seed_everything(config.seed)
     started = time.perf_counter()
     out = Path(out_dir) if out_dir else Path(config.run_dir) / "sft_model"

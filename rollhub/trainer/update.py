@@ -3,16 +3,25 @@
 Every micro-batch's loss is normalised by the token/sequence counts of the WHOLE batch
 (`BatchNormaliser`), so the accumulated gradient is exactly the full-batch gradient,
 whatever the micro-batch size.
+
+A step whose loss or gradient is not finite (a NaN/inf advantage, an overflow) is skipped:
+one such step would write NaN into every weight and into Adam's moments, and every later
+checkpoint would carry them. The gradients are dropped, the optimizer is not stepped (its
+state stays as it was), a warning says so, and the step reports `skipped_nonfinite`.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from typing import Any
 
 import torch
 
 from rollhub.trainer.losses import BatchNormaliser, LossConfig, full_kl, policy_loss
 from rollhub.trainer.policy import Policy, TokenBatch, response_positions
+
+logger = logging.getLogger(__name__)
 
 
 def policy_update(
@@ -81,12 +90,43 @@ def policy_update(
             weighted[key] = weighted.get(key, 0.0) + value * tokens
             weights[key] = weights.get(key, 0.0) + tokens
     grad_norm = _clip_and_norm(policy.parameters(), max_grad_norm)
-    optimizer.step()
+    skipped = _step_if_finite(optimizer, total_loss, grad_norm, policy.device)
     out: dict[str, Any] = {key: weighted[key] / max(weights[key], 1e-12) for key in weighted}
     out["loss"] = total_loss
     out["grad_norm"] = grad_norm
     out["response_tokens"] = normaliser.num_tokens
+    out["skipped_nonfinite"] = float(skipped)
     return out
+
+
+def _step_if_finite(optimizer: torch.optim.Optimizer, loss: float, grad_norm: float, device: str) -> bool:
+    """Step the optimizer, unless the loss or gradient is NaN/inf; returns True when the step was skipped.
+
+    A skipped step drops the gradients and leaves weights and optimizer state untouched: one
+    NaN step would poison every weight and Adam moment, and every checkpoint after it.
+    """
+    if not _any_rank(not (math.isfinite(loss) and math.isfinite(grad_norm)), device):
+        optimizer.step()
+        return False
+    optimizer.zero_grad(set_to_none=True)
+    logger.warning(
+        "non-finite loss %s or gradient norm %s: skipped this optimizer step (weights and optimizer "
+        "state unchanged); check the batch's advantages and rewards",
+        loss,
+        grad_norm,
+    )
+    return True
+
+
+def _any_rank(flag: bool, device: str | torch.device) -> bool:
+    """`flag` on any process of the group: under FSDP every rank must skip or step together."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
+    value = torch.tensor([float(flag)], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
 
 
 def _clip_and_norm(parameters, max_grad_norm: float | None) -> float:
@@ -138,7 +178,7 @@ def ppo_update(
             reference_logprobs=ref,
             reference=reference,
         )
-        out["optimizer_steps"] = 1.0
+        out["optimizer_steps"] = 1.0 - out["skipped_nonfinite"]
         return out
     # with "behaviour" the decoupled weight min(prox/mu, C) is 1 and the clip is plain PPO's
     prox = behaviour if behaviour is not None else policy.compute_logprobs(batch)
@@ -162,5 +202,6 @@ def ppo_update(
             )
     out = {key: sum(r[key] for r in results) / len(results) for key in results[0] if key != "response_tokens"}
     out["response_tokens"] = float(batch.response_mask.sum())
-    out["optimizer_steps"] = float(len(results))
+    out["skipped_nonfinite"] = sum(r["skipped_nonfinite"] for r in results)  # a count, not a mean
+    out["optimizer_steps"] = float(len(results)) - out["skipped_nonfinite"]
     return out

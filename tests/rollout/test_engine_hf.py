@@ -199,3 +199,13 @@ def test_engine_survives_successive_event_loops(tiny_model_and_tokenizer):
     second = asyncio.run(eng.generate(PROMPTS[0], SamplingParams(max_new_tokens=3, seed=1, stop_token_ids=NO_STOP)))
     assert first.token_ids == second.token_ids
     asyncio.run(eng.close())
+
+
+async def test_out_of_vocabulary_ids_are_refused_before_they_join_a_batch(tiny_model_dir):
+    async with HFEngine(tiny_model_dir, max_batch_size=4) as engine:
+        vocab = engine.model.get_input_embeddings().num_embeddings
+        good = asyncio.ensure_future(engine.generate([1, 2, 3], SamplingParams(max_new_tokens=4, temperature=0.0)))
+        for bad in ([1, vocab], [-1, 2]):
+            with pytest.raises(ValueError, match="input_ids"):
+                await engine.generate(bad, SamplingParams(max_new_tokens=4))
+        assert len((await good).token_ids) == 4  # the request in flight is untouched

@@ -11,9 +11,16 @@ import tarfile
 import pytest
 
 from rollhub.sandbox import ownership
+from rollhub.sandbox.base import FileTooLargeError
 from rollhub.sandbox.images import layered_image_hash
 from rollhub.sandbox.output_buffer import HeadTailBuffer
-from rollhub.sandbox.tar_archives import directory_tar, first_file_from_tar, single_file_tar
+from rollhub.sandbox.tar_archives import (
+    directory_tar,
+    first_file_from_tar,
+    rebase_tar,
+    relative_to,
+    single_file_tar,
+)
 
 
 def test_head_tail_buffer_matches_plain_truncation_when_nothing_dropped():
@@ -81,6 +88,10 @@ def test_layered_image_hash_tracks_every_input(tmp_path):
     assert first != layered_image_hash("sha256:other", files, ["true"], {}, None)
     assert first != layered_image_hash("sha256:base", files, ["false"], {}, None)
     assert first != layered_image_hash("sha256:base", files, ["true"], {"A": "1"}, None)
+    with_user = layered_image_hash("sha256:base", files, ["true"], {}, None, "agent", ["/srv"])
+    assert with_user != first
+    assert with_user != layered_image_hash("sha256:base", files, ["true"], {}, None, "agent", ["/srv", "/x"])
+    assert first == layered_image_hash("sha256:base", files, ["true"], {}, None, None, None)  # old tags kept
     (source / "a.py").write_text("print(2)\n")
     assert first != layered_image_hash("sha256:base", files, ["true"], {}, None)
     os.chmod(source / "a.py", 0o755)
@@ -97,3 +108,64 @@ def test_sandbox_cli_reports_a_missing_engine_in_one_line(tmp_path):
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "no Docker engine answers" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_reading_a_tar_streams_and_refuses_an_oversized_member_by_its_header():
+    archive = single_file_tar("/data/big.bin", b"x" * 100_000, uid=1000, gid=1001)
+    with tarfile.open(fileobj=io.BytesIO(archive)) as opened:
+        member = opened.getmembers()[0]
+    assert (member.name, member.uid, member.gid) == ("data/big.bin", 1000, 1001)
+    consumed = []
+
+    def chunks():  # the header is in the first chunk; nothing after it may be pulled
+        for start in range(0, len(archive), 512):
+            consumed.append(start)
+            yield archive[start : start + 512]
+
+    with pytest.raises(FileTooLargeError) as refused:
+        first_file_from_tar(chunks(), max_bytes=1000, path="/data/big.bin")
+    assert refused.value.size == 100_000 and refused.value.limit == 1000
+    assert len(consumed) * 512 < 70_000  # stopped long before the 100 kB body
+    pieces = [archive[i : i + 7] for i in range(0, len(archive), 7)]  # odd chunk sizes
+    assert first_file_from_tar(pieces, max_bytes=100_000) == b"x" * 100_000
+
+
+def test_tars_for_a_folder_are_relative_to_where_they_are_extracted(tmp_path):
+    assert relative_to("/testbed/a/b.py", "/testbed") == "a/b.py"
+    assert relative_to("/testbed", "/testbed") == ""
+    assert relative_to("/x/y", "/") == "x/y"
+    with pytest.raises(ValueError):
+        relative_to("/etc/passwd", "/testbed")
+    single = single_file_tar("/testbed/a/b.py", b"v", base="/testbed")
+    with tarfile.open(fileobj=io.BytesIO(single)) as opened:
+        assert opened.getnames() == ["a/b.py"]
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "m.py").write_text("m")
+    with tarfile.open(fileobj=directory_tar(str(tmp_path), "/testbed", base="/testbed")) as opened:
+        assert sorted(opened.getnames()) == ["pkg", "pkg/m.py"]
+
+
+def test_rebase_tar_strips_the_folder_name_and_counts_tmpfs_pages():
+    source = io.BytesIO()
+    with tarfile.open(fileobj=source, mode="w") as archive:
+        for name, data in (("testbed", None), ("testbed/a.txt", b"hello"), ("testbed/sub", None)):
+            info = tarfile.TarInfo(name)
+            info.uid = info.gid = 1000
+            info.mode = 0o750
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                archive.addfile(info)
+            else:
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+        link = tarfile.TarInfo("testbed/hard")
+        link.type, link.linkname = tarfile.LNKTYPE, "testbed/a.txt"
+        archive.addfile(link)
+    out = io.BytesIO()
+    rebased = rebase_tar([source.getvalue()], out)
+    assert rebased.tmpfs_bytes == 4096  # one page for the 5-byte file
+    assert (rebased.uid, rebased.gid, rebased.mode) == (1000, 1000, 0o750)  # the folder's own, for the tmpfs root
+    out.seek(0)
+    with tarfile.open(fileobj=out) as archive:
+        assert [(m.name, m.linkname) for m in archive] == [(".", ""), ("a.txt", ""), ("sub", ""), ("hard", "a.txt")]
+        assert archive.extractfile("a.txt").read() == b"hello"

@@ -232,8 +232,8 @@ def test_killed_run_resumes_without_losing_or_double_counting(tiny_model_dir, tm
         timeout=600,
     )
     assert twin_done.returncode == 0, twin_done.stderr.decode()[-2000:]
-    step3_run = torch.load(run / "checkpoints" / "step-000003" / "state.pt", weights_only=False)["model"]
-    step3_twin = torch.load(twin / "checkpoints" / "step-000003" / "state.pt", weights_only=False)["model"]
+    step3_run = torch.load(run / "checkpoints" / "step-000003" / "state.pt", weights_only=True)["model"]
+    step3_twin = torch.load(twin / "checkpoints" / "step-000003" / "state.pt", weights_only=True)["model"]
     for name, tensor in step3_twin.items():
         assert torch.equal(tensor, step3_run[name]), name
 

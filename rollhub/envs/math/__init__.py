@@ -1,4 +1,4 @@
-"""Math (RLVR): procedural and jsonl problems, answer extraction, sympy equivalence."""
+"""Math (RLVR): procedural and jsonl problems, answer extraction, bounded-cost equivalence."""
 
 from rollhub.envs.math.answers import extract_answer, is_equivalent, normalize
 from rollhub.envs.math.dataset import load_jsonl

@@ -5,6 +5,10 @@ untagged reply is still graded by its last `\\boxed{}` or final number, with
 `info["format_ok"] = False` so the trainer can penalise the format if it wants to.
 Reward: 1 for a correct answer, 0 otherwise. A reply with no answer at all is an invalid
 action (state unchanged); with the default single attempt it ends the episode by truncation.
+
+The answer is graded inline on the event loop, which is safe because `is_equivalent` has a
+bounded cost and a deadline (`check_time_limit_s`): a hostile answer such as `9^9^9` scores
+0 within milliseconds instead of freezing every other trajectory (see `answers.py`).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from rollhub.envs.base import Env, Observation, StepResult, invalid_step_info, wrap_action
-from rollhub.envs.math.answers import extract_answer, is_equivalent
+from rollhub.envs.math.answers import CHECK_TIME_LIMIT_S, MAX_ANSWER_CHARS, extract_answer, is_equivalent
 from rollhub.envs.math.dataset import load_jsonl
 from rollhub.envs.math.problems import KINDS, AnswerLength, Problem, generate_problem
 
@@ -31,6 +35,7 @@ class MathEnv(Env):
         kinds, difficulty, answer_length: procedural problem choice (see `rollhub.envs.math.problems`).
         max_attempts: answers allowed per problem; a wrong one gets "Incorrect." back.
         correct_reward, wrong_reward, invalid_reward: reward values.
+        check_time_limit_s: deadline of one answer check; a check that runs out scores as wrong.
     Options of reset: {"index": i} picks dataset problem i instead of a random one.
     """
 
@@ -48,9 +53,13 @@ class MathEnv(Env):
         correct_reward: float = 1.0,
         wrong_reward: float = 0.0,
         invalid_reward: float = 0.0,
+        check_time_limit_s: float = CHECK_TIME_LIMIT_S,
     ):
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        if not 0 < check_time_limit_s <= 10:
+            raise ValueError(f"check_time_limit_s must be in (0, 10] seconds, got {check_time_limit_s}")
+        self.check_time_limit_s = check_time_limit_s
         self.kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
         self.difficulty = difficulty
         self.answer_length = answer_length
@@ -108,7 +117,7 @@ class MathEnv(Env):
                 {"role": "user", "content": "No answer found. Put the final answer inside <answer></answer>."}
             ]
             return obs, float(self.invalid_reward), False, out_of_attempts, info
-        correct = is_equivalent(answer, problem.answer)
+        correct = is_equivalent(answer, problem.answer, time_limit_s=self.check_time_limit_s)
         terminated = correct or out_of_attempts
         self._done = terminated
         info = {
@@ -116,7 +125,7 @@ class MathEnv(Env):
             "success": correct,
             "action_valid": True,
             "format_ok": format_ok,
-            "answer": answer,
+            "answer": answer[:MAX_ANSWER_CHARS],  # a hostile megabyte answer stays out of the logs
         }
         reply = "Correct." if correct else "Incorrect." if terminated else "Incorrect, try again."
         reward = self.correct_reward if correct else self.wrong_reward

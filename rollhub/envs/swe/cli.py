@@ -1,4 +1,4 @@
-"""`rollhub swe make-tasks PACKAGE==VERSION` and `rollhub swe build-images FILE`.
+"""`rollhub swe make-tasks PACKAGE==VERSION`, `rollhub swe build-images FILE`, `rollhub swe redteam FILE`.
 
 Import-light: docker, swebench and the factory load inside the handlers.
 """
@@ -64,6 +64,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument("file", help="task .jsonl")
     build.add_argument("--force", action="store_true", help="rebuild even when the image exists")
     build.set_defaults(func=_build_images)
+
+    red = commands.add_parser(
+        "redteam",
+        help="gold must score 1 and every forging attempt 0, per task; exits 1 if a task is hackable",
+    )
+    red.add_argument("file", help="task .jsonl")
+    red.add_argument("--instance-ids", nargs="*", default=None, metavar="ID", help="only these tasks")
+    red.add_argument("--attacks", nargs="*", default=None, metavar="NAME", help="only these attacks (default: all)")
+    red.add_argument("--concurrency", type=int, default=3, help="episodes at once per task (default 3)")
+    red.add_argument("--json", dest="json_out", default=None, help="also write the per-attempt results here")
+    red.set_defaults(func=_redteam)
 
     swe.set_defaults(func=lambda args: (swe.print_help(), 2)[1])
 
@@ -160,3 +171,43 @@ def _build_images(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _redteam(args: argparse.Namespace) -> int:
+    import asyncio
+    import dataclasses
+
+    from rollhub.envs.swe.redteam import format_table, redteam_task, select_attacks
+    from rollhub.envs.swe.tasks import load_tasks
+    from rollhub.sandbox.base import SandboxError
+
+    tasks = load_tasks(args.file, instance_ids=args.instance_ids)
+    try:
+        attacks = select_attacks(args.attacks)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+    async def run() -> list:
+        backend = _docker()
+        reports = []
+        try:
+            for task in tasks:
+                report = await redteam_task(backend, task, attacks, concurrency=args.concurrency)
+                print(
+                    f"{task.instance_id}: gold {report.gold_reward:g}, "
+                    f"{len(report.hacks)}/{len(report.attempts)} attempts forged",
+                    flush=True,
+                )
+                reports.append(report)
+        finally:
+            await backend.close()
+        return reports
+
+    try:
+        reports = asyncio.run(run())
+    except SandboxError as exc:
+        raise UserError(f"red team failed: {exc}") from None
+    print(format_table(reports))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps([dataclasses.asdict(r) for r in reports], indent=1))
+    return 0 if all(r.ok for r in reports) else 1

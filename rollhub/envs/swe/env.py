@@ -10,8 +10,16 @@ Actions are tool calls (`bash`, `str_replace_editor`, `submit`; schemas in `env.
 `submit` ends the episode: the diff (test files excluded) is graded in a fresh container
 (`rollhub.envs.swe.evaluate`), reward 1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test
 passes. The step limit gives truncated=True (reward 0, nothing graded unless
-`grade_on_truncation`); the episode time limit does the same. A broken container sets
-`info["infra_failure"]` and ends the episode without a score.
+`grade_on_truncation`); the episode time limit does the same.
+
+Who is to blame when something breaks: before the model acts (reset) a broken container
+is `info["infra_failure"]` (no score, re-rolled). After it acted, the model had root in
+that container: a container that no longer answers while the engine still starts and runs
+a fresh one (`engine_works`) was killed from inside (`kill 1`, `kill -9 -1`, a replaced
+`timeout`, a fork bomb), and a repository with no diff to take (`rm -rf .git`) is the
+model's doing too; both end the episode as `info["model_failure"]`: terminated, reward 0,
+trainable. Bad tool arguments (NaN timeouts, symlinks out of the repository) are tool
+errors and the episode goes on.
 """
 
 from __future__ import annotations
@@ -21,12 +29,15 @@ import time
 from typing import Any
 
 from rollhub.envs.base import Env, Observation, extract_action, invalid_step_info
-from rollhub.envs.swe.evaluate import EvalOutcome, evaluate_patch, extract_diff
+from rollhub.envs.swe.evaluate import EvalOutcome, ModelFault, diff_script, engine_works, evaluate_patch, extract_diff
 from rollhub.envs.swe.tasks import SHIPPED_TASKS, WORKDIR, LegacyMapping, SweTask, load_tasks
 from rollhub.envs.swe.tools import TOOLS, ToolCall, ToolError, ToolRunner, parse_tool_call
 from rollhub.sandbox.base import Limits, Sandbox, SandboxBackend, SandboxError
 
 logger = logging.getLogger(__name__)
+
+#: the private git directory of the anchor hash, kept through an episode
+ANCHOR_GIT_DIR = "/tmp/rollhub_anchor_git"
 
 SYSTEM_PROMPT = """You are a software engineer fixing a bug in the Python repository at /testbed.
 Work with the tools below, one call per reply, written as
@@ -153,16 +164,17 @@ class SWEEnv(Env):
         return [{"role": "system", "content": system}, {"role": "user", "content": user}], info
 
     async def _state_hash(self) -> str:
-        """History-free key of the repository state (GiGPO's anchor): hash of the agent's diff."""
+        """History-free key of the repository state (GiGPO's anchor): hash of the agent's diff
+        against the base commit, taken with the clean git set-up (a private git directory kept
+        for the episode, so only changed files are re-hashed)."""
         assert self._box is not None and self.task is not None
+        script = diff_script(self.task.base_commit, "/tmp/rollhub_anchor.diff", git_dir=ANCHOR_GIT_DIR)
         result = await self._box.exec(
-            "cp .git/index /tmp/rollhub_anchor_index 2>/dev/null; "
-            "GIT_INDEX_FILE=/tmp/rollhub_anchor_index git add -A . >/dev/null 2>&1; "
-            "GIT_INDEX_FILE=/tmp/rollhub_anchor_index git diff --cached --no-color HEAD | sha1sum",
-            timeout_s=60,
-            workdir=WORKDIR,
+            f"( {script} ) >/dev/null 2>&1 && sha1sum /tmp/rollhub_anchor.diff", timeout_s=60, workdir="/"
         )
-        return result.output.split()[0][:16] if result.output.strip() else ""
+        if result.exit_code != 0 or not result.output.strip():
+            return ""
+        return result.output.split()[0][:16]
 
     async def _close_box(self) -> None:
         box, self._box, self._runner = self._box, None, None
@@ -207,11 +219,11 @@ class SWEEnv(Env):
         except ToolError as exc:
             return await self._after_invalid(invalid_step_info(self._anchor, str(exc), format_ok=True), f"Error: {exc}")
         except SandboxError as exc:
-            return self._infra_end(f"step: {exc}")
+            return await self._broken_end(f"step: {exc}")
         try:
             self._anchor = (self.task.instance_id, await self._state_hash())
         except SandboxError as exc:
-            return self._infra_end(f"step: {exc}")
+            return await self._broken_end(f"step: {exc}")
         info = {"anchor": self._anchor, "success": False, "action_valid": True, "format_ok": True, "tool": call.name}
         return await self._maybe_truncate(self._reply(text), 0.0, info)
 
@@ -237,6 +249,34 @@ class SWEEnv(Env):
             await self._close_box()
         return obs, reward, False, True, info
 
+    async def _broken_end(self, reason: str) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
+        """The agent's container failed after the model acted: the model's failure if the
+        container is dead while the engine still works, else infra."""
+        assert self.task is not None
+        alive = False
+        if self._box is not None:
+            try:
+                alive = (await self._box.exec("true", timeout_s=20)).exit_code == 0
+            except SandboxError:
+                alive = False
+        if not alive and await engine_works(self.backend, self.task.image):
+            return await self._model_end(f"the container stopped answering after the model's command ({reason})")
+        return self._infra_end(reason)
+
+    async def _model_end(self, reason: str) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
+        """The model broke its own environment: terminated, reward 0, a trainable failure."""
+        logger.info("SWE episode %s: model failure: %s", self.task.instance_id if self.task else "?", reason)
+        self._done = True
+        await self._close_box()
+        info = {
+            "anchor": self._anchor,
+            "success": False,
+            "action_valid": True,
+            "format_ok": True,
+            "model_failure": reason,
+        }
+        return self._reply(f"The episode ends: {reason}. Nothing can be graded; reward 0."), 0.0, True, False, info
+
     def _infra_end(self, reason: str) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
         logger.warning("SWE episode %s: infra failure: %s", self.task.instance_id if self.task else "?", reason)
         self._done = True
@@ -259,8 +299,10 @@ class SWEEnv(Env):
         assert self.task is not None and self._box is not None
         try:
             patch = await extract_diff(self._box, self.task)
+        except ModelFault as exc:
+            return await self._model_end(str(exc))
         except SandboxError as exc:
-            return self._infra_end(f"diff: {exc}")
+            return await self._broken_end(f"diff: {exc}")
         self._done = True
         await self._close_box()
         outcome = await evaluate_patch(
@@ -282,15 +324,16 @@ class SWEEnv(Env):
             "eval_duration_s": outcome.duration_s,
             "patch_chars": float(len(patch)),
         }
-        verdict = (
-            "resolved: every test passes"
-            if outcome.grade.resolved
-            else (
-                f"not resolved ({outcome.grade.pass_fraction:.0%} of the graded tests pass)"
-                if outcome.patch_applied
-                else "not resolved: the patch did not apply"
-            )
-        )
+        if outcome.model_failure:
+            verdict = f"not resolved: {outcome.model_failure}"
+        elif outcome.sanitized is not None and outcome.sanitized.rejected:
+            verdict = "not resolved: the diff was rejected"
+        elif outcome.grade.resolved:
+            verdict = "resolved: every test passes"
+        elif outcome.patch_applied:
+            verdict = f"not resolved ({outcome.grade.pass_fraction:.0%} of the graded tests pass)"
+        else:
+            verdict = "not resolved: the patch did not apply"
         return self._reply(f"Submitted. {verdict}."), outcome.reward, True, False, info
 
     # ------------------------------------------------------------------ agents

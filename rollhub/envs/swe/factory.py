@@ -7,7 +7,9 @@ validated in a long-lived container per worker (apply, run the suite under a tim
 reset): FAIL_TO_PASS = stable passers that now fail, PASS_TO_PASS = the rest; valid iff
 both are non-empty, F2P stays under a fraction of the suite, nothing failed to collect
 and the suite finished; 6. per-task image with squashed history; 7. swebench 5.x rows with
-a problem statement written from the failing tests' names and messages (never the diff).
+a problem statement written from the failing tests' names and messages (never the diff);
+8. the red team (`redteam`): the gold patch must score 1 through an episode and no forging
+attempt may score, else the task is rejected with the reason.
 
 Work is cached under `~/.cache/rollhub/swe/<package>-<version>/` (baseline, one line per
 validated candidate, built images), so an interrupted run resumes where it stopped.
@@ -26,11 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollhub.envs.swe.evaluate import evaluate_patch
 from rollhub.envs.swe.grading import parse_pytest_log
 from rollhub.envs.swe.images import build_instance_image, build_package_image
 from rollhub.envs.swe.mutation import FAMILIES, Mutation, find_mutations
 from rollhub.envs.swe.package_repo import CACHE_DIR, PackageRepo, git, normalize_name, pin_requirements, prepare_package
+from rollhub.envs.swe.redteam import redteam_task
 from rollhub.envs.swe.tasks import DEFAULT_LOG_PARSER, WORKDIR, SweTask, pytest_eval_script
 from rollhub.sandbox.base import Limits, Sandbox, SandboxBackend, SandboxError
 
@@ -104,7 +106,8 @@ async def run_suite(box: Sandbox, repo: PackageRepo, timeout_s: float) -> SuiteR
         workdir=WORKDIR,
     )
     duration = time.monotonic() - started
-    log = (await box.read_file(SUITE_LOG)).decode("utf-8", errors="replace")
+    # a suite log is our own test run's output, so it may exceed the policy-facing read cap
+    log = (await box.read_file(SUITE_LOG, max_bytes=256 << 20)).decode("utf-8", errors="replace")
     timed_out = result.timed_out or result.output.strip().endswith("124") or result.output.strip().endswith("137")
     return SuiteRun(parse_pytest_log(log), log, duration, timed_out)
 
@@ -387,21 +390,20 @@ async def make_tasks(
 
     rows = []
     gold_failed = 0
+    forgeable: dict[str, str] = {}
     for candidate, record in tqdm(accept.accepted, desc=f"task images {repo.slug}", unit="task"):
         instance_id = instance_id_for(repo, candidate.key)
         tag, base_commit = await build_instance_image(client, image, instance_id, candidate.bug_patch)
         row = make_row(repo, candidate, record, tag, base_commit)
-        # the last gate: the gold patch must resolve the task in a fresh container of its own image
-        outcome = await evaluate_patch(
-            backend, SweTask.from_row(row), row["patch"], limits=SUITE_LIMITS, timeout_s=timeout_s + 60
-        )
-        if not outcome.grade.resolved:
-            logger.warning(
-                "dropping %s: the gold patch does not resolve it in the baked image (%s)",
-                instance_id,
-                outcome.infra_failure or outcome.grade.status,
-            )
-            gold_failed += 1
+        # the last gate, the red team: the gold patch, applied by the expert in an episode, must
+        # resolve the task in its own image, and no forging attempt may score (`redteam`)
+        report = await redteam_task(backend, SweTask.from_row(row), eval_timeout_s=timeout_s + 60)
+        if not report.ok:
+            logger.warning("dropping %s: %s", instance_id, report.reason())
+            if report.gold_reward != 1.0:
+                gold_failed += 1
+            else:
+                forgeable[instance_id] = report.reason()
             client.images.remove(tag, force=True)
             continue
         rows.append(row)
@@ -414,6 +416,7 @@ async def make_tasks(
         "validated": accept.seen,
         "valid_tasks": len(rows),
         "gold_check_failed": gold_failed,
+        "rejected_forgeable": forgeable,
         "rejected": accept.rejected,
         "wall_s": round(time.monotonic() - started, 1),
     }

@@ -10,6 +10,7 @@ grades the diff in a fresh container.
 from __future__ import annotations
 
 import json
+import math
 import posixpath
 import shlex
 from dataclasses import dataclass
@@ -94,13 +95,15 @@ def parse_tool_call(payload: str) -> ToolCall:
         data = json.loads(payload)
     except json.JSONDecodeError as exc:
         raise ToolError(f"the tool call is not valid JSON ({exc.msg} at char {exc.pos})") from None
+    except RecursionError:
+        raise ToolError("the tool call nests too deeply") from None
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         raise ToolError('a tool call is {"name": <tool>, "arguments": {...}}')
     arguments = data.get("arguments", {})
     if isinstance(arguments, str):  # some chat templates emit the arguments JSON-encoded
         try:
             arguments = json.loads(arguments)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             raise ToolError("arguments must be a JSON object") from None
     if not isinstance(arguments, dict):
         raise ToolError("arguments must be a JSON object")
@@ -116,8 +119,41 @@ def _require(arguments: dict[str, Any], key: str, kind: type) -> Any:
     return value
 
 
+#: one argv string of `docker exec` is limited by the kernel (MAX_ARG_STRLEN, 128 KiB)
+MAX_COMMAND_BYTES = 100_000
+#: files the editor reads whole into memory
+MAX_EDITOR_FILE_BYTES = 5_000_000
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _resolve(path: str) -> str:
+    if "\0" in path or not path.strip() or not _encodable(path):
+        raise ToolError("path must be a non-empty string without NUL characters or unpaired surrogates")
     return posixpath.normpath(path if path.startswith("/") else posixpath.join(WORKDIR, path))
+
+
+def _inside_repo(path: str) -> bool:
+    return path == WORKDIR or path.startswith(WORKDIR + "/")
+
+
+def _timeout(value: Any, default: float, cap: float) -> float:
+    """A finite positive number of seconds, at most `cap`; ToolError for NaN, infinities, <= 0."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ToolError("timeout_s must be a positive number of seconds")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ToolError(f"timeout_s must be a finite number of seconds, got {value}")
+    if value <= 0:
+        raise ToolError(f"timeout_s must be positive, got {value}")
+    return float(min(value, cap))
 
 
 class ToolRunner:
@@ -144,25 +180,52 @@ class ToolRunner:
 
     async def bash(self, arguments: dict[str, Any]) -> str:
         command = _require(arguments, "command", str)
-        timeout_s = arguments.get("timeout_s", self.command_timeout_s)
-        if not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool) or timeout_s <= 0:
-            raise ToolError("timeout_s must be a positive number")
-        timeout_s = min(float(timeout_s), self.max_command_timeout_s)
+        if "\0" in command or not _encodable(command):
+            raise ToolError("the command contains a NUL character or an unpaired surrogate")
+        if len(command.encode("utf-8")) > MAX_COMMAND_BYTES:
+            raise ToolError(
+                f"the command is longer than {MAX_COMMAND_BYTES} bytes; write long texts with str_replace_editor create"
+            )
+        timeout_s = _timeout(arguments.get("timeout_s"), self.command_timeout_s, self.max_command_timeout_s)
         result = await self.box.exec(command, timeout_s=timeout_s, workdir=WORKDIR)
         output, _ = truncate_middle(result.output, self.output_limit_chars)
         if result.timed_out:
             return f"{output}\n[command timed out after {timeout_s:g} s and was killed]"
         return f"{output}\n[exit code {result.exit_code}]" if output else f"[exit code {result.exit_code}]"
 
+    async def _real_path(self, path: str) -> str:
+        """`path` with symlinks resolved; ToolError when a symlink leads out of the repository."""
+        result = await self.box.exec(f"realpath -m -- {shlex.quote(path)}", timeout_s=10)
+        real = result.output.strip()
+        if result.exit_code != 0 or not real.startswith("/") or "\n" in real:
+            raise ToolError(f"cannot resolve {path}")
+        real = posixpath.normpath(real)
+        if real != path and not _inside_repo(real):
+            raise ToolError(f"{path} is a symbolic link to {real}, outside the repository {WORKDIR}; not followed")
+        return real
+
     async def _read_text(self, path: str) -> str:
-        probe = await self.box.exec(f"test -f {shlex.quote(path)}", timeout_s=10)
+        probe = await self.box.exec(f"test -f {shlex.quote(path)} && stat -L -c %s {shlex.quote(path)}", timeout_s=10)
         if probe.exit_code != 0:
             raise ToolError(f"{path} is not a file")
-        return (await self.box.read_file(path)).decode("utf-8", errors="replace")
+        size = probe.output.strip()
+        if size.isdigit() and int(size) > MAX_EDITOR_FILE_BYTES:
+            raise ToolError(f"{path} has {size} bytes; the editor opens files up to {MAX_EDITOR_FILE_BYTES}")
+        try:
+            data = await self.box.read_file(path)
+        except (FileNotFoundError, IsADirectoryError, OSError, ValueError) as exc:
+            raise ToolError(f"cannot read {path}: {exc}") from None
+        return data.decode("utf-8", errors="replace")
+
+    async def _write_text(self, path: str, text: str) -> None:
+        try:
+            await self.box.write_file(path, text.encode("utf-8", "surrogatepass"))
+        except (OSError, ValueError) as exc:
+            raise ToolError(f"cannot write {path}: {exc}") from None
 
     async def editor(self, arguments: dict[str, Any]) -> str:
         command = _require(arguments, "command", str)
-        path = _resolve(_require(arguments, "path", str))
+        path = await self._real_path(_resolve(_require(arguments, "path", str)))
         if command == "view":
             return await self._view(path, arguments.get("view_range"))
         if command == "create":
@@ -171,7 +234,7 @@ class ToolRunner:
             if exists.exit_code == 0:
                 raise ToolError(f"{path} already exists; use str_replace to edit it")
             await self.box.exec(f"mkdir -p {shlex.quote(posixpath.dirname(path))}", timeout_s=10)
-            await self.box.write_file(path, text)
+            await self._write_text(path, text)
             return f"created {path} ({len(text.splitlines())} lines)"
         if command == "str_replace":
             old = _require(arguments, "old_str", str)
@@ -186,7 +249,7 @@ class ToolRunner:
                 )
             start_line = text[: text.index(old)].count("\n") + 1
             text = text.replace(old, new, 1)
-            await self.box.write_file(path, text)
+            await self._write_text(path, text)
             return f"edited {path}\n" + self._numbered(text, start_line - 3, start_line + new.count("\n") + 3)
         if command == "insert":
             line = _require(arguments, "insert_line", int)
@@ -198,7 +261,7 @@ class ToolRunner:
                 lines[-1] += "\n"
             lines[line:line] = [new if new.endswith("\n") else new + "\n"]
             text = "".join(lines)
-            await self.box.write_file(path, text)
+            await self._write_text(path, text)
             return f"edited {path}\n" + self._numbered(text, line - 2, line + new.count("\n") + 3)
         raise ToolError(f"unknown editor command '{command}'; use view, create, str_replace or insert")
 

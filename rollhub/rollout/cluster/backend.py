@@ -19,6 +19,10 @@ Weight push (disk on a shared path): the trainer's state dict is written once to
   with the new version -> servers continue.
 No request is submitted between pause and release, so every token's version is exact.
 
+Access: the driver makes one API key per run (or takes ROLLHUB_API_KEY); engine servers
+require it as a bearer token, and the routers (the driver's and, through the shard actors'
+environment, every shard's) send it.
+
 Faults: a shard that dies loses exactly the groups it was running; each is counted
 (`cluster/groups_lost`, `cluster/trajectories_lost`), its ticket is released, and a new
 shard takes its place. A dead engine server is replaced from the latest weights; requests
@@ -34,6 +38,7 @@ import dataclasses
 import itertools
 import logging
 import os
+import secrets
 import shutil
 import time
 import uuid
@@ -46,6 +51,7 @@ from rollhub.core.errors import MissingExtraError, UserError
 from rollhub.rollout.buffer import GroupBuffer, Ticket
 from rollhub.rollout.cluster.config import ClusterConfig
 from rollhub.rollout.engines.build import EngineConfig
+from rollhub.rollout.engines.sglang import API_KEY_ENV
 from rollhub.rollout.tasks import TaskOwner
 from rollhub.rollout.types import Group
 
@@ -92,6 +98,12 @@ def ensure_ray(config: ClusterConfig) -> bool:
             "and with token auth copy the head's ~/.ray/auth_token to this machine"
         ) from exc
     return True
+
+
+def run_api_key() -> str:
+    """The engine servers' bearer token for this run: ROLLHUB_API_KEY if set, else a fresh
+    random one, so servers listening on a node IP are never open to the network."""
+    return os.environ.get(API_KEY_ENV) or secrets.token_urlsafe(32)
 
 
 def _actor_died_errors(ray: Any) -> tuple[type[BaseException], ...]:
@@ -185,6 +197,7 @@ class RayRollout(TaskOwner):
         self._ray: Any = None
         self._died: tuple[type[BaseException], ...] = ()
         self._fatal: asyncio.Future | None = None  # set when the cluster cannot go on (replacements used up)
+        self._api_key = run_api_key()
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -204,7 +217,7 @@ class RayRollout(TaskOwner):
         await asyncio.gather(*(self._start_engine(slot) for slot in self._engines))
         from rollhub.rollout.cluster.router import EngineRouter
 
-        self._router = EngineRouter(self._engine_urls())
+        self._router = EngineRouter(self._engine_urls(), api_key=self._api_key)
         self._router.set_weight_version(self.weight_version)
         await asyncio.gather(*(self._start_shard(slot) for slot in self._shards))
         self._monitor = asyncio.ensure_future(self._watch_engines())
@@ -243,6 +256,7 @@ class RayRollout(TaskOwner):
                 engine=self.engine_config,
                 extra_args=c.engine_extra_args,
                 startup_timeout_s=c.startup_timeout_s,
+                api_key=self._api_key,
             )
         )
         slot.handle = actor  # recorded before it is up, so close() can kill it whatever happens
@@ -260,6 +274,8 @@ class RayRollout(TaskOwner):
             "resources": dict(c.shard_resources),
             "scheduling_strategy": "SPREAD",
             "max_concurrency": 10_000,
+            # the shard's EngineRouter reads the key from its environment (SGLangEngine default)
+            "runtime_env": {"env_vars": {API_KEY_ENV: self._api_key}},
         }
         urls, version = self._engine_urls(), self.weight_version
         actor = (
@@ -317,6 +333,13 @@ class RayRollout(TaskOwner):
             self._ray.kill(slot.handle)
 
     # --- rollout (EnvManager surface) ----------------------------------------------------
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The error that stopped the cluster (e.g. replacements used up), once there is one."""
+        if self._fatal is not None and self._fatal.done() and not self._fatal.cancelled():
+            return self._fatal.result()
+        return None
 
     async def run(self, stop_event: asyncio.Event) -> None:
         """Keep the driver's buffer full through the shards until stop_event is set."""

@@ -41,11 +41,18 @@ class ClusterConfig:
     def validate(self) -> None:
         if self.num_env_shards < 1 or self.num_engines < 1:
             raise ValueError("cluster.num_env_shards and cluster.num_engines must be >= 1")
-        if min(self.engine_num_cpus, self.engine_num_gpus, self.shard_num_cpus) < 0:
-            raise ValueError("cluster resource requests must be >= 0")
+        if self.local_num_cpus is not None and self.local_num_cpus < 1:
+            raise ValueError(f"cluster.local_num_cpus must be >= 1 or null (all cores), got {self.local_num_cpus}")
+        requests = {"engine_num_cpus": self.engine_num_cpus, "engine_num_gpus": self.engine_num_gpus}
+        requests |= {"shard_num_cpus": self.shard_num_cpus, **self.shard_resources}
+        for name, amount in requests.items():
+            if not amount >= 0:  # `not >=` so that nan fails too
+                raise ValueError(f"cluster resource requests must be >= 0, got {name}={amount}")
         if self.keep_weight_versions < 1:
             raise ValueError("cluster.keep_weight_versions must be >= 1 (engines being replaced load the latest)")
-        if self.health_interval_s <= 0:
+        if not self.health_interval_s > 0:
             raise ValueError("cluster.health_interval_s must be > 0")
         if self.max_replacements < 0:
             raise ValueError("cluster.max_replacements must be >= 0")
+        if not self.startup_timeout_s > 0:
+            raise ValueError(f"cluster.startup_timeout_s must be > 0, got {self.startup_timeout_s}")

@@ -7,6 +7,11 @@
 
 A replacement server starts from the latest pushed weights and reports that version, so
 it rejoins a running job without a special path.
+
+Exposure: a server listens on its node's IP (`ray.util.get_node_ip_address()`), not on
+every interface, and requires the run's API key as a bearer token (the driver generates
+one per run and gives it to the servers and the routers), so nobody else on the network can
+generate, pause the engine or make it load weights from a path of their choosing.
 """
 
 from __future__ import annotations
@@ -54,8 +59,10 @@ class EngineServer:
         engine: EngineConfig | None = None,
         extra_args: list[str] | None = None,
         startup_timeout_s: float = 600.0,
+        api_key: str | None = None,
     ) -> None:
         self.engine_id = engine_id
+        self.api_key = api_key
         self.kind = kind
         self.model_path = model_path
         self.weight_version = weight_version
@@ -73,7 +80,7 @@ class EngineServer:
 
         host = ray.util.get_node_ip_address()
         if self.kind == "rollhub":
-            port = await self._start_rollhub()
+            host, port = await self._start_rollhub(host)
         else:
             port = await self._start_sglang(host)
         context = ray.get_runtime_context()
@@ -89,7 +96,8 @@ class EngineServer:
         logger.info("engine %s serving %s at %s", self.engine_id, self.model_path, self._info["url"])
         return self._info
 
-    async def _start_rollhub(self) -> int:
+    async def _start_rollhub(self, host: str) -> tuple[str, int]:
+        """The serve app on `host` (the node IP); (address clients should use, port)."""
         import torch
         from aiohttp import web
 
@@ -102,11 +110,20 @@ class EngineServer:
         transformers_logging.disable_progress_bar()  # one "Loading weights" bar per push would flood the driver's log
         engine = build_engine(self.engine_config, self.model_path)
         engine.weight_version = self.weight_version
-        self._runner = web.AppRunner(build_app(engine), access_log=None)
+        self._runner = web.AppRunner(build_app(engine, api_key=self.api_key), access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host="0.0.0.0", port=0)
-        await site.start()
-        return self._runner.addresses[0][1]
+        try:
+            await web.TCPSite(self._runner, host=host, port=0).start()
+        except OSError as exc:  # the node IP is not on a local interface (NAT, some containers)
+            logger.warning(
+                "engine %s cannot bind %s (%s); listening on 0.0.0.0%s",
+                self.engine_id,
+                host,
+                exc,
+                " behind the API key" if self.api_key else " WITHOUT authentication",
+            )
+            await web.TCPSite(self._runner, host="0.0.0.0", port=0).start()
+        return host, self._runner.addresses[0][1]
 
     async def _start_sglang(self, host: str) -> int:
         from rollhub.rollout.engines.sglang import SGLangEngine, SGLangError
@@ -119,15 +136,16 @@ class EngineServer:
             "--model-path",
             self.model_path,
             "--host",
-            "0.0.0.0",
+            host,
             "--port",
             str(port),
+            *(["--api-key", self.api_key] if self.api_key else []),
             *self.extra_args,
         ]
         self._process = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_die_with_parent
         )
-        client = SGLangEngine(f"http://127.0.0.1:{port}")
+        client = SGLangEngine(f"http://{host}:{port}", api_key=self.api_key or "")
         try:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self.startup_timeout_s

@@ -13,6 +13,9 @@ only the KV cache is lost, never tokens. Such re-sends are counted (`requests_re
 Weight versions are stamped by the clients at submit (see rollhub.rollout.engines.sglang). `hold()`
 closes a client-side gate so that no request is submitted between "servers paused" and
 "new version set"; with it every token's version is exact across a weight push.
+
+Every client sends the run's API key (`api_key`, default ROLLHUB_API_KEY): under Ray the
+driver generates one per run and the engine servers refuse requests without it.
 """
 
 from __future__ import annotations
@@ -51,10 +54,18 @@ class RouterStats:
 
 
 class EngineRouter(InferenceEngine):
-    def __init__(self, urls: dict[str, str], *, timeout_s: float = 3600.0, affinity_capacity: int = 100_000) -> None:
+    def __init__(
+        self,
+        urls: dict[str, str],
+        *,
+        timeout_s: float = 3600.0,
+        affinity_capacity: int = 100_000,
+        api_key: str | None = None,
+    ) -> None:
         if not urls:
             raise ValueError("EngineRouter needs at least one server URL")
         self.timeout_s = timeout_s
+        self.api_key = api_key
         self.weight_version = 0
         self.stats = RouterStats()
         self._clients: dict[str, SGLangEngine] = {}
@@ -87,7 +98,7 @@ class EngineRouter(InferenceEngine):
                 self._down.discard(engine_id)
         for engine_id, url in urls.items():
             if engine_id not in self._clients:
-                client = SGLangEngine(url, timeout_s=self.timeout_s)
+                client = SGLangEngine(url, timeout_s=self.timeout_s, api_key=self.api_key)
                 client.weight_version = self.weight_version
                 self._clients[engine_id] = client
         for key in [k for k, e in self._affinity.items() if e not in self._clients]:

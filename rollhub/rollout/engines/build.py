@@ -23,6 +23,8 @@ class EngineConfig:
     def validate(self) -> None:
         if self.threads < 1 or self.max_batch_size < 1:
             raise ValueError("engine.threads and engine.max_batch_size must be >= 1")
+        if self.seed < 0:
+            raise ValueError(f"engine.seed must be >= 0, got {self.seed}")
 
 
 def build_engine(config: EngineConfig, model: str | Path | Any, **overrides: Any) -> Any:

@@ -172,6 +172,10 @@ class HFEngine(InferenceEngine):
             raise ValueError(f"request id {rid} is already in flight")
         if not input_ids:
             raise ValueError("input_ids must not be empty")
+        vocab = self.model.get_input_embeddings().num_embeddings
+        if not 0 <= min(input_ids) <= max(input_ids) < vocab:
+            # checked here, before the request joins a batch: one bad id would fail every request decoded with it
+            raise ValueError(f"input_ids must be integers in [0, {vocab})")
         loop = asyncio.get_running_loop()
         if sampling.max_new_tokens == 0 or len(input_ids) >= self.max_positions:
             return Generation([], [], [], "length", request_id=rid, prompt_tokens=len(input_ids))

@@ -8,6 +8,9 @@ Versions are stamped on our side: SGLang reports `weight_version` when the outpu
 emitted, which hides the mix after a pause. The manager's protocol is pause (requests
 return "abort" with partial output) -> update -> resume, and every resubmitted segment is
 a new request, so stamping each segment with the client's version at submit is exact.
+
+Authentication: with an API key (given, or ROLLHUB_API_KEY) every request carries
+`Authorization: Bearer <key>`, which both `rollhub serve` and SGLang's `--api-key` check.
 """
 
 from __future__ import annotations
@@ -28,15 +31,31 @@ from rollhub.rollout.engines.base import Generation, InferenceEngine, SamplingPa
 
 logger = logging.getLogger(__name__)
 
+API_KEY_ENV = "ROLLHUB_API_KEY"  # the same variable `rollhub serve` reads
+
+
+def resolve_api_key(api_key: str | None) -> str | None:
+    """An explicit key wins (an empty one disables auth); else ROLLHUB_API_KEY, if set."""
+    key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+    return key or None
+
 
 class SGLangError(RuntimeError):
     """The server answered with an error or could not be reached."""
 
 
 class SGLangEngine(InferenceEngine):
-    def __init__(self, url: str, *, timeout_s: float = 3600.0, process: subprocess.Popen | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 3600.0,
+        process: subprocess.Popen | None = None,
+        api_key: str | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
+        self._api_key = resolve_api_key(api_key)
         self.weight_version = 0
         self._process = process
         self._session: Any = None
@@ -55,11 +74,18 @@ class SGLangEngine(InferenceEngine):
         command: list[str] | None = None,
         startup_timeout_s: float = 600.0,
         extra_args: list[str] | None = None,
+        api_key: str | None = None,
     ) -> SGLangEngine:
         """Start a server process and wait for /health. Default: `python -m sglang.launch_server`.
 
         `command` replaces the launcher, e.g. `["rollhub", "serve", "--model", DIR, "--port", "P"]`.
+        `api_key` (default ROLLHUB_API_KEY) reaches SGLang as `--api-key` and any other
+        command as ROLLHUB_API_KEY in its environment; the client then sends it.
         """
+        api_key = resolve_api_key(api_key)
+        env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}  # an explicit "" disables it there too
+        if api_key:
+            env[API_KEY_ENV] = api_key
         if command is None:
             command = [
                 sys.executable,
@@ -71,10 +97,11 @@ class SGLangEngine(InferenceEngine):
                 host,
                 "--port",
                 str(port),
+                *(["--api-key", api_key] if api_key else []),
                 *(extra_args or []),
             ]
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ))
-        engine = cls(f"http://{host}:{port}", process=process)
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+        engine = cls(f"http://{host}:{port}", process=process, api_key=api_key or "")
         deadline = time.monotonic() + startup_timeout_s
         while time.monotonic() < deadline:
             if process.poll() is not None:
@@ -90,7 +117,8 @@ class SGLangEngine(InferenceEngine):
         import aiohttp
 
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+            headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else None
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s), headers=headers)
         return self._session
 
     async def _post(self, path: str, body: dict[str, Any] | None = None) -> Any:

@@ -1,4 +1,5 @@
 import json
+import time
 
 import numpy as np
 import pytest
@@ -6,6 +7,7 @@ import pytest
 import rollhub.envs as envs
 from rollhub.envs.math.dataset import gold_answer, load_jsonl
 from rollhub.envs.math.env import MathEnv
+from tests.envs.math.test_math_answers import HOSTILE_ANSWERS
 
 
 @pytest.fixture
@@ -101,3 +103,63 @@ async def test_random_action_is_well_formed():
     action = env.random_action(np.random.default_rng(0))
     _, _, terminated, _, info = await env.step(action)
     assert info["format_ok"] and info["action_valid"] and terminated
+
+
+def _gold_env(tmp_path, answers: list[str]) -> MathEnv:
+    """A dataset env whose problem i has gold answer answers[i]."""
+    path = tmp_path / "gold.jsonl"
+    path.write_text(
+        "".join(json.dumps({"question": f"q{i}", "answer": f"#### {a}"}) + "\n" for i, a in enumerate(answers))
+    )
+    return MathEnv(dataset_path=str(path))
+
+
+async def _timed_step(env: MathEnv, index: int, action: str) -> tuple[float, float]:
+    """(reward, milliseconds) of one answer to problem `index`."""
+    await env.reset(options={"index": index})
+    started = time.perf_counter()
+    _, reward, *_ = await env.step(action)
+    return reward, (time.perf_counter() - started) * 1000
+
+
+@pytest.mark.parametrize("answer", HOSTILE_ANSWERS, ids=lambda a: a[:24])
+async def test_hostile_answers_score_zero_within_100ms_through_step(tmp_path, answer):
+    env = _gold_env(tmp_path, ["42", "9"])
+    assert (await _timed_step(env, 0, "<answer>42</answer>"))[0] == 1.0  # warm-up, and the env does score
+    for index in (0, 1):
+        for action in (f"<answer>{answer}</answer>", f"\\boxed{{{answer}}}"):
+            reward, elapsed = await _timed_step(env, index, action)
+            assert reward == 0.0
+            assert elapsed < 100, f"{action[:40]!r} took {elapsed:.0f} ms"
+
+
+@pytest.mark.parametrize(
+    "predicted,gold",
+    [
+        ("3/4", r"\frac{3}{4}"),
+        (r"\frac{3}{4}", "0.75"),
+        ("1/2", "0.5"),
+        ("0.5", "1/2"),
+        ("sqrt(2)/2", "1/sqrt(2)"),
+        (r"\frac{\sqrt{2}}{2}", r"\frac{1}{\sqrt{2}}"),
+        ("-3", "-3"),
+        ("1,000", "1000"),
+        ("1000", "1,000"),
+    ],
+)
+async def test_ordinary_correct_answers_still_score_one(tmp_path, predicted, gold):
+    env = _gold_env(tmp_path, [gold])
+    reward, _ = await _timed_step(env, 0, f"<answer>{predicted}</answer>")
+    assert reward == 1.0
+
+
+async def test_info_keeps_only_the_start_of_a_huge_answer(tmp_path):
+    env = _gold_env(tmp_path, ["42"])
+    await env.reset(options={"index": 0})
+    *_, info = await env.step("<answer>" + "x" * 10**6 + "</answer>")
+    assert info["action_valid"] and not info["success"] and len(info["answer"]) <= 1000
+
+
+def test_check_time_limit_must_be_positive():
+    with pytest.raises(ValueError, match="check_time_limit_s"):
+        MathEnv(check_time_limit_s=0)

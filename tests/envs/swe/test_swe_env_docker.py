@@ -8,7 +8,6 @@ rollhub/envs/swe/data/tasks.jsonl`, which `.ci/run` does); otherwise skipped wit
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import re
 
@@ -17,42 +16,8 @@ import pytest
 pytest.importorskip("swebench")
 
 from rollhub.envs.checker import check_env, docker_available  # noqa: E402
-from rollhub.envs.swe.tasks import SHIPPED_TASKS, load_tasks  # noqa: E402
 
 pytestmark = pytest.mark.docker
-
-
-@functools.lru_cache(maxsize=1)
-def _shipped_tasks():
-    if not docker_available():
-        pytest.skip("no Docker engine answers (start dockerd or set DOCKER_HOST)")
-    import docker
-
-    tasks = load_tasks(SHIPPED_TASKS)
-    client = docker.from_env()
-    try:
-        missing = [t.image for t in tasks if not client.images.list(name=t.image.rsplit(":", 1)[0])]
-    finally:
-        client.close()
-    return tasks, len(missing)
-
-
-@pytest.fixture
-def tasks():
-    tasks, missing = _shipped_tasks()
-    if missing:
-        pytest.skip(f"{missing} shipped task images are not built: run `rollhub swe build-images {SHIPPED_TASKS}`")
-    return tasks
-
-
-@pytest.fixture
-async def backend():
-    from rollhub.sandbox.docker_backend import DockerBackend
-
-    backend = DockerBackend()
-    yield backend
-    await backend.close()
-    assert backend.live_count == 0
 
 
 def _task_per_package(tasks):
@@ -95,16 +60,26 @@ def _swap_added_and_removed(patch: str) -> list[tuple[str, str]]:
     return pairs
 
 
+def _comment_only_patch(gold: str) -> str:
+    """A diff that touches the gold patch's first hunk but only adds a comment: the right
+    place, no fix (with context lines, as git writes it: `git apply` needs them)."""
+    from rollhub.envs.swe.patch_policy import parse_git_diff
+
+    section = parse_git_diff(gold)[0]
+    hunk = section.hunks[0]
+    old = [line[1:] for line in hunk.lines if line[:1] in (" ", "-")]
+    body = [" " + old[0], "+# looked at this file", *(" " + line for line in old[1:])]
+    header = f"@@ -{hunk.old_start},{len(old)} +{hunk.old_start},{len(old) + 1} @@"
+    path = section.path
+    return f"diff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n{header}\n" + "\n".join(body) + "\n"
+
+
 async def test_wrong_patch_and_test_edits_score_zero(tasks, backend):
     from rollhub.envs.swe.evaluate import drop_test_files, evaluate_patch
-    from rollhub.envs.swe.tasks import files_in_patch
 
     task = tasks[0]
-    source = files_in_patch(task.patch)[0]
     # a "fix" that changes the right file but not the bug
-    wrong = (
-        f"diff --git a/{source} b/{source}\n--- a/{source}\n+++ b/{source}\n@@ -1,0 +1,1 @@\n+# looked at this file\n"
-    )
+    wrong = _comment_only_patch(task.patch)
     outcome = await evaluate_patch(backend, task, wrong)
     assert outcome.patch_applied and outcome.reward == 0.0 and not outcome.infra_failure
     # deleting the failing tests is not a fix: test files are dropped from the agent's diff
