@@ -138,7 +138,12 @@ def build_rollout(
     seeds: Iterator[int],
     run_dir: Path,
 ) -> RolloutSource:
-    """The env manager in this process, or its Ray counterpart with `cluster.backend: ray`."""
+    """The env manager in this process, or its Ray counterpart with `cluster.backend: ray`.
+
+    `EnvManagerConfig` is the manager's own config (`rollhub rollout --set` builds it
+    directly); a run's `env`, `rollout`, `agent` and `train` sections map onto it here and
+    nowhere else, so the two never drift apart.
+    """
     from rollhub.rollout.manager import EnvManager, EnvManagerConfig
 
     manager_config = EnvManagerConfig(
