@@ -98,7 +98,7 @@ async def evaluate_model_dir(config: RunConfig, model_dir: Path) -> EvalResult:
     import torch
 
     from rollhub.core.errors import UserError
-    from rollhub.trainer.build import build_engine, check_env_kwargs, make_env_factory
+    from rollhub.trainer.build import build_engine, check_env_kwargs
 
     if not (model_dir / "config.json").is_file():
         raise UserError(f"{model_dir} is not a model dir (no config.json)")
@@ -106,16 +106,23 @@ async def evaluate_model_dir(config: RunConfig, model_dir: Path) -> EvalResult:
     torch.set_num_threads(config.model.threads)
     engine = build_engine(config, model_dir)
     try:
-        return await evaluate_policy(
-            engine,
-            engine.tokenizer,
-            make_env_factory(config),
-            config.agent,
-            config.eval.seeds,
-            temperature=config.eval.temperature,
-            max_concurrent=config.env.max_concurrent,
-            env_id=config.env.id,
-            samples_per_seed=config.eval.samples_per_seed,
-        )
+        return await evaluate_held_out(engine, engine.tokenizer, config)
     finally:
         await engine.close()
+
+
+async def evaluate_held_out(engine: Any, tokenizer: Any, config: RunConfig) -> EvalResult:
+    """A RunConfig's held-out evaluation (its env, agent and `eval:` section) with `engine`."""
+    from rollhub.trainer.build import make_env_factory
+
+    return await evaluate_policy(
+        engine,
+        tokenizer,
+        make_env_factory(config),
+        config.agent,
+        config.eval.seeds,
+        temperature=config.eval.temperature,
+        max_concurrent=config.env.max_concurrent,
+        env_id=config.env.id,
+        samples_per_seed=config.eval.samples_per_seed,
+    )

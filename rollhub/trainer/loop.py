@@ -61,7 +61,7 @@ from rollhub.trainer.build import (
 )
 from rollhub.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rollhub.trainer.config import RunConfig
-from rollhub.trainer.evaluate import EvalResult, evaluate_policy
+from rollhub.trainer.evaluate import EvalResult, evaluate_held_out
 from rollhub.trainer.metrics import MetricsLog, plot_learning_curve, read_jsonl
 from rollhub.trainer.policy import Policy
 from rollhub.trainer.update import ppo_update
@@ -131,6 +131,27 @@ async def collect_demonstrations(config: RunConfig, tokenizer: Any) -> list[Any]
     solved = sum(d.success for d in demos)
     logger.info("collected %d expert demonstrations (%d solved)", len(demos), solved)
     return [d for d in demos if d.success] or demos
+
+
+async def fine_tune_on_demos(config: RunConfig, policy: Policy, log_dir: Path) -> tuple[list[Any], list[dict]]:
+    """Collect the expert demos and run the SFT epochs (log in log_dir/sft_metrics.jsonl, started
+    empty: lines of an interrupted attempt would be counted twice); returns (demos, history)."""
+    from rollhub.trainer.sft import sft_epochs
+
+    demos = await collect_demonstrations(config, policy.tokenizer)
+    sft_log = MetricsLog(log_dir, tensorboard=False, filename="sft_metrics.jsonl")
+    sft_log.truncate_after(-1)
+    history = await asyncio.to_thread(
+        sft_epochs,
+        policy,
+        demos,
+        epochs=config.sft.epochs,
+        lr=config.sft.lr,
+        batch_size=config.sft.batch_size,
+        seed=config.seed,
+        on_step=sft_log.log,
+    )
+    return demos, history
 
 
 # --- 3. RL ------------------------------------------------------------------------------
@@ -506,22 +527,9 @@ async def warm_start(config: RunConfig, policy: Policy, sft_dir: Path, *, print_
     interrupted SFT is redone from scratch, so its metrics log starts empty too.
     """
     from rollhub.trainer.checkpoint import atomic_write_text
-    from rollhub.trainer.sft import sft_epochs
 
     started = time.perf_counter()
-    demos = await collect_demonstrations(config, policy.tokenizer)
-    sft_log = MetricsLog(sft_dir.parent, tensorboard=False, filename="sft_metrics.jsonl")
-    sft_log.truncate_after(-1)  # lines of an interrupted attempt would be counted twice
-    history = await asyncio.to_thread(
-        sft_epochs,
-        policy,
-        demos,
-        epochs=config.sft.epochs,
-        lr=config.sft.lr,
-        batch_size=config.sft.batch_size,
-        seed=config.seed,
-        on_step=lambda i, m: sft_log.log(i, m),
-    )
+    demos, history = await fine_tune_on_demos(config, policy, sft_dir.parent)
     policy.save_pretrained(sft_dir)
     wall = time.perf_counter() - started
     done = {"demos": len(demos), "steps": len(history), "final_loss": history[-1]["sft/loss"], "wall_s": wall}
@@ -580,17 +588,7 @@ async def evaluate(run: Run, label: str) -> EvalResult:
     started = time.perf_counter()
     if run.engine.weight_version != run.state.version:  # cluster.backend=ray pushes to remote engines only
         await run.engine.update_weights(run.policy.engine_state_dict(), run.state.version)
-    result = await evaluate_policy(
-        run.engine,
-        run.policy.tokenizer,
-        make_env_factory(config),
-        config.agent,
-        config.eval.seeds,
-        temperature=config.eval.temperature,
-        max_concurrent=config.env.max_concurrent,
-        env_id=config.env.id,
-        samples_per_seed=config.eval.samples_per_seed,
-    )
+    result = await evaluate_held_out(run.engine, run.policy.tokenizer, config)
     key = f"eval_{label}_s"
     run.phases[key] = run.phases.get(key, 0.0) + time.perf_counter() - started
     return result

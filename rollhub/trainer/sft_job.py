@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
@@ -15,9 +14,7 @@ async def run_sft_job(config: RunConfig, *, out_dir: str | None = None, print_fn
     """Fine-tune on expert demos, save the model, print and return held-out success."""
     from rollhub.trainer.build import build_policy, check_env_kwargs, ensure_model
     from rollhub.trainer.evaluate import evaluate_model_dir
-    from rollhub.trainer.loop import collect_demonstrations, seed_everything
-    from rollhub.trainer.metrics import MetricsLog
-    from rollhub.trainer.sft import sft_epochs
+    from rollhub.trainer.loop import fine_tune_on_demos, seed_everything
 
     torch.set_num_threads(config.model.threads)
     config.env.kwargs = check_env_kwargs(config.env.id, config.env.kwargs)  # before the model loads
@@ -25,18 +22,7 @@ async def run_sft_job(config: RunConfig, *, out_dir: str | None = None, print_fn
     started = time.perf_counter()
     out = Path(out_dir) if out_dir else Path(config.run_dir) / "sft_model"
     policy = build_policy(config, ensure_model(config))
-    demos = await collect_demonstrations(config, policy.tokenizer)
-    log = MetricsLog(out.parent, tensorboard=False, filename="sft_metrics.jsonl")
-    history = await asyncio.to_thread(
-        sft_epochs,
-        policy,
-        demos,
-        epochs=config.sft.epochs,
-        lr=config.sft.lr,
-        batch_size=config.sft.batch_size,
-        seed=config.seed,
-        on_step=log.log,
-    )
+    demos, history = await fine_tune_on_demos(config, policy, out.parent)
     policy.save_pretrained(out)
     result = await evaluate_model_dir(config, out)
     print_fn(f"SFT: {len(demos)} demos, {len(history)} steps, loss {history[-1]['sft/loss']:.3f}; model at {out}")
