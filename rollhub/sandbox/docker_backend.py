@@ -156,6 +156,14 @@ def connect(base_url: str | None = None, api_timeout_s: float = 120.0, max_conne
     return client
 
 
+def _image_missing(image: str) -> ImageMissingError:
+    """Runs never pull: a missing image is a set-up step left undone, said with the fix."""
+    return ImageMissingError(
+        f"image {image!r} is not on the engine and nothing is pulled during a run; build it first "
+        "(`rollhub sandbox build-base` for rollhub/base:bookworm)"
+    )
+
+
 def _docker_errors() -> Any:
     import docker.errors
 
@@ -614,10 +622,7 @@ class DockerBackend(SandboxBackend):
         try:
             return self.api.inspect_image(image)
         except errors.ImageNotFound as exc:
-            raise ImageMissingError(
-                f"image {image!r} is not on the engine and nothing is pulled during a run; build it first "
-                "(`rollhub sandbox build-base` for rollhub/base:bookworm)"
-            ) from exc
+            raise _image_missing(image) from exc
         except Exception as exc:
             raise SandboxError(f"could not inspect image {image!r}: {exc}") from exc
 
@@ -704,10 +709,7 @@ class DockerBackend(SandboxBackend):
                 image, command=IDLE_COMMAND, labels=all_labels, host_config=host_config, detach=True, user=init_user
             )
         except errors.ImageNotFound as exc:
-            raise ImageMissingError(
-                f"image {image!r} is not on the engine and nothing is pulled during a run; build it first "
-                "(`rollhub sandbox build-base` for rollhub/base:bookworm)"
-            ) from exc
+            raise _image_missing(image) from exc
         except Exception as exc:
             if limits.disk_mb and writable is None and self.disk_mode == "auto" and _quota_refused(exc):
                 logger.info("the engine refuses storage_opt size (%s); disk budgets use tmpfs from now on", exc)
