@@ -152,13 +152,13 @@ class InfraFailureWindow:
         self.size = max(1, size)
         self.max_rate = max_rate
         self._outcomes: collections.deque[bool] = collections.deque(maxlen=self.size)
+        self.failures = 0  # infra failures in the window, kept up to date (no re-count per trajectory)
 
     def add(self, infra_failed: bool) -> None:
+        if len(self._outcomes) == self.size:
+            self.failures -= self._outcomes[0]  # about to fall out of the window
         self._outcomes.append(infra_failed)
-
-    @property
-    def failures(self) -> int:
-        return sum(self._outcomes)
+        self.failures += infra_failed
 
     @property
     def rate(self) -> float:

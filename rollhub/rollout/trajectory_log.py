@@ -19,6 +19,9 @@ from typing import Any
 from rollhub.rollout.serialization import trajectory_from_dict, trajectory_to_dict
 from rollhub.rollout.types import Group, Trajectory
 
+#: a run folder's trajectory log: written by the env manager, cut back on resume, read by `rollhub view`
+RUN_TRAJECTORY_LOG = "trajectories.jsonl"
+
 logger = logging.getLogger(__name__)
 
 

@@ -23,6 +23,7 @@ from rollhub.core.errors import UserError
 from rollhub.rollout.buffer import GroupBuffer
 from rollhub.rollout.engines.base import InferenceEngine
 from rollhub.rollout.source import RolloutSource
+from rollhub.rollout.trajectory_log import RUN_TRAJECTORY_LOG
 from rollhub.trainer.config import RunConfig
 from rollhub.trainer.policy import Policy
 
@@ -152,7 +153,7 @@ def build_rollout(
         group_size=config.rollout.group_size,
         max_concurrent_trajectories=config.env.max_concurrent,
         lockstep=config.rollout.lockstep,
-        jsonl_path=str(run_dir / "trajectories.jsonl") if config.train.log_trajectories else None,
+        jsonl_path=str(run_dir / RUN_TRAJECTORY_LOG) if config.train.log_trajectories else None,
         agent=config.agent,
         max_infra_failure_rate=config.rollout.max_infra_failure_rate,
         infra_failure_window=config.rollout.infra_failure_window,

@@ -46,6 +46,7 @@ from rollhub.core.errors import UserError
 from rollhub.rollout.buffer import GroupBuffer
 from rollhub.rollout.engines.base import InferenceEngine
 from rollhub.rollout.source import RolloutSource
+from rollhub.rollout.trajectory_log import RUN_TRAJECTORY_LOG
 from rollhub.rollout.types import RolloutFailureError
 from rollhub.trainer.batch import batch_failed, build_training_batch
 from rollhub.trainer.build import (
@@ -72,7 +73,6 @@ logger = logging.getLogger(__name__)
 WARMSTART_FILE = "warmstart.json"
 SFT_MODEL_DIR = "sft_model"
 SFT_DONE_FILE = "sft_done.json"  # written after sft_model/ is complete: the only proof that it is
-TRAJECTORY_LOG = "trajectories.jsonl"  # as build_rollout names it
 
 
 @dataclass
@@ -467,7 +467,7 @@ class Run:
         rollout_state = {
             "next_seed": self.seeds.next_seed,
             "buffer": self.buffer.state_dict() if self.buffer else None,
-            "trajectories_bytes": log_size(self.run_dir / TRAJECTORY_LOG),
+            "trajectories_bytes": log_size(self.run_dir / RUN_TRAJECTORY_LOG),
         }
         save_checkpoint(
             self.run_dir,
@@ -515,7 +515,7 @@ def open_run_dir(config: RunConfig, *, resume: bool) -> Path | None:
         )
     atomic_write_text(run_dir / "config.json", json.dumps(config_to_dict(config), indent=2))
     if checkpoint is None:
-        truncate_log(run_dir / TRAJECTORY_LOG, 0)
+        truncate_log(run_dir / RUN_TRAJECTORY_LOG, 0)
     return checkpoint
 
 
@@ -574,7 +574,7 @@ async def restore(run: Run, checkpoint: Path, *, print_fn: Callable[[str], None]
         run.buffer.load_state_dict(payload["rollout"]["buffer"])
     run.metrics_log.truncate_after(run.state.version)
     if payload["rollout"].get("trajectories_bytes") is not None:
-        truncate_log(run.run_dir / TRAJECTORY_LOG, payload["rollout"]["trajectories_bytes"])
+        truncate_log(run.run_dir / RUN_TRAJECTORY_LOG, payload["rollout"]["trajectories_bytes"])
     await run.engine.update_weights(run.policy.engine_state_dict(), run.state.version)
     print_fn(f"resumed {run.run_dir} at step {run.state.version}")
     warm = run.run_dir / WARMSTART_FILE

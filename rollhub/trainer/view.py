@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from rollhub.core.errors import UserError
+from rollhub.rollout.trajectory_log import RUN_TRAJECTORY_LOG
 
 
 def find_trajectory_file(run: Path) -> Path:
     if run.is_file():
         return run
-    candidate = run / "trajectories.jsonl"
+    candidate = run / RUN_TRAJECTORY_LOG
     if candidate.is_file():
         return candidate
     raise UserError(
