@@ -59,6 +59,22 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "rollhub.bench.rollout_engine:run",
         "real HFEngine on CPU: decode tok/s at 1/8/32 concurrent, prefix-cache and lockstep effects on Sokoban",
     ),
+    "trainer": (
+        "rollhub.bench.trainer:run",
+        "trainer step on a recorded Sokoban batch: padded vs packed micro-batches, 1 vs 2 ranks, tokens/s, peak memory",
+    ),
+    "weight-sync": (
+        "rollhub.bench.weight_sync:run",
+        "weight push latency to rollhub serve processes, disk vs distributed (gloo), tiny model and SmolLM2-135M",
+    ),
+    "redundancy-bias": (
+        "rollhub.bench.redundancy_bias:run",
+        "SIMULATED: difficulty mix of trained groups with redundancy (cancel vs carry, staleness rules)",
+    ),
+    "async-real": (
+        "rollhub.bench.async_real:run",
+        "real tiny-model training on real ALFWorld and SWE envs: lockstep vs env-async vs async vs async+redundancy",
+    ),
     "swe": (
         "rollhub.bench.swe:run",
         "SWE-v0 reset/tool/eval latencies; gold and empty patches graded by us and by the official swebench harness",

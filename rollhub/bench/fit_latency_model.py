@@ -115,6 +115,9 @@ class StepRecorder:
 
     def __init__(self, engine: Any):
         self.records: list[StepRecord] = []
+        # one model iteration per `_step` call: the engine otherwise chains decode steps inside
+        # one call while nothing needs the event loop, and a record would hold several iterations
+        engine.max_steps_per_call = 1
         original = engine._step
 
         def timed_step(newcomers: list[Any]) -> Any:

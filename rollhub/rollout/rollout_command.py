@@ -36,31 +36,42 @@ def build_manager_config(args: argparse.Namespace, jsonl_path: Path) -> Any:
     return load_config(EnvManagerConfig, None, overrides)
 
 
+def engine_config(args: argparse.Namespace) -> Any:
+    """This command's `engine:` section: in-process, or servers launched (--launch, --replicas) or attached (--url)."""
+    from rollhub.core.config import load_config
+    from rollhub.rollout.engines.build import EngineConfig
+
+    backend = "server" if args.engine in ("server", "sglang") or args.urls else "inprocess"
+    if args.engine == "sglang" and not args.urls:
+        raise UserError("--engine sglang attaches to a running server: give its --url (or use --engine server)")
+    values = [
+        f"backend={backend}",
+        f"threads={args.threads}",
+        f"max_batch_size={max(8, min(64, args.concurrency))}",
+        f"replicas={args.replicas}",
+        f"urls={json.dumps(list(args.urls))}",
+    ]
+    if args.launch:
+        values.append(f"launch={json.dumps(args.launch)}")
+    return load_config(EngineConfig, None, values)
+
+
 async def _collect(args: argparse.Namespace, model_dir: Path, jsonl_path: Path) -> dict[str, Any]:
     from rollhub.envs.registry import spec as env_spec
     from rollhub.rollout.manager import EnvManager
 
     env_spec(args.env)  # unknown id -> UserError with suggestions, before loading a model
     config = build_manager_config(args, jsonl_path)
-    if args.engine == "hf":
-        from rollhub.rollout.engines.build import EngineConfig, build_engine
+    from rollhub.rollout.engines.build import build_engine
+    from rollhub.rollout.engines.launcher import start_engine
 
-        engine: Any = build_engine(
-            EngineConfig(threads=args.threads, max_batch_size=max(8, min(64, args.concurrency))), model_dir
-        )
+    engine: Any = build_engine(engine_config(args), model_dir, device=args.device, run_dir=jsonl_path.parent)
+    try:
+        await start_engine(engine)
         tokenizer = engine.tokenizer
-    else:
-        from transformers import AutoTokenizer
-
-        from rollhub.rollout.engines.sglang import SGLangEngine
-
-        if not args.url:
-            raise UserError("--engine sglang needs --url of a running server (e.g. from 'rollhub serve --model DIR')")
-        engine = SGLangEngine(args.url)
-        if not await engine.healthy():
-            await engine.close()
-            raise UserError(f"no healthy server at {args.url}; start one with 'rollhub serve --model {model_dir}'")
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    except BaseException:
+        await engine.close()
+        raise
     manager = EnvManager(engine, tokenizer, config)
     try:
         groups = await manager.collect_batch(args.groups)

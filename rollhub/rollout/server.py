@@ -7,7 +7,15 @@ batch, `return_logprob`, `meta_info.output_token_logprobs` as [logprob, id, null
 `finish_reason` objects), `/abort_request`, `/pause_generation` (mode "abort"),
 `/continue_generation`, `/update_weights_from_disk`, `/flush_cache` (400 while busy),
 `/get_model_info`, `/get_weight_version`, `/update_weight_version`, `/health`,
-`/health_generate`, `/v1/loads`. Streaming is not supported (400).
+`/health_generate`, `/v1/loads`, and the collective weight path `/init_weights_update_group`,
+`/update_weights_from_distributed`, `/destroy_weights_update_group` (gloo on CPU, NCCL on a
+GPU engine; the trainer side is rollhub/rollout/weight_sync.py). Streaming is not supported (400).
+
+Weight updates under hostile input: a distributed update is checked name by name against the
+served model (known names, exact shapes, float dtypes, no duplicates) before a single byte is
+received, tensors arrive in fresh buffers and reach the model only when all arrived, a
+broadcast that never comes times out (`weight_sync_timeout_s`) and drops the group instead of
+hanging, and a group init is refused while another update is running or a group exists.
 
 Hardening: one server batches the requests of many clients, so a malformed request must be
 refused before it reaches the engine (a bad token id in a shared forward pass would fail
@@ -33,6 +41,7 @@ from rollhub.rollout.engines.base import Generation, SamplingParams
 from rollhub.rollout.engines.build import EngineConfig, build_engine
 from rollhub.rollout.engines.hf import HFEngine
 from rollhub.rollout.engines.sglang import API_KEY_ENV, resolve_api_key
+from rollhub.rollout.weight_sync import GROUP_NAME_PATTERN, UpdateGroup, parse_dtype, receive_tensors
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +60,32 @@ class RequestLimits:
     max_new_tokens: int
 
 
+class WeightReceiver:
+    """The receiving side of weight sync for one server: at most one update group, and at
+    most one weight operation (group init, distributed or disk update) at a time."""
+
+    def __init__(self, engine: HFEngine, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.group: UpdateGroup | None = None
+        self.group_name: str | None = None
+        self.busy: str | None = None  # what is running, for the refusal message
+        self.specs = {name: (tuple(t.shape), t.dtype) for name, t in engine.model.state_dict().items()}
+
+    def claim(self, what: str) -> None:
+        if self.busy is not None:
+            raise RequestError(f"refused: a weight operation is running ({self.busy}); retry when it is done")
+        self.busy = what
+
+    def drop_group(self) -> None:
+        group, self.group, self.group_name = self.group, None, None
+        if group is not None:
+            group.close()
+
+
 ENGINE_KEY = web.AppKey("engine", HFEngine)
 LIMITS_KEY = web.AppKey("limits", RequestLimits)
+WEIGHTS_KEY = web.AppKey("weights", WeightReceiver)
+MAX_WORLD_SIZE = 1 << 16
 
 
 class RequestError(ValueError):
@@ -306,17 +339,165 @@ async def handle_update_from_disk(request: web.Request) -> web.Response:
     raw_version = body.get("weight_version")
     version = _version(raw_version, "weight_version") if raw_version is not None else engine.weight_version + 1
     in_flight = engine.num_in_flight
-    if body.get("abort_all_requests"):
-        await engine.abort_all()
+    receiver = request.app[WEIGHTS_KEY]
+    receiver.claim("update_weights_from_disk")
     try:
+        if body.get("abort_all_requests"):
+            await engine.abort_all()
         await engine.update_weights(path, version)
     except (OSError, ValueError, TypeError, RuntimeError) as exc:
         return web.json_response(
             {"success": False, "message": f"update failed: {exc}", "num_paused_requests": 0}, status=400
         )
+    finally:
+        receiver.busy = None
     return web.json_response(
         {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": in_flight}
     )
+
+
+def _failed(message: str) -> web.Response:
+    """SGLang's answer to a weight operation that was valid but did not succeed."""
+    return web.json_response({"success": False, "message": message}, status=400)
+
+
+def _group_name(body: dict[str, Any]) -> str:
+    name = body.get("group_name", "weight_update_group")
+    if not isinstance(name, str) or not GROUP_NAME_PATTERN.match(name):
+        raise RequestError(f"group_name must match {GROUP_NAME_PATTERN.pattern}, got {_show(name)}")
+    return name
+
+
+def _required_int(body: dict[str, Any], key: str, low: int, high: int) -> int:
+    value = body.get(key)
+    if not _is_int(value) or not low <= value <= high:
+        raise RequestError(f"{key} must be an integer in [{low}, {high}], got {_show(value)}")
+    return value
+
+
+async def handle_init_weights_update_group(request: web.Request) -> web.Response:
+    """Join the trainer's weight-update group as rank `rank_offset` (one rank per server)."""
+    engine, receiver = request.app[ENGINE_KEY], request.app[WEIGHTS_KEY]
+    body = await _json_or_empty(request)
+    address = body.get("master_address")
+    if not isinstance(address, str) or not 0 < len(address) <= 253 or any(c.isspace() or c in "/@" for c in address):
+        raise RequestError(f"master_address must be a host name or IP address, got {_show(address)}")
+    port = _required_int(body, "master_port", 1, 65535)
+    world_size = _required_int(body, "world_size", 2, MAX_WORLD_SIZE)
+    rank = _required_int(body, "rank_offset", 1, world_size - 1)
+    name = _group_name(body)
+    backend = body.get("backend", "nccl")
+    if backend not in ("gloo", "nccl"):
+        raise RequestError(f"backend must be 'gloo' or 'nccl', got {_show(backend)}")
+    if backend == "nccl" and engine.device.type != "cuda":
+        raise RequestError("backend 'nccl' needs a GPU engine; this server runs on the CPU: use 'gloo'")
+    receiver.claim("init_weights_update_group")  # refused while any weight operation runs
+    try:
+        if receiver.group is not None:
+            raise RequestError(
+                f"refused: this server is already in weight update group '{receiver.group_name}'; "
+                "call /destroy_weights_update_group first"
+            )
+        group = await asyncio.to_thread(
+            UpdateGroup.join,
+            master_address=address,
+            master_port=port,
+            rank=rank,
+            world_size=world_size,
+            group_name=name,
+            backend=backend,
+            timeout_s=receiver.timeout_s,
+        )
+    except RequestError:
+        raise
+    except (RuntimeError, ValueError, OSError) as exc:  # torch raises DistStoreError / RuntimeError on timeouts
+        return _failed(f"could not join the weight update group at {address}:{port}: {str(exc)[:300]}")
+    finally:
+        receiver.busy = None
+    if backend == "nccl":
+        group.device = str(engine.device)  # NCCL receives straight onto the engine's GPU
+    receiver.group, receiver.group_name = group, name
+    logger.info("joined weight update group '%s' (%s) as rank %d of %d", name, backend, rank, world_size)
+    return web.json_response({"success": True, "message": f"joined '{name}' as rank {rank} of {world_size}"})
+
+
+def _tensor_specs(body: dict[str, Any], receiver: WeightReceiver) -> tuple[list[str], list[Any], list[tuple]]:
+    """names / dtypes / shapes checked against the served model before anything is received."""
+    names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
+    if not all(isinstance(v, list) for v in (names, dtypes, shapes)):
+        raise RequestError("names, dtypes and shapes must be lists")
+    if not names or not len(names) == len(dtypes) == len(shapes):
+        raise RequestError("names, dtypes and shapes must be non-empty and of equal length")
+    if len(names) > len(receiver.specs):
+        raise RequestError(f"at most {len(receiver.specs)} tensors (the model's count), got {len(names)}")
+    if not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
+        raise RequestError("names must be strings and must not repeat")
+    parsed_dtypes, parsed_shapes = [], []
+    for name, dtype, shape in zip(names, dtypes, shapes):
+        if name not in receiver.specs:
+            raise RequestError(f"unknown parameter name {_show(name)}: not in the served model")
+        expected = receiver.specs[name][0]
+        if not isinstance(shape, list) or not all(_is_int(d) for d in shape) or tuple(shape) != expected:
+            raise RequestError(f"shape of {name} must be {list(expected)}, got {_show(shape)}")
+        try:
+            parsed_dtypes.append(parse_dtype(dtype))
+        except ValueError as exc:
+            raise RequestError(f"{name}: {exc}") from None
+        parsed_shapes.append(expected)
+    return names, parsed_dtypes, parsed_shapes
+
+
+async def handle_update_weights_from_distributed(request: web.Request) -> web.Response:
+    """Receive one broadcast per name from rank 0, then load them all and take the version."""
+    engine, receiver = request.app[ENGINE_KEY], request.app[WEIGHTS_KEY]
+    body = await _json_or_empty(request)
+    name = _group_name(body) if "group_name" in body else receiver.group_name
+    if receiver.group is None:
+        raise RequestError("no weight update group: call /init_weights_update_group first")
+    if name != receiver.group_name:
+        raise RequestError(f"group_name {_show(name)} is not this server's group '{receiver.group_name}'")
+    receiver.claim("update_weights_from_distributed")
+    try:
+        names, dtypes, shapes = _tensor_specs(body, receiver)
+        raw_version = body.get("weight_version")
+        version = _version(raw_version, "weight_version") if raw_version is not None else engine.weight_version + 1
+    except RequestError as exc:
+        # rank 0 is broadcasting what we refused: leaving the group fails its broadcast at once
+        # (instead of after its timeout) and no stale bytes are left queued for the next update
+        receiver.drop_group()
+        receiver.busy = None
+        raise RequestError(f"{exc} (refused before receiving; the weight update group was dropped)") from None
+    try:
+        started = time.perf_counter()
+        try:
+            tensors = await asyncio.to_thread(receive_tensors, receiver.group, names, dtypes, shapes)
+        except (RuntimeError, ValueError) as exc:  # gloo / NCCL timeouts and broken peers
+            receiver.drop_group()
+            return _failed(
+                f"receiving weights failed after {time.perf_counter() - started:.1f} s ({str(exc)[:300]}); "
+                "the group was dropped: initialise a new one"
+            )
+        if body.get("abort_all_requests"):
+            await engine.abort_all()
+        try:
+            await engine.update_weights(tensors, version)
+        except (ValueError, TypeError, RuntimeError) as exc:
+            return _failed(f"loading the received weights failed: {exc}")
+    finally:
+        receiver.busy = None
+    return web.json_response({"success": True, "message": f"updated {len(names)} tensors to version {version}"})
+
+
+async def handle_destroy_weights_update_group(request: web.Request) -> web.Response:
+    receiver = request.app[WEIGHTS_KEY]
+    body = await _json_or_empty(request)
+    name = _group_name(body) if "group_name" in body else receiver.group_name
+    if receiver.busy is not None:
+        raise RequestError(f"refused: a weight operation is running ({receiver.busy})")
+    if receiver.group is None or name != receiver.group_name:
+        return _failed(f"no weight update group named {_show(name)}")
+    receiver.drop_group()
+    return web.json_response({"success": True, "message": f"left '{name}'"})
 
 
 async def handle_flush_cache(request: web.Request) -> web.Response:
@@ -438,21 +619,26 @@ def bearer_auth(api_key: str) -> Any:
     return check
 
 
-def build_app(engine: HFEngine, *, api_key: str | None = None) -> web.Application:
+def build_app(engine: HFEngine, *, api_key: str | None = None, weight_sync_timeout_s: float = 300.0) -> web.Application:
     """The aiohttp app; the caller owns the engine (closed on app cleanup).
 
     `api_key` (None or empty: no authentication) is required as a bearer token on every
-    endpoint but /health.
+    endpoint but /health. `weight_sync_timeout_s` bounds joining a weight update group and
+    each broadcast of a distributed update (a trainer that never sends cannot wedge us).
     """
     middlewares = [bearer_auth(api_key)] if api_key else []
     app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[*middlewares, client_errors])
     app[ENGINE_KEY] = engine
     app[LIMITS_KEY] = limits_for(engine)
+    app[WEIGHTS_KEY] = WeightReceiver(engine, weight_sync_timeout_s)
     app.router.add_post("/generate", handle_generate)
     app.router.add_post("/abort_request", handle_abort)
     app.router.add_post("/pause_generation", handle_pause)
     app.router.add_post("/continue_generation", handle_continue)
     app.router.add_post("/update_weights_from_disk", handle_update_from_disk)
+    app.router.add_post("/init_weights_update_group", handle_init_weights_update_group)
+    app.router.add_post("/update_weights_from_distributed", handle_update_weights_from_distributed)
+    app.router.add_post("/destroy_weights_update_group", handle_destroy_weights_update_group)
     app.router.add_route("*", "/flush_cache", handle_flush_cache)
     app.router.add_get("/get_model_info", handle_model_info)
     app.router.add_get("/get_weight_version", handle_weight_version)
@@ -462,6 +648,7 @@ def build_app(engine: HFEngine, *, api_key: str | None = None) -> web.Applicatio
     app.router.add_get("/v1/loads", handle_loads)
 
     async def close_engine(app: web.Application) -> None:
+        app[WEIGHTS_KEY].drop_group()
         await app[ENGINE_KEY].close()
 
     app.on_cleanup.append(close_engine)
@@ -476,6 +663,9 @@ def serve_forever(
     threads: int = 1,
     max_batch_size: int = 32,
     api_key: str | None = None,
+    seed: int = 0,
+    device: str = "cpu",
+    weight_sync_timeout_s: float = 300.0,
 ) -> None:
     """Load the model and serve until interrupted (the `rollhub serve` command).
 
@@ -493,7 +683,9 @@ def serve_forever(
     import torch
 
     torch.set_num_threads(threads)
-    engine = build_engine(EngineConfig(threads=threads, max_batch_size=max_batch_size), model_path)
+    engine = build_engine(
+        EngineConfig(threads=threads, max_batch_size=max_batch_size, seed=seed), model_path, device=device
+    )
     api_key = resolve_api_key(api_key)
     if not api_key and host not in ("127.0.0.1", "localhost", "::1"):
         logger.warning(
@@ -504,4 +696,5 @@ def serve_forever(
         )
     auth = "bearer token required" if api_key else "no authentication"
     print(f"rollhub serve: {model_path} on http://{host}:{port} (SGLang-native /generate; {auth})", flush=True)
-    web.run_app(build_app(engine, api_key=api_key), host=host, port=port, print=None)
+    app = build_app(engine, api_key=api_key, weight_sync_timeout_s=weight_sync_timeout_s)
+    web.run_app(app, host=host, port=port, print=None)

@@ -118,6 +118,15 @@ class Trajectory:
         per_turn = [min(t.token_versions) for t in self.turns if t.token_versions]
         return min(per_turn) if per_turn else None
 
+    @property
+    def newest_version(self) -> int | None:
+        per_turn = [max(t.token_versions) for t in self.turns if t.token_versions]
+        return max(per_turn) if per_turn else None
+
+    def version_sum_and_count(self) -> tuple[int, int]:
+        """Sum of the response tokens' policy versions and their number (token-weighted staleness)."""
+        return sum(sum(t.token_versions) for t in self.turns), sum(len(t.token_versions) for t in self.turns)
+
     def packed_sequences(self) -> list[PackedSequence]:
         """Merge turns into as few training sequences as possible.
 
@@ -181,8 +190,26 @@ class Group:
     seed: int | None
     trajectories: list[Trajectory]
     created_version: int = 0  # trainer version when the group was admitted
+    admission_index: int = 0  # order in which its buffer slot was granted (oldest-first ties)
 
     @property
     def oldest_version(self) -> int | None:
         versions = [v for t in self.trajectories if (v := t.oldest_version) is not None]
         return min(versions) if versions else None
+
+    @property
+    def newest_version(self) -> int | None:
+        versions = [v for t in self.trajectories if (v := t.newest_version) is not None]
+        return max(versions) if versions else None
+
+    @property
+    def token_mean_version(self) -> float | None:
+        """The token-weighted mean policy version of the group's response tokens (None without tokens).
+
+        A long episode that ran on across weight updates (partial rollouts resumed on the new
+        weights) is judged by the versions most of its tokens carry, not by its first turn."""
+        total = count = 0
+        for trajectory in self.trajectories:
+            version_sum, tokens = trajectory.version_sum_and_count()
+            total, count = total + version_sum, count + tokens
+        return total / count if count else None

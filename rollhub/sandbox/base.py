@@ -26,6 +26,11 @@ DEFAULT_CAPS: tuple[str, ...] = ()
 DEFAULT_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/root", "/home")
 #: `read_file` refuses larger files before transferring them (per call: `max_bytes=`).
 DEFAULT_MAX_READ_BYTES = 32 * 1024 * 1024
+#: How a Docker sandbox runs commands (`Limits.exec_mode`; see docker_backend.py): one
+#: long-lived controller per container (a few ms per command), or one `docker exec` each.
+EXEC_PERSISTENT_SHELL = "persistent-shell"
+EXEC_DOCKER_EXEC = "docker-exec"
+EXEC_MODES = (EXEC_PERSISTENT_SHELL, EXEC_DOCKER_EXEC)
 
 
 class SandboxError(RuntimeError):
@@ -62,6 +67,9 @@ class Limits:
       containers and does not bind root, so `pids` is the per-container bound).
     - `cap_add`: capabilities kept (default none); everything else is dropped, and
       no-new-privileges is set.
+    - `exec_mode`: "persistent-shell" or "docker-exec" (Docker; same semantics, ~100x apart
+      in cost per command); None: the backend's default. The process backend runs every
+      command as a process of its own either way.
     """
 
     cpus: float = 1.0
@@ -75,6 +83,11 @@ class Limits:
     nproc: int | None = None
     cap_add: tuple[str, ...] = DEFAULT_CAPS
     writable_dirs: tuple[str, ...] = DEFAULT_WRITABLE_DIRS
+    exec_mode: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.exec_mode is not None and self.exec_mode not in EXEC_MODES:
+            raise ValueError(f"Limits.exec_mode must be one of {', '.join(EXEC_MODES)} or None, got {self.exec_mode!r}")
 
 
 @dataclass

@@ -13,8 +13,8 @@ import time
 from typing import Any
 
 
-def open_exec_stream(api: Any, exec_id: str) -> ExecStream:
-    """Start an exec and take over its connection.
+def open_exec_stream(api: Any, exec_id: str, separate_stderr: bool = False) -> ExecStream:
+    """Start an exec and take over its connection (`separate_stderr`: see ExecStream).
 
     Like the SDK's `exec_start(socket=True)`, plus one fix: http.client reads the upgrade
     response through a buffered reader that may have read past the headers into the first
@@ -28,7 +28,7 @@ def open_exec_stream(api: Any, exec_id: str) -> ExecStream:
         stream=True,
     )
     sock = api._get_raw_response_socket(response)
-    stream = ExecStream(sock, _drain_read_ahead(response, sock))
+    stream = ExecStream(sock, _drain_read_ahead(response, sock), separate_stderr=separate_stderr)
     stream.response = response  # keeps TLS sockets from being closed by garbage collection
     return stream
 
@@ -54,10 +54,18 @@ def _drain_read_ahead(response: Any, sock: Any) -> bytes:
 
 
 class ExecStream:
-    """Reads payload bytes out of the frames; `TimeoutError` past a deadline (monotonic)."""
+    """Reads payload bytes out of the frames; `TimeoutError` past a deadline (monotonic).
 
-    def __init__(self, sock: Any, early_bytes: bytes = b""):
+    By default stdout and stderr payloads are read as one stream. With `separate_stderr`
+    only stdout is payload and the last `STDERR_KEEP_BYTES` of stderr are kept aside (the
+    persistent shell's protocol travels on stdout; stderr only says why it failed)."""
+
+    STDERR_KEEP_BYTES = 4096
+
+    def __init__(self, sock: Any, early_bytes: bytes = b"", separate_stderr: bool = False):
         self.sock = sock
+        self.separate_stderr = separate_stderr
+        self._stderr = bytearray()
         self.raw = _raw_socket(sock)
         self.response: Any = None
         self._frames = bytearray(early_bytes)  # undecoded frame bytes
@@ -71,10 +79,14 @@ class ExecStream:
 
     def _decode(self) -> None:
         while len(self._frames) >= 8:
-            _stream, size = struct.unpack(">BxxxL", self._frames[:8])
+            stream_id, size = struct.unpack(">BxxxL", self._frames[:8])
             if len(self._frames) < 8 + size:
                 return
-            self._payload += self._frames[8 : 8 + size]
+            if self.separate_stderr and stream_id == 2:
+                self._stderr += self._frames[8 : 8 + size]
+                del self._stderr[: -self.STDERR_KEEP_BYTES]
+            else:
+                self._payload += self._frames[8 : 8 + size]
             del self._frames[: 8 + size]
 
     def _receive(self, deadline: float) -> None:
@@ -84,7 +96,10 @@ class ExecStream:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError
-                if not self._poller.poll(max(1, int(remaining * 1000))):
+                # poll takes a C int of ms: wait at most an hour at a time (a 1e9 s timeout is legal)
+                if not self._poller.poll(max(1, int(min(remaining, 3600.0) * 1000))):
+                    if time.monotonic() < deadline:
+                        continue
                     raise TimeoutError
             try:
                 chunk = self.raw.recv(65536) if hasattr(self.raw, "recv") else (self.sock.read(65536) or b"")
@@ -109,6 +124,24 @@ class ExecStream:
             if self.eof:
                 return
             self._receive(deadline)
+
+    def read_exact(self, size: int, deadline: float) -> bytes | None:
+        """The next `size` payload bytes; None when the exec's output ends first."""
+        while len(self._payload) < size:
+            if self.eof:
+                return None
+            self._receive(deadline)
+        data = bytes(self._payload[:size])
+        del self._payload[:size]
+        return data
+
+    def send(self, data: bytes) -> None:
+        """Write to the exec's stdin (exec created with stdin=True)."""
+        target = self.raw if hasattr(self.raw, "sendall") else self.sock
+        target.sendall(data)
+
+    def stderr_text(self) -> str:
+        return bytes(self._stderr).decode("utf-8", "replace")
 
     def close(self) -> None:
         for candidate in (self.sock, self.raw):

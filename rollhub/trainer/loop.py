@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import json
 import logging
 import random
@@ -56,12 +57,20 @@ from rollhub.trainer.build import (
     build_policy,
     build_reference,
     build_rollout,
-    check_env_kwargs,
+    check_run_envs,
     ensure_model,
     make_env_factory,
+    start_engine,
 )
-from rollhub.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rollhub.trainer.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    read_checkpoint,
+    save_checkpoint,
+    set_rng_state,
+)
 from rollhub.trainer.config import RunConfig
+from rollhub.trainer.distributed import RankGroup, sharded_config
 from rollhub.trainer.evaluate import EvalResult, evaluate_held_out
 from rollhub.trainer.metrics import MetricsLog, plot_learning_curve, read_jsonl
 from rollhub.trainer.policy import Policy
@@ -254,10 +263,13 @@ async def rl_loop(
     on_step: Callable[[int, dict[str, Any]], None] | None = None,
     evaluate: Callable[[], Any] | None = None,
     reference: Policy | None = None,
+    update: Callable[..., dict[str, Any]] = ppo_update,
 ) -> None:
     """RL steps from `state.version` to `config.train.steps` (see module docstring).
 
     `reference` is the frozen warm-start policy of the optional KL term (loss.kl_coef > 0).
+    `update` is `ppo_update`, or with trainer ranks `RankGroup.ppo_update` (the same step,
+    data parallel: rollhub.trainer.distributed).
     Raises RolloutFailureError instead of looping on when rollout cannot feed it: the rollout
     source spent its infra failure budget (rollout.max_infra_failure_rate), or every
     trajectory failed in rollout.max_failed_batches consecutive batches.
@@ -290,7 +302,7 @@ async def rl_loop(
                 _set_lr(optimizer, config, state.version)
                 o = config.optim
                 step_metrics = await compute.run(
-                    ppo_update,
+                    update,
                     policy,
                     optimizer,
                     batch,
@@ -300,6 +312,7 @@ async def rl_loop(
                     max_grad_norm=o.max_grad_norm,
                     seed=config.seed * 1_000_003 + state.version,
                     reference=reference,
+                    pack_tokens=o.pack_tokens,
                 )
                 step_metrics["lr"] = optimizer.param_groups[0]["lr"]
             else:
@@ -454,6 +467,7 @@ class Run:
     phases: dict[str, float] = field(default_factory=dict)
     started: float = field(default_factory=time.perf_counter)
     prior_wall_s: float = 0.0  # wall time of earlier processes of a resumed run
+    ranks: RankGroup | None = None  # trainer ranks this process leads (rollhub.trainer.distributed)
 
     def wall_s(self) -> float:
         return self.prior_wall_s + time.perf_counter() - self.started
@@ -469,6 +483,8 @@ class Run:
             "buffer": self.buffer.state_dict() if self.buffer else None,
             "trajectories_bytes": log_size(self.run_dir / RUN_TRAJECTORY_LOG),
         }
+        # with ranks: every rank's shard gathered into the full state, on this rank (rank 0)
+        model_state, optimizer_state = self.ranks.checkpoint_state() if self.ranks else (None, None)
         save_checkpoint(
             self.run_dir,
             state.version,
@@ -477,6 +493,8 @@ class Run:
             trainer_state=state.as_dict(),
             rollout_state=rollout_state,
             keep_last=self.config.train.keep_checkpoints,
+            model_state=model_state,
+            optimizer_state=optimizer_state,
         )
 
 
@@ -566,7 +584,12 @@ async def restore(run: Run, checkpoint: Path, *, print_fn: Callable[[str], None]
     """
     from rollhub.rollout.trajectory_log import truncate_log
 
-    payload = load_checkpoint(checkpoint, model=run.policy.model, optimizer=run.optimizer)
+    if run.ranks is not None:  # the full state read here, sharded onto every rank (any world size)
+        payload = read_checkpoint(checkpoint)
+        run.ranks.load_state(payload["model"], payload["optimizer"])
+        set_rng_state(payload["rng"])
+    else:
+        payload = load_checkpoint(checkpoint, model=run.policy.model, optimizer=run.optimizer)
     run.state = LoopState(**payload["trainer"])
     run.prior_wall_s = run.state.wall_s
     run.seeds.next_seed = payload["rollout"].get("next_seed", run.seeds.next_seed)
@@ -646,6 +669,7 @@ async def reinforce(run: Run, *, progress: bool) -> None:
                 on_step=on_step,
                 evaluate=lambda: evaluate(run, "periodic"),
                 reference=run.reference,
+                update=run.ranks.ppo_update if run.ranks is not None else ppo_update,
             )
         finally:
             stop.set()
@@ -690,12 +714,21 @@ def report(
 
 
 async def run_training(
-    config: RunConfig, *, resume: bool = False, progress: bool = True, print_fn: Callable[[str], None] = print
+    config: RunConfig,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    print_fn: Callable[[str], None] = print,
+    ranks: RankGroup | None = None,
 ) -> TrainingSummary:
-    """The whole job (see module docstring). Returns warm-start and final evaluations."""
+    """The whole job (see module docstring). Returns warm-start and final evaluations.
+
+    `ranks`: this process is rank 0 of a group of trainer ranks (rollhub.trainer.distributed);
+    everything but the tensor work of the policy (updates, weight gathers, checkpoints) stays here.
+    """
     job_started = time.perf_counter()
     torch.set_num_threads(config.model.threads)
-    config.env.kwargs = check_env_kwargs(config.env.id, config.env.kwargs)  # names and types, before the model loads
+    check_run_envs(config)  # both envs' names and types, and train/eval overlap, before the model loads
     if config.cluster.backend == "ray":  # fail before the warm-start, not after it
         from rollhub.rollout.cluster.backend import import_ray
 
@@ -710,7 +743,13 @@ async def run_training(
     model_dir = ensure_model(config)
     sft_dir = run_dir / SFT_MODEL_DIR
     sft_done = config.sft.enabled and sft_model_ready(run_dir)  # a half-written sft_model/ is removed
-    policy = build_policy(config, sft_dir if sft_done else model_dir)
+    if ranks is not None and checkpoint is None and config.sft.enabled and not sft_done:
+        # trainer ranks: the SFT warm-start runs on rank 0 alone, on an unsharded policy (the
+        # other ranks wait for `start`); the sharded policy then loads the SFT model
+        unsharded = dataclasses.replace(config, model=dataclasses.replace(config.model, fsdp=False))
+        phases["sft_s"] = await warm_start(config, build_policy(unsharded, model_dir), sft_dir, print_fn=print_fn)
+        sft_done = True
+    policy = build_policy(config if ranks is None else sharded_config(config), sft_dir if sft_done else model_dir)
     phases["prepare_s"] = time.perf_counter() - t
     metrics_log = MetricsLog(run_dir)
 
@@ -723,6 +762,9 @@ async def run_training(
     engine = build_engine(config, engine_model_dir)
     optimizer = build_optimizer(policy, config)
     reference = build_reference(config, engine_model_dir, policy)  # the KL anchor: the warm-start, frozen
+    if ranks is not None:  # the other ranks build their shards of the same model now
+        ranks.start({"model_dir": str(sft_dir if sft_done else model_dir), "reference_dir": str(engine_model_dir)})
+        ranks.attach(policy, optimizer, reference)
     run = Run(
         config=config,
         run_dir=run_dir,
@@ -736,12 +778,14 @@ async def run_training(
         engine_model_dir=engine_model_dir,
         phases=phases,
         started=job_started,
+        ranks=ranks,
     )
     if checkpoint is not None:
         await restore(run, checkpoint, print_fn=print_fn)
 
     warmstart: EvalResult | None = None
     try:
+        await start_engine(run.engine)  # launched servers up and ready before the first evaluation
         if checkpoint is None:
             warmstart = await evaluate_warm_start(run, print_fn=print_fn)
         # 3. RL

@@ -7,11 +7,16 @@ advantages; `Policy.token_logprobs` returns log_softmax(logits / T) of every tok
 prefix, at the same temperature the engine sampled with, so pi_theta, pi_prox and mu are
 comparable token by token.
 
-Precision: fp32 on CPU, bf16 on GPU. Multi-GPU: with `fsdp=True` inside an initialised
-torch.distributed process group, each decoder layer and then the root module are wrapped
-with FSDP2 (`torch.distributed.fsdp.fully_shard`); parameters stay DTensors, the optimizer
-is built over them as usual, and `engine_state_dict()` gathers full tensors for the
-weight push. That path is exercised only where a GPU is lent (tests marked `gpu`).
+Precision: the weights the optimizer updates are fp32 everywhere (at RL learning rates a
+bf16 weight would round most updates away). On CPU everything runs in fp32; on a GPU the
+forward and backward run in bf16: under FSDP2 by its MixedPrecisionPolicy (bf16 compute,
+fp32 gradient reduction), on one GPU by bf16 autocast around the decoder and the head.
+Ranks: with `fsdp=True` inside an initialised torch.distributed process group, each decoder
+layer and then the root module are wrapped with FSDP2 (`torch.distributed.fsdp.fully_shard`);
+parameters stay DTensors, the optimizer is built over them as usual, and
+`engine_state_dict()` gathers full tensors for the weight push (rollhub.trainer.distributed
+drives the ranks). `gradient_checkpointing` recomputes each decoder layer in the backward
+pass instead of keeping its activations.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from rollhub.core.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +132,31 @@ def response_positions(batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
     return (batch.response_mask[:, 1:] > 0).nonzero(as_tuple=True)
 
 
+def _scattered(
+    batch: TokenBatch,
+    logits: torch.Tensor,
+    rows: torch.Tensor,
+    cols: torch.Tensor,
+    *,
+    with_entropy: bool,
+    with_full: bool,
+) -> tuple[torch.Tensor, ...]:
+    """Log-probs (and entropy) of the response tokens from `logits` at `response_positions`,
+    scattered back into the batch's [rows, width] layout (non-response positions are 0); with
+    `with_full`, also the whole log-distribution at each response token."""
+    log_probs = F.log_softmax(logits, dim=-1)
+    picked = log_probs.gather(-1, batch.input_ids[:, 1:][rows, cols].unsqueeze(-1)).squeeze(-1)
+    logp = torch.zeros(batch.input_ids.shape, dtype=picked.dtype, device=picked.device)
+    logp = logp.index_put((rows, cols + 1), picked)
+    entropy = None
+    if with_entropy:
+        ent = -(log_probs.exp() * log_probs).sum(-1)
+        entropy = torch.zeros_like(logp).index_put((rows, cols + 1), ent)
+    if with_full:
+        return logp, entropy, log_probs
+    return logp, entropy
+
+
 class Policy:
     """A causal LM being trained, with the helpers the loop needs."""
 
@@ -142,17 +174,53 @@ class Policy:
 
         if temperature <= 0:
             raise ValueError("the trainer recomputes log_softmax(logits / T); temperature must be > 0")
+        # `dtype` is the compute dtype; the parameters (the optimizer's master weights) are fp32
         self.device, self.dtype = default_device_and_dtype(device)
-        self.model, self.tokenizer = load_model_and_tokenizer(model_path, dtype=self.dtype, device=self.device)
+        self.model, self.tokenizer = load_model_and_tokenizer(model_path, dtype=torch.float32, device=self.device)
         self.model.train()
-        if gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
         self.temperature = temperature
         self.micro_batch_size = micro_batch_size
         self.model_path = Path(model_path)
         self.fsdp = False
+        # rank 0 of a trainer group sets this (RankGroup.attach): it tells the other ranks
+        # which collective comes next before this rank enters it
+        self.announce: Any = None
+        if gradient_checkpointing:
+            self._checkpoint_layers()
         if fsdp:
             self._wrap_fsdp2()
+        elif self.dtype != torch.float32:
+            self._autocast_forward()
+
+    def _decoder_layers(self) -> Any:
+        layers = getattr(getattr(self.model, "model", None), "layers", None)
+        if layers is None:
+            raise RuntimeError(f"{type(self.model).__name__} has no model.layers (decoder layers) to wrap")
+        return layers
+
+    def _checkpoint_layers(self) -> None:
+        """Activation checkpointing per decoder layer: keep only its input, recompute it in backward.
+
+        The layer's `forward` is replaced on the instance (names and state-dict keys unchanged,
+        so FSDP2 and the weight push see the same module tree). Non-reentrant checkpointing
+        gives parameter gradients even when the layer's input needs none (frozen embeddings).
+        """
+        import functools
+
+        from torch.utils.checkpoint import checkpoint
+
+        for layer in self._decoder_layers():
+            layer.forward = functools.partial(checkpoint, layer.forward, use_reentrant=False)
+
+    def _autocast_forward(self) -> None:
+        """One GPU without FSDP: fp32 parameters, bf16 compute (autocast around decoder and head)."""
+        modules = [self.model]
+        decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
+        head = self.model.get_output_embeddings()
+        modules += [m for m in (decoder, head) if m is not None]
+        device_type = torch.device(self.device).type
+        for module in modules:
+            module.forward = torch.autocast(device_type, dtype=self.dtype)(module.forward)
 
     # --- distributed ------------------------------------------------------------------
     def _wrap_fsdp2(self) -> None:
@@ -161,19 +229,28 @@ class Policy:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         if not (dist.is_available() and dist.is_initialized()):
-            raise RuntimeError("fsdp=True needs torch.distributed initialised (launch with torchrun)")
+            raise UserError(
+                "model.fsdp needs trainer ranks: launch with 'torchrun --nproc-per-node N -m rollhub train ...' "
+                "or set trainer.world_size: N"
+            )
         mp = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32)
-        layers = getattr(getattr(self.model, "model", None), "layers", None)
-        if layers is None:
-            raise RuntimeError(f"{type(self.model).__name__} has no model.layers to shard")
-        for layer in layers:
+        for layer in self._decoder_layers():
             fully_shard(layer, mp_policy=mp)
         fully_shard(self.model, mp_policy=mp)
+        # each rank's loss is its share of the GLOBAL mean (the loss normaliser counts every
+        # rank's tokens), so the full gradient is the sum over ranks, not FSDP's default mean;
+        # sum-reduction with no pre-scaling is also the one gloo can do (it has no PREMUL_SUM)
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in self.model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_gradient_divide_factor(1.0)
+                module.set_force_sum_reduction_for_comms(True)
         self.fsdp = True
 
     # --- log-probs --------------------------------------------------------------------
     def token_logprobs(
-        self, batch: TokenBatch, *, with_entropy: bool = False, with_full: bool = False
+        self, batch: TokenBatch, *, with_entropy: bool = False, with_full: bool = False, packed: bool = False
     ) -> tuple[torch.Tensor, ...]:
         """Log-probs (with gradient if enabled by the caller) of every response token of `batch`.
 
@@ -182,8 +259,14 @@ class Policy:
         projection is a large share of a small model's compute. Non-response positions are 0.
         With `with_full`, a third tensor holds the whole log-distribution [n_response, vocab]
         at each response token, in `response_positions(batch)` order (the exact KL needs it).
+        With `packed`, the sequences run packed (rollhub.trainer.packing: laid end to end in rows
+        as long as the longest, position ids restart per sequence, a block-diagonal causal mask
+        keeps them apart, a sequence whose needed tokens another holds runs once): no compute on
+        padding, and the outputs keep the padded layout, so the loss code is unchanged.
         """
         batch = batch.to(self.device)
+        if packed:
+            return self._packed_token_logprobs(batch, with_entropy=with_entropy, with_full=with_full)
         decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
         head = self.model.get_output_embeddings()
         if self.fsdp or decoder is None or head is None:
@@ -201,23 +284,56 @@ class Policy:
         ).last_hidden_state
         rows, cols = response_positions(batch)
         logits = head(hidden[:, :-1][rows, cols]).float() / self.temperature
-        log_probs = F.log_softmax(logits, dim=-1)
-        picked = log_probs.gather(-1, batch.input_ids[:, 1:][rows, cols].unsqueeze(-1)).squeeze(-1)
-        logp = torch.zeros(batch.input_ids.shape, dtype=picked.dtype, device=picked.device)
-        logp = logp.index_put((rows, cols + 1), picked)
-        entropy = None
-        if with_entropy:
-            ent = -(log_probs.exp() * log_probs).sum(-1)
-            entropy = torch.zeros_like(logp).index_put((rows, cols + 1), ent)
-        if with_full:
-            return logp, entropy, log_probs
-        return logp, entropy
+        return _scattered(batch, logits, rows, cols, with_entropy=with_entropy, with_full=with_full)
+
+    def _packed_token_logprobs(
+        self, batch: TokenBatch, *, with_entropy: bool, with_full: bool
+    ) -> tuple[torch.Tensor, ...]:
+        """`token_logprobs` with the rows packed (see rollhub.trainer.packing)."""
+        from rollhub.trainer.packing import pack_rows, packed_model_inputs, shared_prefixes
+
+        # rows whose needed tokens another row already holds run once (exact, see SharedPrefixes)
+        shared = shared_prefixes(batch.input_ids, batch.attention_mask, batch.response_mask)
+        hosts = torch.as_tensor(shared.hosts, dtype=torch.long, device=batch.input_ids.device)
+        needed = torch.as_tensor(shared.needed, dtype=torch.long, device=batch.input_ids.device)
+        width = batch.input_ids.shape[1]
+        keep = torch.arange(width, device=needed.device).unsqueeze(0) < needed.unsqueeze(1)
+        # rows as long as the longest sequence, as a padded micro-batch's: the dense mask's
+        # attention cost per row stays what padding costs, the padding itself is filled
+        packed = pack_rows(batch.input_ids[hosts], keep.long(), row_tokens=int(needed.max()))
+        slot = torch.full((len(batch),), -1, dtype=torch.long, device=hosts.device)
+        slot[hosts] = torch.arange(len(hosts), device=hosts.device)
+        host_of = slot[torch.as_tensor(shared.host, dtype=torch.long, device=hosts.device)]
+        rows, cols = response_positions(batch)
+        where = packed.packed_index(host_of[rows], cols)
+        decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
+        head = self.model.get_output_embeddings()
+        if self.fsdp or decoder is None or head is None:
+            # as in the padded path: FSDP2 unshards in the root module's hooks, so the whole model runs
+            out = self.model(**packed_model_inputs(packed, self.model), use_cache=False)
+            logits = out.logits[where].float() / self.temperature
+        else:
+            hidden = decoder(**packed_model_inputs(packed, decoder), use_cache=False).last_hidden_state
+            logits = head(hidden[where]).float() / self.temperature
+        return _scattered(batch, logits, rows, cols, with_entropy=with_entropy, with_full=with_full)
 
     @torch.no_grad()
-    def compute_logprobs(self, batch: TokenBatch) -> torch.Tensor:
-        """Log-probs of the whole batch without gradient, micro-batched (the proximal policy)."""
-        rows = []
+    def compute_logprobs(self, batch: TokenBatch, *, pack_tokens: int | None = None) -> torch.Tensor:
+        """Log-probs of the whole batch without gradient, micro-batched (the proximal policy).
+
+        With `pack_tokens`, micro-batches are packed to that many tokens (rollhub.trainer.packing)
+        instead of `micro_batch_size` padded rows; the result is the same [batch, time] tensor.
+        """
         width = batch.input_ids.shape[1]
+        if pack_tokens is not None:
+            from rollhub.trainer.packing import plan_packed_micro_batches, sequence_lengths
+
+            out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+            for group in plan_packed_micro_batches(sequence_lengths(batch.attention_mask), pack_tokens):
+                logp, _ = self.token_logprobs(batch.select(group), packed=True)
+                out[torch.as_tensor(group), : logp.shape[1]] = logp.float().cpu()
+            return out
+        rows = []
         for start in range(0, len(batch), self.micro_batch_size):
             part = batch.slice(start, min(start + self.micro_batch_size, len(batch)))
             logp, _ = self.token_logprobs(part)
@@ -226,13 +342,21 @@ class Policy:
 
     # --- weights ----------------------------------------------------------------------
     def engine_state_dict(self) -> dict[str, torch.Tensor]:
-        """Detached CPU copies of the weights, as the inference engine loads them."""
-        state = self.model.state_dict()
+        """Detached CPU copies of the weights (HF names), as the inference engine loads them.
+
+        Under FSDP this is a collective: every rank calls it (rank 0 of a trainer group tells
+        the others to, through `announce`), the shards are gathered, and rank 0 gets the full
+        state dict while the other ranks get {}. Only rank 0 pushes weights to the engines.
+        """
+        if self.announce is not None:
+            self.announce("engine")
+        keep = not self.fsdp or _rank() == 0
         full = {}
-        for name, tensor in state.items():
-            if hasattr(tensor, "full_tensor"):  # FSDP2 DTensor
+        for name, tensor in self.model.state_dict().items():
+            if hasattr(tensor, "full_tensor"):  # FSDP2 DTensor: every rank takes part in the gather
                 tensor = tensor.full_tensor()
-            full[name] = tensor.detach().to("cpu", copy=True)
+            if keep:
+                full[name] = tensor.detach().to("cpu", copy=True)
         return full
 
     def parameters(self):
@@ -251,6 +375,21 @@ class Policy:
         out = Path(out_dir)
         if out.is_dir() and any(out.iterdir()) and not (out / "config.json").is_file():
             raise ValueError(f"{out} is not empty and holds no model; refusing to replace it with one")
+        if self.fsdp:  # gather the shards (collective); rank 0 writes the full weights
+            state = self.engine_state_dict()
+            if _rank() != 0:
+                return
+            with staged_dir(out) as tmp:
+                self.model.save_pretrained(tmp, state_dict=state)
+                self.tokenizer.save_pretrained(tmp)
+            return
         with staged_dir(out) as tmp:
             self.model.save_pretrained(tmp)
             self.tokenizer.save_pretrained(tmp)
+
+
+def _rank() -> int:
+    """This process's rank in the torch.distributed group (0 without one)."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0

@@ -12,12 +12,12 @@ from rollhub.trainer.config import RunConfig
 
 async def run_sft_job(config: RunConfig, *, out_dir: str | None = None, print_fn=print) -> float:
     """Fine-tune on expert demos, save the model, print and return held-out success."""
-    from rollhub.trainer.build import build_policy, check_env_kwargs, ensure_model
+    from rollhub.trainer.build import build_policy, check_run_envs, ensure_model
     from rollhub.trainer.evaluate import evaluate_model_dir
     from rollhub.trainer.loop import fine_tune_on_demos, seed_everything
 
     torch.set_num_threads(config.model.threads)
-    config.env.kwargs = check_env_kwargs(config.env.id, config.env.kwargs)  # before the model loads
+    check_run_envs(config)  # both envs' kwargs and train/eval overlap, before the model loads
     seed_everything(config.seed)
     started = time.perf_counter()
     out = Path(out_dir) if out_dir else Path(config.run_dir) / "sft_model"

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import logging
 import math
+import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from rollhub.trainer.losses import BatchNormaliser, LossConfig, full_kl, policy_loss
+from rollhub.trainer.packing import plan_packed_micro_batches, plan_padded_micro_batches, sequence_lengths
 from rollhub.trainer.policy import Policy, TokenBatch, response_positions
 
 logger = logging.getLogger(__name__)
@@ -34,6 +37,10 @@ def policy_update(
     max_grad_norm: float | None = 1.0,
     reference_logprobs: torch.Tensor | None = None,
     reference: Policy | None = None,
+    normaliser: BatchNormaliser | None = None,
+    pack_tokens: int | None = None,
+    logprobs_out: torch.Tensor | None = None,
+    logprobs_rows: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """Compute the loss over `batch` in micro-batches, accumulate gradients, step once.
 
@@ -44,33 +51,63 @@ def policy_update(
     `prox_logprobs=None` means the proximal policy IS the current weights (one optimizer
     step per batch): the update's own forward pass, detached, serves as pi_prox, which
     saves the separate no-grad pass over the batch (a third of the trainer's compute).
+
+    `normaliser`, when given, replaces the one counted from `batch` alone: a data-parallel
+    rank passes the token/sequence counts of the whole step over all ranks, so that the
+    gradients the ranks reduce add up to the full-batch gradient.
+
+    `pack_tokens`: micro-batches are packed to that many tokens (rollhub.trainer.packing)
+    instead of `policy.micro_batch_size` right-padded rows; the loss, its masks and the
+    normaliser are the same, so the gradient is the same up to float rounding.
+
+    `logprobs_out` (with `logprobs_rows`, the rows of a larger batch that `batch` holds)
+    receives the detached log-probs of this forward, i.e. pi at the weights before the step:
+    PPO epochs reuse them as the proximal policy instead of a separate pass.
+
+    The result also holds the step's time split (`split/*_s`: reference, forward, loss,
+    backward, optimizer), measured with wall clocks around each phase.
     """
-    normaliser = BatchNormaliser.from_mask(batch.response_mask)
+    if normaliser is None:
+        normaliser = BatchNormaliser.from_mask(batch.response_mask)
     optimizer.zero_grad(set_to_none=True)
     total_loss = 0.0
     weighted: dict[str, float] = {}
     weights: dict[str, float] = {}
+    split = dict.fromkeys(SPLIT_KEYS[1:], 0.0)
     with_entropy = loss_config.entropy_coef > 0
     exact_kl = loss_config.kl_coef > 0 and loss_config.kl_estimator == "full"
     if exact_kl and reference is None:
         raise ValueError("loss.kl_estimator 'full' needs the reference policy")
-    for start in range(0, len(batch), policy.micro_batch_size):
-        stop = min(start + policy.micro_batch_size, len(batch))
-        part = batch.slice(start, stop).to(policy.device)
+    packed = pack_tokens is not None
+    if packed:
+        plan = plan_packed_micro_batches(sequence_lengths(batch.attention_mask), pack_tokens)
+    else:
+        plan = plan_padded_micro_batches(len(batch), policy.micro_batch_size)
+    for group in plan:
+        if packed:
+            index: slice | torch.Tensor = torch.as_tensor(group, dtype=torch.long)
+            part = batch.select(index).to(policy.device)
+        else:
+            index = slice(group[0], group[-1] + 1)
+            part = batch.slice(index.start, index.stop).to(policy.device)
         width = part.input_ids.shape[1]
-        reference_part = (
-            reference_logprobs[start:stop, :width].to(policy.device) if reference_logprobs is not None else None
-        )
+        reference_part = reference_logprobs[index, :width].to(policy.device) if reference_logprobs is not None else None
         kl_tokens = None
+        clock = time.perf_counter()
         if exact_kl:
             with torch.no_grad():
-                reference_full = reference.token_logprobs(part, with_full=True)[2]
-            logp, entropy, full = policy.token_logprobs(part, with_entropy=with_entropy, with_full=True)
+                reference_full = reference.token_logprobs(part, with_full=True, packed=packed)[2]
+            clock = _lap(split, "split/reference_s", clock)
+            logp, entropy, full = policy.token_logprobs(part, with_entropy=with_entropy, with_full=True, packed=packed)
             rows, cols = response_positions(part)
             kl_tokens = torch.zeros_like(logp).index_put((rows, cols + 1), full_kl(full, reference_full))
         else:
-            logp, entropy = policy.token_logprobs(part, with_entropy=with_entropy)
-        prox = logp.detach() if prox_logprobs is None else prox_logprobs[start:stop, :width].to(policy.device)
+            logp, entropy = policy.token_logprobs(part, with_entropy=with_entropy, packed=packed)
+        clock = _lap(split, "split/forward_s", clock)
+        prox = logp.detach() if prox_logprobs is None else prox_logprobs[index, :width].to(policy.device)
+        if logprobs_out is not None:
+            targets = index if logprobs_rows is None else logprobs_rows[index]
+            logprobs_out[targets, :width] = logp.detach().float().cpu()
         loss, metrics = policy_loss(
             logp,
             prox,
@@ -83,20 +120,43 @@ def policy_update(
             entropy=entropy,
             kl_tokens=kl_tokens,
         )
+        clock = _lap(split, "split/loss_s", clock)
         loss.backward()
+        _lap(split, "split/backward_s", clock)
         total_loss += float(loss.detach())
         tokens = float(part.response_mask.sum())
         for key, value in metrics.items():
             weighted[key] = weighted.get(key, 0.0) + value * tokens
             weights[key] = weights.get(key, 0.0) + tokens
+    clock = time.perf_counter()
     grad_norm = _clip_and_norm(policy.parameters(), max_grad_norm)
     skipped = _step_if_finite(optimizer, total_loss, grad_norm, policy.device)
+    _lap(split, "split/optimizer_s", clock)
     out: dict[str, Any] = {key: weighted[key] / max(weights[key], 1e-12) for key in weighted}
     out["loss"] = total_loss
     out["grad_norm"] = grad_norm
     out["response_tokens"] = normaliser.num_tokens
     out["skipped_nonfinite"] = float(skipped)
+    out["micro_batches"] = float(len(plan))
+    out.update(split)
     return out
+
+
+#: the phases of a step, in order (seconds, summed over micro-batches and PPO mini-batches)
+SPLIT_KEYS = (
+    "split/prox_s",  # the no-grad proximal pass (ppo_update)
+    "split/reference_s",  # reference log-probs: exact-KL distributions per micro-batch, or the k3 pass
+    "split/forward_s",  # the policy's forward with gradient
+    "split/loss_s",  # the loss and its metrics
+    "split/backward_s",
+    "split/optimizer_s",  # gradient clipping and the optimizer step
+)
+
+
+def _lap(split: dict[str, float], key: str, since: float) -> float:
+    now = time.perf_counter()
+    split[key] = split.get(key, 0.0) + now - since
+    return now
 
 
 def _step_if_finite(optimizer: torch.optim.Optimizer, loss: float, grad_norm: float, device: str) -> bool:
@@ -148,6 +208,8 @@ def ppo_update(
     max_grad_norm: float | None = 1.0,
     seed: int = 0,
     reference: Policy | None = None,
+    normaliser: BatchNormaliser | Callable[[TokenBatch], BatchNormaliser] | None = None,
+    pack_tokens: int | None = None,
 ) -> dict[str, float]:
     """PPO's inner loop: `epochs` passes over the batch in `minibatches` shuffled parts.
 
@@ -159,13 +221,27 @@ def ppo_update(
     The shuffle is seeded (by the caller, per step) so a resumed run draws the same parts.
     `reference` (a frozen policy, needed when loss_config.kl_coef > 0) supplies the
     log-probs of the KL term.
+
+    `normaliser` (data parallel): a `BatchNormaliser` of the whole step over all ranks (one
+    part and one epoch only), or a function that gives the normaliser of each mini-batch
+    (e.g. one that all-reduces its counts); None counts each part locally.
+
+    `pack_tokens` packs every forward pass of the step (proximal, reference, update) to that
+    many tokens per micro-batch (rollhub.trainer.packing). On that path the first mini-batch
+    also serves as its own proximal pass: it runs before any optimizer step, so its detached
+    forward IS pi_prox for its rows (kept for later epochs); the no-grad pass covers only the
+    other rows. The padded path keeps the separate pass over every row (results unchanged).
     """
     if minibatches < 1 or epochs < 1:
         raise ValueError("minibatches and epochs must be >= 1")
+    if isinstance(normaliser, BatchNormaliser) and (minibatches > 1 or epochs > 1):
+        raise ValueError("a fixed BatchNormaliser covers one part; pass a function of the mini-batch instead")
     if loss_config.kl_coef > 0 and reference is None:
         raise ValueError("loss.kl_coef > 0 needs a reference policy")
     sampled_kl = loss_config.kl_coef > 0 and loss_config.kl_estimator == "k3"
-    ref = reference.compute_logprobs(batch) if sampled_kl and reference is not None else None
+    clock = time.perf_counter()
+    ref = reference.compute_logprobs(batch, pack_tokens=pack_tokens) if sampled_kl and reference is not None else None
+    reference_s = time.perf_counter() - clock
     behaviour = batch.behaviour_logprobs * batch.response_mask if loss_config.proximal == "behaviour" else None
     if minibatches == 1 and epochs == 1:
         out = policy_update(
@@ -177,30 +253,64 @@ def ppo_update(
             max_grad_norm=max_grad_norm,
             reference_logprobs=ref,
             reference=reference,
+            normaliser=normaliser(batch) if callable(normaliser) else normaliser,
+            pack_tokens=pack_tokens,
         )
         out["optimizer_steps"] = 1.0 - out["skipped_nonfinite"]
+        out["split/prox_s"] = 0.0
+        out["split/reference_s"] += reference_s
         return out
-    # with "behaviour" the decoupled weight min(prox/mu, C) is 1 and the clip is plain PPO's
-    prox = behaviour if behaviour is not None else policy.compute_logprobs(batch)
     generator = torch.Generator().manual_seed(seed)
+    parts = min(minibatches, len(batch))
+    orders = [torch.randperm(len(batch), generator=generator).tensor_split(parts) for _ in range(epochs)]
+    clock = time.perf_counter()
+    # with "behaviour" the decoupled weight min(prox/mu, C) is 1 and the clip is plain PPO's
+    share_first = behaviour is None and pack_tokens is not None
+    if behaviour is not None:
+        prox = behaviour
+    elif share_first:
+        prox = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        first = orders[0][0]
+        rest = torch.ones(len(batch), dtype=torch.bool)
+        rest[first] = False
+        if bool(rest.any()):
+            rest_rows = rest.nonzero(as_tuple=True)[0]
+            rest_prox = policy.compute_logprobs(batch.select(rest_rows), pack_tokens=pack_tokens)
+            prox[rest_rows, : rest_prox.shape[1]] = rest_prox
+    else:
+        prox = policy.compute_logprobs(batch)
+    prox_s = time.perf_counter() - clock
     results = []
-    for _ in range(epochs):
-        order = torch.randperm(len(batch), generator=generator)
-        for rows in order.tensor_split(min(minibatches, len(batch))):
+    for epoch, epoch_parts in enumerate(orders):
+        for number, rows in enumerate(epoch_parts):
             part = batch.select(rows)
+            own_prox = share_first and epoch == 0 and number == 0
             results.append(
                 policy_update(
                     policy,
                     optimizer,
                     part,
-                    prox[rows],
+                    None if own_prox else prox[rows],
                     loss_config,
                     max_grad_norm=max_grad_norm,
                     reference_logprobs=None if ref is None else ref[rows],
                     reference=reference,
+                    normaliser=normaliser(part) if callable(normaliser) else None,
+                    pack_tokens=pack_tokens,
+                    logprobs_out=prox if own_prox and epochs > 1 else None,
+                    logprobs_rows=rows,
                 )
             )
-    out = {key: sum(r[key] for r in results) / len(results) for key in results[0] if key != "response_tokens"}
+    summed = ("micro_batches", *SPLIT_KEYS)
+    out = {
+        key: sum(r[key] for r in results) / len(results)
+        for key in results[0]
+        if key != "response_tokens" and key not in summed
+    }
+    for key in summed:
+        out[key] = sum(r.get(key, 0.0) for r in results)
+    out["split/prox_s"] = prox_s
+    out["split/reference_s"] += reference_s
     out["response_tokens"] = float(batch.response_mask.sum())
     out["skipped_nonfinite"] = sum(r["skipped_nonfinite"] for r in results)  # a count, not a mean
     out["optimizer_steps"] = float(len(results)) - out["skipped_nonfinite"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from rollhub.envs.base import Env, extract_action
+from rollhub.rollout.engines.base import InferenceEngine
 
 
 class CountdownEnv(Env):
@@ -58,3 +59,30 @@ class CountdownEnv(Env):
         if not self.closed:
             self.closed = True
             CountdownEnv.live -= 1
+
+
+class RecordingEngine(InferenceEngine):
+    """Passes every request to the real engine and records the prompt ids and the returned ids."""
+
+    def __init__(self, inner: InferenceEngine) -> None:
+        self.inner = inner
+        self.prompts: list[list[int]] = []
+        self.outputs: list[list[int]] = []
+
+    async def generate(self, input_ids, sampling, request_id=None):
+        self.prompts.append(list(input_ids))
+        generation = await self.inner.generate(input_ids, sampling, request_id)
+        self.outputs.append(list(generation.token_ids))
+        return generation
+
+    async def update_weights(self, source, version):
+        await self.inner.update_weights(source, version)
+
+    async def pause(self):
+        await self.inner.pause()
+
+    async def resume(self):
+        await self.inner.resume()
+
+    async def abort(self, request_id):
+        await self.inner.abort(request_id)

@@ -5,35 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from rollout_testing import CountdownEnv
+from rollout_testing import CountdownEnv, RecordingEngine
 
 from rollhub.rollout.agent import AgentConfig, EpisodeRunner, run_episode
 from rollhub.rollout.engines.base import Generation, InferenceEngine, SamplingParams
 from rollhub.rollout.types import TrajectoryStatus
-
-
-class RecordingEngine(InferenceEngine):
-    """Wraps an engine and records every prompt it was sent (what the model saw)."""
-
-    def __init__(self, inner: InferenceEngine) -> None:
-        self.inner = inner
-        self.prompts: list[list[int]] = []
-
-    async def generate(self, input_ids, sampling, request_id=None):
-        self.prompts.append(list(input_ids))
-        return await self.inner.generate(input_ids, sampling, request_id)
-
-    async def update_weights(self, source, version):
-        await self.inner.update_weights(source, version)
-
-    async def pause(self):
-        await self.inner.pause()
-
-    async def resume(self):
-        await self.inner.resume()
-
-    async def abort(self, request_id):
-        await self.inner.abort(request_id)
 
 
 async def test_full_history_prompt_ids_are_incremental_and_match_the_model_input(engine):
@@ -202,3 +178,70 @@ def test_agent_config_validation():
         AgentConfig(resume_mode="sometimes").validate()
     with pytest.raises(ValueError, match="max_context_tokens"):
         AgentConfig(max_context_tokens=4, min_new_tokens=8).validate()
+
+
+async def test_per_turn_mode_renders_the_window_and_keeps_generated_ids(engine):
+    """multi_turn=per_turn: each prompt is the template's rendering of the visible messages."""
+    tokenizer = engine.tokenizer
+    recorder = RecordingEngine(engine)
+    config = AgentConfig(max_new_tokens=5, multi_turn="per_turn", history_window=1)
+    trajectory = await run_episode(CountdownEnv(max_steps=4), recorder, tokenizer, config, seed=1)
+    assert [t.prompt_ids for t in trajectory.turns] == recorder.prompts
+    opening = [
+        {"role": "system", "content": "Count down. Answer with <action>N</action>."},
+        {"role": "user", "content": "Start at 11."},
+    ]
+    turns = trajectory.turns
+    for k, turn in enumerate(turns):
+        window = (
+            [] if k == 0 else [{"role": "assistant", "content": turns[k - 1].response_text}, *turns[k - 1].observation]
+        )
+        rendered = tokenizer.apply_chat_template(opening + window, tokenize=False, add_generation_prompt=True)
+        assert turn.prompt_ids == tokenizer.encode(rendered, add_special_tokens=False)
+    for sequence in trajectory.packed_sequences():  # masks cover exactly the generated ids
+        trained = [i for i, m in zip(sequence.input_ids, sequence.response_mask) if m]
+        indices = sorted({t for t in sequence.turn_index if t >= 0})
+        assert trained == [i for k in indices for i in turns[k].response_ids]
+
+
+def test_multi_turn_knob_is_validated():
+    AgentConfig(multi_turn="per_turn").validate()
+    with pytest.raises(ValueError, match="multi_turn"):
+        AgentConfig(multi_turn="rerender").validate()
+
+
+async def test_evaluation_reports_accuracy_among_well_formed_answers(engine):
+    """Math-v0 grades an untagged reply too (format error): well_formed_accuracy leaves those out."""
+    from rollhub.envs.registry import make
+    from rollhub.trainer.evaluate import evaluate_policy
+
+    tokenizer = engine.tokenizer
+    replies = {0: "<answer>{}</answer>", 1: "<answer>{}</answer>", 2: "<answer>{}1</answer>", 3: "it is {}"}
+
+    class Answerer(InferenceEngine):
+        """Answers "Compute a + b." problems in the form chosen by the problem's position."""
+
+        async def generate(self, input_ids, sampling, request_id=None):
+            prompt = tokenizer.decode(input_ids)
+            expression = prompt.rsplit("Compute ", 1)[1].split(".", 1)[0]
+            first, op, second = expression.split()
+            value = int(first) + int(second) if op == "+" else int(first) - int(second)
+            seed = int(request_id.split("-")[1])
+            ids = tokenizer.encode(replies[seed].format(value), add_special_tokens=False) + [tokenizer.eos_token_id]
+            return Generation(ids, [-1.0] * len(ids), [0] * len(ids), "stop")
+
+        async def update_weights(self, source, version): ...
+        async def pause(self): ...
+        async def resume(self): ...
+        async def abort(self, request_id): ...
+
+    def make_env():
+        return make("rollhub/Math-v0", kinds=["arithmetic"], difficulty=1)
+
+    result = await evaluate_policy(
+        Answerer(), tokenizer, make_env, AgentConfig(), [0, 1, 2, 3], env_id="rollhub/Math-v0"
+    )
+    assert result.success_rate == 0.75  # the untagged reply is graded correct
+    assert result.format_error_rate == 0.25
+    assert result.well_formed_episodes == 3 and result.well_formed_accuracy == pytest.approx(2 / 3)
+    assert result.metrics()["eval/well_formed_accuracy"] == pytest.approx(2 / 3)

@@ -169,3 +169,18 @@ async def test_state_dict_roundtrip_keeps_groups_and_anchor_types():
     assert restored._groups[0].trajectories[0].turns[0].anchor == b"\x01\x02"
     with pytest.raises(ValueError, match="alpha"):
         GroupBuffer(2, alpha=2).load_state_dict(buffer.state_dict())
+
+
+async def test_batch_takes_the_oldest_groups_first_so_late_ones_are_not_left_to_go_stale():
+    buffer = GroupBuffer(2, alpha=1.0)
+    tickets = [await buffer.acquire() for _ in range(4)]  # admitted in this order at version 0
+    for name, ticket in zip("abc", tickets[1:]):
+        ticket.put(make_group(0, name=name))  # fresh groups arrive first
+    tickets[0].put(make_group(0, name="slow"))  # the first admitted arrives last
+    batch = await buffer.get_batch(0)
+    assert [g.group_id for g in batch] == ["slow", "a"]  # same version: admitted first wins
+    buffer.put(make_group(1, name="new"))
+    buffer.put(make_group(0, name="c0"))  # no ticket: admission index 0, before b and c
+    batch = await buffer.get_batch(1)
+    assert [g.group_id for g in batch] == ["c0", "b"]
+    assert [g.group_id for g in await buffer.get_batch(1)] == ["c", "new"]  # version 0 before version 1

@@ -209,3 +209,25 @@ async def test_out_of_vocabulary_ids_are_refused_before_they_join_a_batch(tiny_m
             with pytest.raises(ValueError, match="input_ids"):
                 await engine.generate(bad, SamplingParams(max_new_tokens=4))
         assert len((await good).token_ids) == 4  # the request in flight is untouched
+
+
+def test_device_and_dtype_are_explicit(tiny_model_dir, tiny_model_and_tokenizer, monkeypatch):
+    """The engine runs where it is told or refuses: no silent CPU fallback, no silent move."""
+    from rollhub.core.errors import UserError
+    from rollhub.rollout.engines.placement import resolve_dtype
+
+    engine = HFEngine(tiny_model_dir)
+    assert engine.device.type == "cpu" and engine.dtype == torch.float32  # cpu -> fp32 by default
+    assert HFEngine(tiny_model_dir, dtype="bf16").dtype == torch.bfloat16
+    assert resolve_dtype(None, torch.device("cuda")) == torch.bfloat16  # cuda -> bf16 by default
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UserError, match="no CUDA device"):
+        HFEngine(tiny_model_dir, device="cuda")
+    with pytest.raises(UserError, match="not a device name|not supported"):
+        HFEngine(tiny_model_dir, device="tpu:7")
+    with pytest.raises(UserError, match="not known"):
+        HFEngine(tiny_model_dir, dtype="int7")
+    model, tokenizer = tiny_model_and_tokenizer
+    with pytest.raises(UserError, match="dtype"):
+        HFEngine(model, tokenizer, dtype=torch.bfloat16)  # a passed-in model is never converted
+    assert next(model.parameters()).dtype == torch.float32

@@ -143,7 +143,7 @@ async def test_per_env_concurrency_limit(engine):
 async def test_async_run_with_weight_updates_tags_versions_and_respects_alpha(engine, tiny_model_and_tokenizer):
     model, _ = tiny_model_and_tokenizer
     weights = {k: v.clone() for k, v in model.state_dict().items()}
-    buffer = GroupBuffer(2, alpha=1)
+    buffer = GroupBuffer(2, alpha=1, staleness_rule="oldest")  # the per-token lag bound below is this rule's
     config = EnvManagerConfig(
         env_id="test/Countdown-v0",
         group_size=2,

@@ -1,5 +1,6 @@
-"""EngineRouter over two real `rollhub serve` apps (no Ray needed): affinity, balance,
-re-routing around a dead server, and exact versions across hold -> update -> release."""
+"""EngineRouter over two real `rollhub serve` apps (no Ray needed), as the Ray shards use it
+(imported by its old path, rollhub.rollout.cluster.router): affinity, balance, re-routing
+around a dead server, and exact versions across hold -> update -> release."""
 
 from __future__ import annotations
 
@@ -56,8 +57,8 @@ def test_cluster_config_rejects_bad_values_as_user_errors():
             load_config(RunConfig, None, [bad])
 
 
-def test_affinity_key_is_the_trajectory_id():
-    assert affinity_key("g3-abc123-1-7", [1, 2]) == "g3-abc123-1"
+def test_affinity_key_is_the_group_id():
+    assert affinity_key("g3-abc123-1-7", [1, 2]) == "g3-abc123"  # every member of a GRPO group on one server
     assert affinity_key(None, [1, 2, 3]) == affinity_key(None, [1, 2, 3])
     assert affinity_key(None, [1, 2, 3]) != affinity_key(None, [1, 2, 4])
 

@@ -32,6 +32,9 @@ CONTROL_ENDPOINTS = [
     ("POST", "/pause_generation"),
     ("POST", "/continue_generation"),
     ("POST", "/update_weights_from_disk"),
+    ("POST", "/init_weights_update_group"),
+    ("POST", "/update_weights_from_distributed"),
+    ("POST", "/destroy_weights_update_group"),
     ("POST", "/flush_cache"),
     ("GET", "/get_model_info"),
     ("GET", "/get_weight_version"),
@@ -185,7 +188,15 @@ async def test_the_400_says_what_is_wrong(served, message_part, body):
 async def test_json_arrays_and_bad_values_on_control_endpoints_are_400_not_500(served):
     engine, url = served
     async with aiohttp.ClientSession() as http:
-        for path in ("/abort_request", "/pause_generation", "/update_weights_from_disk", "/update_weight_version"):
+        for path in (
+            "/abort_request",
+            "/pause_generation",
+            "/update_weights_from_disk",
+            "/update_weight_version",
+            "/init_weights_update_group",
+            "/update_weights_from_distributed",
+            "/destroy_weights_update_group",
+        ):
             async with http.post(url + path, data=b"[1, 2]", headers={"Content-Type": "application/json"}) as r:
                 assert r.status == 400, path
                 assert "JSON object" in (await r.json())["error"]["message"]

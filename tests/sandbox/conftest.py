@@ -49,17 +49,39 @@ def docker_client():
     assert not leftovers, f"tests leaked containers: {[r.id[:12] for r in leftovers]}"
 
 
-@pytest.fixture
-async def docker_backend(docker_client):
+async def _docker_backend_with(docker_client, exec_mode: str):
     from rollhub.sandbox.docker_backend import DockerBackend
     from rollhub.sandbox.reaper import list_rollhub_containers
 
-    backend = DockerBackend(run_id=new_test_run_id(), output_limit_chars=2000, max_threads=32)
+    backend = DockerBackend(run_id=new_test_run_id(), output_limit_chars=2000, max_threads=32, exec_mode=exec_mode)
     try:
         yield backend
     finally:
         await backend.close()
     assert list_rollhub_containers(docker_client.api, backend.run_id) == []
+
+
+@pytest.fixture
+async def docker_backend_shell(docker_client):
+    """Commands through the persistent shell (the default exec mode)."""
+    async for backend in _docker_backend_with(docker_client, "persistent-shell"):
+        yield backend
+
+
+@pytest.fixture
+async def docker_backend_exec(docker_client):
+    """Commands through one `docker exec` each (the old path, still selectable)."""
+    async for backend in _docker_backend_with(docker_client, "docker-exec"):
+        yield backend
+
+
+EXEC_MODE_PARAMS = [pytest.param("shell", id="shell"), pytest.param("exec", id="exec")]
+
+
+@pytest.fixture(params=EXEC_MODE_PARAMS)
+def docker_backend(request):
+    """Every docker test runs on both exec paths: they must behave the same."""
+    return request.getfixturevalue(f"docker_backend_{request.param}")
 
 
 async def _process_backend_in(tmp_path, use_bubblewrap: bool):
@@ -93,7 +115,10 @@ async def plain_process_backend(tmp_path):
 def _backend_params():
     from rollhub.sandbox.process_backend import bubblewrap_available
 
-    params = [pytest.param("docker", marks=pytest.mark.docker)]
+    params = [
+        pytest.param("docker-shell", marks=pytest.mark.docker),
+        pytest.param("docker-exec", marks=pytest.mark.docker),
+    ]
     params.append(
         pytest.param(
             "process-bwrap", marks=pytest.mark.skipif(not bubblewrap_available(), reason="bubblewrap not installed")
@@ -107,8 +132,8 @@ def _backend_params():
 def any_backend(request):
     """The same interface tests run against every backend."""
     name = request.param
-    if name == "docker":
-        return request.getfixturevalue("docker_backend")
+    if name.startswith("docker-"):
+        return request.getfixturevalue(f"docker_backend_{name.removeprefix('docker-')}")
     if name == "process-bwrap":
         return request.getfixturevalue("process_backend")
     return request.getfixturevalue("plain_process_backend")

@@ -34,6 +34,10 @@ def test_bench_sandbox_smoke(docker_client, tmp_path):
     results = json.loads((tmp_path / "sandbox.json").read_text())
     assert results["leaked_containers"] == 0
     assert results["latency"]["start_p50_ms"] > 0 and results["latency"]["exec_p50_ms"] > 0
-    (row,) = results["throughput"]
-    assert row["concurrency"] == 2 and row["failures"] == 0
+    assert [row["exec_mode"] for row in results["exec"]] == ["persistent-shell", "docker-exec"]
+    assert all(row["exec_p50_ms"] > 0 and not row["fell_back_to_docker_exec"] for row in results["exec"])
+    assert [(row["exec_mode"], row["concurrency"], row["failures"]) for row in results["throughput"]] == [
+        ("persistent-shell", 2, 0),
+        ("docker-exec", 2, 0),
+    ]
     assert results["memory"]["idle_containers"] == 2

@@ -55,12 +55,12 @@ async def test_pids_limit_stops_a_fork_bomb(docker_backend):
         assert (await box.exec("echo ok", timeout_s=10)).ok
 
 
-async def test_missing_image_raises_without_pulling_or_leaking(docker_backend, docker_client):
+async def test_missing_image_raises_without_pulling_or_leaking(docker_backend_shell, docker_client):
     with pytest.raises(SandboxError, match="nothing is pulled"):
-        await docker_backend.start("rollhub/does-not-exist:never")
+        await docker_backend_shell.start("rollhub/does-not-exist:never")
     from rollhub.sandbox.reaper import list_rollhub_containers
 
-    assert list_rollhub_containers(docker_client.api, docker_backend.run_id) == []
+    assert list_rollhub_containers(docker_client.api, docker_backend_shell.run_id) == []
 
 
 async def test_container_removed_underneath_is_an_infra_failure(docker_backend, docker_client):
@@ -134,24 +134,24 @@ async def test_backend_caps_starts_in_flight(docker_client):
     assert peak == 2  # four starts requested at once, two at a time on the engine
 
 
-async def test_a_cancelled_start_does_not_leave_its_container_running(docker_backend, docker_client):
+async def test_a_cancelled_start_does_not_leave_its_container_running(docker_backend_shell, docker_client):
     import asyncio
 
     from rollhub.sandbox.reaper import list_rollhub_containers
 
-    starting = asyncio.ensure_future(docker_backend.start(IMAGE))
+    starting = asyncio.ensure_future(docker_backend_shell.start(IMAGE))
     await asyncio.sleep(0.05)  # the worker thread is creating the container now
     starting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await starting
     for _ in range(300):  # the worker thread finishes the start regardless
-        if docker_backend._starts_in_flight == 0:
+        if docker_backend_shell._starts_in_flight == 0:
             break
         await asyncio.sleep(0.1)
-    assert docker_backend._starts_in_flight == 0
+    assert docker_backend_shell._starts_in_flight == 0
     for _ in range(100):  # then its container is removed in the background
-        if not list_rollhub_containers(docker_client.api, docker_backend.run_id):
+        if not list_rollhub_containers(docker_client.api, docker_backend_shell.run_id):
             break
         await asyncio.sleep(0.1)
-    assert list_rollhub_containers(docker_client.api, docker_backend.run_id) == []
-    assert docker_backend.live_count == 0
+    assert list_rollhub_containers(docker_client.api, docker_backend_shell.run_id) == []
+    assert docker_backend_shell.live_count == 0

@@ -46,9 +46,16 @@ def test_fsdp2_single_process_matches_plain_policy(tiny_model_dir, tmp_path):
 
 @pytest.mark.gpu
 def test_policy_uses_bf16_on_gpu(tiny_model_dir):
+    """fp32 master weights, bf16 compute (autocast on one GPU)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     from rollhub.trainer.policy import Policy
 
     policy = Policy(tiny_model_dir)
-    assert policy.device == "cuda" and next(policy.model.parameters()).dtype == torch.bfloat16
+    assert policy.device == "cuda" and next(policy.model.parameters()).dtype == torch.float32
+    assert policy.dtype == torch.bfloat16
+    seen = []
+    policy.model.model.layers[0].self_attn.q_proj.register_forward_hook(lambda _m, _i, out: seen.append(out.dtype))
+    with torch.no_grad():
+        policy.model(input_ids=torch.tensor([[5, 6, 7]], device="cuda"))
+    assert seen == [torch.bfloat16]  # the matmuls run in bf16

@@ -53,7 +53,7 @@ def _tiny_overrides(tmp_path: Path, model_dir: Path, env_kwargs: str) -> list[st
     ]
 
 
-def _smoke(recipe: str, tmp_path: Path, model_dir: Path, env_kwargs: str) -> None:
+def _smoke(recipe: str, tmp_path: Path, model_dir: Path, env_kwargs: str, extra: tuple[str, ...] = ()) -> None:
     from rollhub.cli import main
 
     assert (
@@ -62,7 +62,7 @@ def _smoke(recipe: str, tmp_path: Path, model_dir: Path, env_kwargs: str) -> Non
                 "train",
                 str(CONFIGS / recipe),
                 "--no-progress",
-                *(f"--set={o}" for o in _tiny_overrides(tmp_path, model_dir, env_kwargs)),
+                *(f"--set={o}" for o in [*_tiny_overrides(tmp_path, model_dir, env_kwargs), *extra]),
             ]
         )
         == 0
@@ -101,7 +101,17 @@ def test_alfworld_recipe_smoke(tiny_model_dir, tmp_path):
         pytest.skip("rollhub/ALFWorld-v0 is not registered in this checkout")
     if importlib.util.find_spec("alfworld") is None or importlib.util.find_spec("textworld") is None:
         pytest.skip("ALFWorld needs the 'alfworld' extra: pip install -e '.[alfworld]'")
-    _smoke("alfworld_smollm2.yaml", tmp_path, tiny_model_dir, "{max_steps: 2}")
+    from rollhub.envs.alfworld.generate import generate_games
+
+    games = tmp_path / "train_games"  # one generated game stands in for the train split (make-games)
+    generate_games(1, games, progress=False)
+    _smoke(
+        "alfworld_smollm2.yaml",
+        tmp_path,
+        tiny_model_dir,
+        f"{{game_dir: {games}, max_steps: 2}}",
+        extra=["eval.env.kwargs={split: valid_unseen, game_dir: null}"],
+    )
 
 
 @pytest.mark.slow
@@ -111,4 +121,4 @@ def test_swe_recipe_smoke(tiny_model_dir, tmp_path):
         pytest.skip("rollhub/SWE-v0 is not registered in this checkout")
     if importlib.util.find_spec("swebench") is None or shutil.which("docker") is None:
         pytest.skip("SWE needs Docker and the 'swe' extra: pip install -e '.[swe]'")
-    _smoke("swe_smollm2.yaml", tmp_path, tiny_model_dir, "{max_steps: 2}")
+    _smoke("swe_smollm2.yaml", tmp_path, tiny_model_dir, "{split: train, max_steps: 2}")

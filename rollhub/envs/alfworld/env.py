@@ -17,10 +17,16 @@ The env object lives in the caller's event loop; the game itself runs in a worke
   different states read the same.
 * Game choice: `reset(seed=s)` plays game `s % n` of the sorted game list (so seeds
   0..n-1 are the exact eval set); `options={"game": i_or_name}` picks one directly.
+* Splits: `split="valid_unseen"` (the default, the 134 shipped evaluation games) or
+  `split="train"` (games made by `rollhub alfworld make-games` in ALFRED's training rooms,
+  or ALFWorld's own train split when `ALFWORLD_DATA` holds a download). Train on `train`,
+  evaluate on `valid_unseen`: the trainer refuses a run whose two sets share a game.
+  `game_dir=` plays any folder of games instead (giving both is refused).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
 import re
@@ -69,7 +75,7 @@ class ALFWorldEnv(Env):
 
     def __init__(
         self,
-        split: str = "valid_unseen",
+        split: str | None = None,
         task_types: list[int | str] | None = None,
         game_dir: str | None = None,
         max_steps: int = 50,
@@ -90,7 +96,13 @@ class ALFWorldEnv(Env):
             raise UserError("ALFWorld max_steps must be at least 1")
         if expert_plan not in EXPERT_PLAN_MODES:
             raise UserError(f"ALFWorld expert_plan must be one of {EXPERT_PLAN_MODES}, not '{expert_plan}'")
-        self.games: list[GameRecord] = list_game_dir(game_dir) if game_dir else list_games(split, task_types)
+        if game_dir and split:  # an eval env inheriting the training game_dir would silently play it
+            raise UserError(
+                f"ALFWorld takes split ('{split}') or game_dir ('{game_dir}'), not both; set the other to null"
+            )
+        self.games: list[GameRecord] = (
+            list_game_dir(game_dir) if game_dir else list_games(split or "valid_unseen", task_types)
+        )
         self.max_steps = max_steps
         self.show_admissible = show_admissible
         self.reward_won = reward_won
@@ -130,6 +142,17 @@ class ALFWorldEnv(Env):
     @property
     def slot(self) -> SlotHandle | None:
         return self._slot
+
+    def task_set(self) -> dict[str, str]:
+        """The games this env plays, keyed by a hash of each game file's bytes -> its name.
+
+        The trainer compares the training and evaluation envs' sets and refuses a run whose
+        sets meet (`rollhub.trainer.build.check_eval_disjoint`); hashing the content catches
+        a game copied or linked into another folder, not just the same path.
+        """
+        return {
+            "alfworld-game:" + hashlib.sha1(record.path.read_bytes()).hexdigest(): record.name for record in self.games
+        }
 
     def _choose_game(self, seed: int | None, options: dict[str, Any]) -> GameRecord:
         choice = options.get("game")

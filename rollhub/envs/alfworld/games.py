@@ -88,11 +88,14 @@ def split_dir(split: str, root: Path | None = None) -> Path:
     root = root if root is not None else data_root()
     folder = root / DATA_VERSION_DIR / split
     if not folder.is_dir():
-        hint = (
-            "this repo ships only valid_unseen; point ALFWORLD_DATA at a full alfworld-download folder"
-            if root == BUNDLED_DATA
-            else "check ALFWORLD_DATA (it should hold json_2.1.1/<split>/...)"
-        )
+        if split == "train":
+            hint = "make it with 'rollhub alfworld make-games' (500 planner-checked games, resumable)"
+            if root != BUNDLED_DATA:
+                hint += " or point ALFWORLD_DATA at a full alfworld-download folder"
+        elif root == BUNDLED_DATA:
+            hint = "this repo ships only valid_unseen; point ALFWORLD_DATA at a full alfworld-download folder"
+        else:
+            hint = "check ALFWORLD_DATA (it should hold json_2.1.1/<split>/...)"
         raise UserError(f"ALFWorld split '{split}' not found at {folder}: {hint}")
     return folder
 

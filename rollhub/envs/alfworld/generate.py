@@ -4,16 +4,25 @@ ALFWorld's shipped games come from ALFRED's THOR scenes; training beyond them ne
 A game file is plain JSON (`pddl_domain`, `grammar`, `pddl_problem`, `walkthrough`), so a
 new game only needs a new problem. We use the engine's own domain (`ALFRED_PDDL_PATH`)
 and grammar (`ALFRED_TWL2_PATH`, with the goal sentence filled in from ALFWorld's goal
-library), and ALFWorld's object/receptacle compatibility tables, so the commands, texts
-and rules are exactly those of the real games.
+library), ALFWorld's object/receptacle compatibility tables (`alfworld.gen.constants`) and
+ALFRED's own room inventories (`alfworld/gen/layouts/FloorPlan<N>-objects.json` and
+`-openable.json`: which object and receptacle classes a real room has, and how many of its
+receptacles), so the commands, texts, rules and rooms are those of the real games.
+
+Rooms come only from ALFRED's *training* floor plans (`constants.TRAIN_SCENE_NUMBERS`),
+minus the four rooms of valid_unseen (10, 219, 308, 424): a generated train split never
+shows the rooms the evaluation calls unseen.
 
 Every candidate is loaded into the real engine: it is kept only if it is not already won
 at reset and fast-downward finds a plan that, replayed step by step, wins it. The plan is
 stored as the game's walkthrough (the expert follows it).
 
-Scenes are smaller than ALFRED's (about 15-20 receptacles and 12-16 objects against 25 and
-50-70), so generated games are for CI, curricula and extra training, never for reported
-numbers.
+Objects are placed at random in compatible receptacles (ALFRED places them by physics),
+and a scene holds 12-17 loose objects against valid_unseen's 50-70 (planning time grows
+with them), so generated games are for training, never for reported numbers.
+
+Generation is deterministic by seed and resumable: `<out>/make-games.json` records the
+seed, the task types and every game written, after each game.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from rollhub.core.errors import UserError
 from rollhub.envs.alfworld.games import GAME_FILE, normalise_task_types
 
 logger = logging.getLogger(__name__)
@@ -72,15 +82,36 @@ SCENES: dict[str, dict[str, tuple[int, int]]] = {
         "Safe": (0, 1),
     },
 }
+SCENES["bathroom"] = {
+    "Toilet": (1, 1),
+    "SinkBasin": (1, 2),
+    "BathtubBasin": (0, 1),
+    "CounterTop": (1, 1),
+    "Cabinet": (1, 4),
+    "Drawer": (0, 4),
+    "Shelf": (0, 2),
+    "GarbageCan": (1, 1),
+    "TowelHolder": (0, 1),
+    "HandTowelHolder": (0, 1),
+    "ToiletPaperHanger": (0, 1),
+}
 #: rooms where each task type can be set up (the appliance it needs lives in a kitchen)
 TASK_SCENES = {
-    "pick_and_place_simple": ("kitchen", "bedroom", "livingroom"),
+    "pick_and_place_simple": ("kitchen", "bedroom", "livingroom", "bathroom"),
     "look_at_obj_in_light": ("bedroom", "livingroom"),
-    "pick_clean_then_place_in_recep": ("kitchen",),
+    "pick_clean_then_place_in_recep": ("kitchen", "bathroom"),
     "pick_heat_then_place_in_recep": ("kitchen",),
     "pick_cool_then_place_in_recep": ("kitchen",),
-    "pick_two_obj_and_place": ("kitchen", "bedroom", "livingroom"),
+    "pick_two_obj_and_place": ("kitchen", "bedroom", "livingroom", "bathroom"),
 }
+#: ALFRED's floor-plan numbering: hundreds digit -> room kind
+FLOORPLAN_KINDS = {0: "kitchen", 2: "livingroom", 3: "bedroom", 4: "bathroom"}
+#: the rooms of valid_unseen (the evaluation split): never used for generated games
+UNSEEN_FLOORPLANS = (10, 219, 308, 424)
+#: layout names -> the receptacle classes of the PDDL domain
+LAYOUT_RECEPTACLE_NAMES = {"Sink": "SinkBasin", "Bathtub": "BathtubBasin"}
+#: receptacle classes that are also small movable objects: never rooms' fixed receptacles here
+MOVABLE_RECEPTACLES = {"Bowl", "Cup", "Mug", "Pan", "Plate", "Pot", "Box", "Cart"}
 #: the transformation each task needs: (VAL_ACTION_OBJECTS key, goal predicate)
 TASK_TRANSFORM = {
     "pick_clean_then_place_in_recep": ("Cleanable", "isClean"),
@@ -100,6 +131,7 @@ class Scene:
     """A room: receptacles with their locations, objects with their receptacles."""
 
     kind: str
+    floorplan: int = 0  # the ALFRED room whose inventory this scene uses
     receptacles: list[tuple[str, str]] = field(default_factory=list)  # (pddl id, class)
     objects: list[tuple[str, str, str]] = field(default_factory=list)  # (pddl id, class, receptacle id)
     counts: dict[str, int] = field(default_factory=dict)
@@ -153,16 +185,47 @@ def _valid_homes(scene: Scene, cls: str, holds: dict[str, set[str]], exclude_cla
     return [rid for rid, rcls in scene.receptacles if cls in holds.get(rcls, ()) and rcls != exclude_class]
 
 
+def floorplans(kind: str) -> list[int]:
+    """ALFRED's training floor plans of one room kind, valid_unseen's rooms left out."""
+    from alfworld.gen import constants
+
+    return [
+        n for n in constants.TRAIN_SCENE_NUMBERS if FLOORPLAN_KINDS.get(n // 100) == kind and n not in UNSEEN_FLOORPLANS
+    ]
+
+
+def room_inventory(floorplan: int) -> tuple[set[str], dict[str, int]]:
+    """(object and receptacle classes present, receptacle counts) of one real ALFRED room."""
+    import alfworld.gen
+
+    layouts = Path(alfworld.gen.__file__).resolve().parent / "layouts"
+    classes = set(json.loads((layouts / f"FloorPlan{floorplan}-objects.json").read_text()))
+    counts: dict[str, int] = {}
+    for key in json.loads((layouts / f"FloorPlan{floorplan}-openable.json").read_text()):
+        cls = key.split("|", 1)[0]
+        cls = LAYOUT_RECEPTACLE_NAMES.get(cls, cls)
+        counts[cls] = counts.get(cls, 0) + 1
+    return classes | set(counts), counts
+
+
 def build_scene(task_type: str, rng: np.random.Generator) -> tuple[Scene, TaskSpec] | None:
-    """Sample a room and a task in it; None when this draw cannot host the task."""
+    """Sample a real room and a task in it; None when this draw cannot host the task."""
     holds, actions, _ = _tables()
     kind = str(rng.choice(TASK_SCENES[task_type]))
-    scene = Scene(kind=kind)
+    floorplan = int(rng.choice(floorplans(kind)))
+    classes, counts = room_inventory(floorplan)
+    scene = Scene(kind=kind, floorplan=floorplan)
     for cls, (low, high) in SCENES[kind].items():
-        for _ in range(int(rng.integers(low, high + 1))):
-            scene.add_receptacle(cls)
+        if cls in classes or low > 0:  # what the room has; what every room of the kind needs
+            number = counts.get(cls) or int(rng.integers(max(low, 1), max(high, 1) + 1))
+            for _ in range(min(number, 8)):
+                scene.add_receptacle(cls)
+    for cls in sorted(classes & set(holds) - set(SCENES[kind]) - MOVABLE_RECEPTACLES):
+        scene.add_receptacle(cls)  # the room's other fixed receptacles (an Ottoman, a Safe)
     present = sorted(scene.receptacle_classes())
-    loose = sorted({o for r in present for o in holds.get(r, ()) if not o.endswith("Sliced")} - EXCLUDED_OBJECTS)
+    loose = sorted(
+        ({o for r in present for o in holds.get(r, ()) if not o.endswith("Sliced")} & classes) - EXCLUDED_OBJECTS
+    )
 
     # the task: an object class and a target receptacle class that can hold it
     candidates = []
@@ -177,6 +240,8 @@ def build_scene(task_type: str, rng: np.random.Generator) -> tuple[Scene, TaskSp
             candidates.append((obj, recep))
     if task_type == "look_at_obj_in_light":
         lamp_homes = [rid for rid, rcls in scene.receptacles if rcls in LAMP_RECEPTACLES]
+        if "DeskLamp" not in classes:
+            lamp_homes = []  # this room has no desk lamp
         objs = [o for o in loose if _valid_homes(scene, o, holds)]
         if not lamp_homes or not objs:
             return None
@@ -199,6 +264,8 @@ def build_scene(task_type: str, rng: np.random.Generator) -> tuple[Scene, TaskSp
         for o in loose
         if o != task.object_class and _valid_homes(scene, o, holds, exclude_class=task.receptacle_class)
     ]
+    if not distractors:
+        return None
     for _ in range(int(rng.integers(10, 15))):
         cls = str(rng.choice(distractors))
         scene.add_object(cls, str(rng.choice(_valid_homes(scene, cls, holds, exclude_class=task.receptacle_class))))
@@ -322,61 +389,121 @@ def solve(data: dict[str, Any]) -> list[str] | None:
     return plan if state["won"] else None
 
 
+MANIFEST = "make-games.json"
+
+
 @dataclass
 class GenerationReport:
     written: list[Path]
     attempts: int
     rejected: dict[str, int]
+    resumed: int = 0  # games found from an earlier run of the same command
+    wall_s: float = 0.0
+
+
+def _read_manifest(out: Path, seed: int, types: tuple[str, ...]) -> dict[str, Any] | None:
+    """An earlier run's progress, when it used the same seed and task types (else a clear error)."""
+    path = out / MANIFEST
+    if not path.is_file():
+        if out.is_dir() and any(out.rglob(GAME_FILE)):
+            raise UserError(f"{out} already holds games not made by this command; choose an empty --out")
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        raise UserError(f"{path} is not valid JSON; delete it (and the games) to start over") from None
+    if manifest.get("seed") != seed or tuple(manifest.get("task_types", ())) != types:
+        raise UserError(
+            f"{out} was made with seed {manifest.get('seed')} and task types {manifest.get('task_types')}; "
+            "use those (to resume or add games) or another --out"
+        )
+    missing = [g for g in manifest["games"] if not (out / g / GAME_FILE).is_file()]
+    if missing:
+        raise UserError(f"{len(missing)} games listed in {path} are missing (e.g. {missing[0]}); delete {out}")
+    return manifest
+
+
+def _write_manifest(out: Path, manifest: dict[str, Any]) -> None:
+    tmp = out / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1))
+    tmp.replace(out / MANIFEST)  # atomic: a kill leaves the old or the new record, never half of one
 
 
 def generate_games(
     n: int, out_dir: str | Path, task_types: list[int | str] | None = None, seed: int = 0, progress: bool = True
 ) -> GenerationReport:
-    """Write `n` solvable games (task types round-robin) under `out_dir`."""
+    """Write `n` solvable games (task types round-robin) under `out_dir`.
+
+    Game k is a function of (seed, task types, k) alone: a rerun resumes after the last
+    recorded game, and `--n 600` after `--n 500` adds 100 games equal to those a direct
+    `--n 600` makes.
+    """
+    import time
+
     from tqdm import tqdm
 
     from rollhub.envs.alfworld.engine import ensure_data_env
 
+    started = time.perf_counter()
     ensure_data_env()
     types = normalise_task_types(task_types)
     out = Path(out_dir)
-    written: list[Path] = []
-    rejected = {"no_setup": 0, "won_at_reset_or_unsolved": 0}
-    attempts = 0
-    bar = tqdm(total=n, desc="make-games", unit="game", disable=not progress)
+    manifest = _read_manifest(out, seed, types) or {
+        "seed": seed,
+        "task_types": list(types),
+        "attempts": 0,
+        "rejected": {"no_setup": 0, "won_at_reset_or_unsolved": 0},
+        "games": [],
+        "generator": "rollhub.envs.alfworld.generate (ALFRED training floor plans, planner-checked)",
+    }
+    resumed = len(manifest["games"])
+    written = [out / g / GAME_FILE for g in manifest["games"][:n]]
+    bar = tqdm(total=n, initial=min(resumed, n), desc="make-games", unit="game", disable=not progress)
+    out.mkdir(parents=True, exist_ok=True)
     while len(written) < n:
+        attempts = manifest["attempts"]
         if attempts > 20 * n + 20:
             raise RuntimeError(f"only {len(written)} of {n} games passed the planner after {attempts} attempts")
         task_type = types[len(written) % len(types)]
         rng = np.random.default_rng([seed, attempts])
-        attempts += 1
+        manifest["attempts"] = attempts + 1
         built = build_scene(task_type, rng)
         if built is None:
-            rejected["no_setup"] += 1
+            manifest["rejected"]["no_setup"] += 1
             continue
         scene, task = built
-        trial = f"trial_gen_s{seed}_{attempts - 1:05d}"
+        trial = f"trial_gen_s{seed}_{attempts:05d}"
         data = game_data(scene, task, f"plan_{trial}", rng)
         plan = solve(data)
         if plan is None:
-            rejected["won_at_reset_or_unsolved"] += 1
+            manifest["rejected"]["won_at_reset_or_unsolved"] += 1
             continue
         data["walkthrough"] = plan
-        folder = (
-            out
-            / f"{task_type}-{task.object_class}-None-{task.receptacle_class or task.toggle_class}-gen_{scene.kind}"
-            / trial
+        relative = (
+            f"{task_type}-{task.object_class}-None-{task.receptacle_class or task.toggle_class}"
+            f"-gen{scene.floorplan}/{trial}"
         )
+        folder = out / relative
         folder.mkdir(parents=True, exist_ok=True)
         (folder / GAME_FILE).write_text(json.dumps(data))
         traj = {
             "task_id": trial,
             "task_type": task_type,
             "pddl_params": task.pddl_params(),
-            "scene": {"kind": scene.kind, "generator": "rollhub"},
+            "scene": {"kind": scene.kind, "floor_plan": scene.floorplan, "generator": "rollhub"},
         }
         (folder / "traj_data.json").write_text(json.dumps(traj, indent=1))
         written.append(folder / GAME_FILE)
+        manifest["games"].append(relative)
+        _write_manifest(out, manifest)
         bar.update(1)
     bar.close()
-    return GenerationReport(written=written, attempts=attempts, rejected=rejected)
+    if len(manifest["games"]) == resumed:
+        _write_manifest(out, manifest)
+    return GenerationReport(
+        written=written,
+        attempts=manifest["attempts"],
+        rejected=dict(manifest["rejected"]),
+        resumed=min(resumed, n),
+        wall_s=time.perf_counter() - started,
+    )

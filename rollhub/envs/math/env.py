@@ -6,6 +6,13 @@ untagged reply is still graded by its last `\\boxed{}` or final number, with
 Reward: 1 for a correct answer, 0 otherwise. A reply with no answer at all is an invalid
 action (state unchanged); with the default single attempt it ends the episode by truncation.
 
+Train/test split (`split=`): `test` plays a fixed list of `test_size` distinct held-out problems
+(`problems.held_out_problems`; a seed picks entry `seed % test_size`, so consecutive evaluation
+seeds play distinct problems), `train` never produces a problem of the test partition (a draw
+that lands there is redrawn), `all` (the default) is the whole space. Membership is decided by
+a hash of the question text, so the sets are disjoint by content whatever the seeds; the trainer
+checks it before a run (`task_set`, `could_draw`, `rollhub.trainer.build.check_eval_disjoint`).
+
 The answer is graded inline on the event loop, which is safe because `is_equivalent` has a
 bounded cost and a deadline (`check_time_limit_s`): a hostile answer such as `9^9^9` scores
 0 within milliseconds instead of freezing every other trajectory (see `answers.py`).
@@ -13,17 +20,39 @@ bounded cost and a deadline (`check_time_limit_s`): a hostile answer such as `9^
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from rollhub.envs.base import Env, Observation, StepResult, invalid_step_info, wrap_action
 from rollhub.envs.math.answers import CHECK_TIME_LIMIT_S, MAX_ANSWER_CHARS, extract_answer, is_equivalent
 from rollhub.envs.math.dataset import load_jsonl
-from rollhub.envs.math.problems import KINDS, AnswerLength, Problem, generate_problem
+from rollhub.envs.math.problems import (
+    KINDS,
+    AnswerLength,
+    Problem,
+    generate_problem,
+    held_out_problems,
+    in_test_partition,
+    key_in_test_partition,
+    problem_key,
+)
+
+Split = Literal["all", "train", "test"]
+SPLITS = ("all", "train", "test")
+#: redraws allowed for a train-split problem that lands in the test partition (30% of draws)
+TRAIN_REDRAWS = 200
 
 SYSTEM_PROMPT = (
     "Solve the problem. Put only the final answer inside <answer></answer>, for example <answer>42</answer>."
+)
+
+# `example=True`: one worked exchange before the problem, showing the format by doing it. Small
+# instruct models (SmolLM2-135M) ignore the instruction alone (tag in 0-15% of greedy replies)
+# and follow it after one example (100%). Its problem lies outside difficulty 1's space.
+EXAMPLE_EXCHANGE = (
+    {"role": "user", "content": "Compute 23 + 19."},
+    {"role": "assistant", "content": "23 + 19 = 42. <answer>42</answer>"},
 )
 
 
@@ -36,6 +65,13 @@ class MathEnv(Env):
         max_attempts: answers allowed per problem; a wrong one gets "Incorrect." back.
         correct_reward, wrong_reward, invalid_reward: reward values.
         check_time_limit_s: deadline of one answer check; a check that runs out scores as wrong.
+        split: `all`, `train` (never a held-out problem) or `test` (the fixed held-out list).
+        test_size: distinct problems in the test split (procedural problems only).
+        require_format: grade only answers inside the tag (or a `\\boxed{}`); an untagged
+            reply then scores `wrong_reward` with `format_ok` False. Off by default: the last
+            number of an untagged reply is graded.
+        example: show one worked exchange in the answer format before the problem
+            (`EXAMPLE_EXCHANGE`), so a small model can follow the format from the start.
     Options of reset: {"index": i} picks dataset problem i instead of a random one.
     """
 
@@ -54,12 +90,24 @@ class MathEnv(Env):
         wrong_reward: float = 0.0,
         invalid_reward: float = 0.0,
         check_time_limit_s: float = CHECK_TIME_LIMIT_S,
+        split: Split = "all",
+        test_size: int = 200,
+        require_format: bool = False,
+        example: bool = False,
     ):
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
         if not 0 < check_time_limit_s <= 10:
             raise ValueError(f"check_time_limit_s must be in (0, 10] seconds, got {check_time_limit_s}")
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+        if not 1 <= test_size <= 100_000:
+            raise ValueError(f"test_size must be in 1..100000, got {test_size}")
         self.check_time_limit_s = check_time_limit_s
+        self.split = split
+        self.test_size = test_size
+        self.require_format = require_format
+        self.example = example
         self.kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
         self.difficulty = difficulty
         self.answer_length = answer_length
@@ -68,10 +116,14 @@ class MathEnv(Env):
         self.problems = (
             load_jsonl(dataset_path, question_key=question_key, answer_key=answer_key) if dataset_path else None
         )
+        if self.problems is not None and split != "all":  # a file is split by the same content hash
+            self.problems = [p for p in self.problems if in_test_partition(p.question) == (split == "test")]
+            if not self.problems:
+                raise ValueError(f"no problem of {dataset_path} falls in the {split} split")
+        if self.problems is None and split == "test":  # the fixed list; fails here if the space is too small
+            self.problems = list(held_out_problems(self.kinds, difficulty, answer_length, test_size))
         if self.problems is None:  # fail at construction, not at the first reset
-            generate_problem(
-                np.random.default_rng(0), kinds=self.kinds, difficulty=difficulty, answer_length=answer_length
-            )
+            self._draw(np.random.default_rng(0))
         self._rng = np.random.default_rng()
         self._problem: Problem | None = None
         self._steps = 0
@@ -84,19 +136,20 @@ class MathEnv(Env):
             self._rng = np.random.default_rng(seed)
         index = (options or {}).get("index")
         if self.problems is not None:
+            if index is None and seed is not None and self.split == "test":
+                index = seed % len(self.problems)  # consecutive seeds: distinct problems
             if index is None:
                 index = int(self._rng.integers(len(self.problems)))
             if not 0 <= index < len(self.problems):
                 raise ValueError(f"problem index {index} out of range 0..{len(self.problems) - 1}")
             self._problem = self.problems[index]
         else:
-            self._problem = generate_problem(
-                self._rng, kinds=self.kinds, difficulty=self.difficulty, answer_length=self.answer_length
-            )
+            self._problem = self._draw(self._rng)
         self._steps = 0
         self._done = False
         obs: Observation = [
             {"role": "system", "content": SYSTEM_PROMPT},
+            *([dict(m) for m in EXAMPLE_EXCHANGE] if self.example else []),
             {"role": "user", "content": self._problem.question},
         ]
         return obs, {"anchor": self._problem.question, "success": False, "kind": self._problem.kind}
@@ -117,7 +170,8 @@ class MathEnv(Env):
                 {"role": "user", "content": "No answer found. Put the final answer inside <answer></answer>."}
             ]
             return obs, float(self.invalid_reward), False, out_of_attempts, info
-        correct = is_equivalent(answer, problem.answer, time_limit_s=self.check_time_limit_s)
+        graded = format_ok or not self.require_format
+        correct = graded and is_equivalent(answer, problem.answer, time_limit_s=self.check_time_limit_s)
         terminated = correct or out_of_attempts
         self._done = terminated
         info = {
@@ -130,6 +184,37 @@ class MathEnv(Env):
         reply = "Correct." if correct else "Incorrect." if terminated else "Incorrect, try again."
         reward = self.correct_reward if correct else self.wrong_reward
         return [{"role": "user", "content": reply}], float(reward), terminated, False, info
+
+    def task_set(self) -> dict[str, str] | None:
+        """The problems this env plays, keyed by content (`problem_key`) -> question, when the list
+        is fixed (the test split, or a file); None for procedural problems, which have no list.
+
+        The trainer compares the evaluation env's set with what training could draw
+        (`could_draw`) and refuses a run where they meet.
+        """
+        if self.problems is None:
+            return None
+        return {problem_key(p.question): p.question for p in self.problems}
+
+    def could_draw(self, keys: list[str] | set[str]) -> set[str]:
+        """The problem keys among `keys` this env might ever play (conservative: a procedural
+        `all` split might play any of them; a `train` split none of the test partition)."""
+        listed = self.task_set()
+        if listed is not None:
+            return {key for key in keys if key in listed}
+        if self.split == "train":
+            return {key for key in keys if not key_in_test_partition(key)}
+        return set(keys)
+
+    def _draw(self, rng: np.random.Generator) -> Problem:
+        """A procedural problem; the train split redraws problems of the test partition."""
+        for _ in range(TRAIN_REDRAWS):
+            problem = generate_problem(
+                rng, kinds=self.kinds, difficulty=self.difficulty, answer_length=self.answer_length
+            )
+            if self.split != "train" or not in_test_partition(problem.question):
+                return problem
+        raise ValueError(f"no train-split problem in {TRAIN_REDRAWS} draws for kinds {list(self.kinds)}")
 
     def expert_action(self) -> str:
         return wrap_action(self._require_problem().answer, self.action_tag)

@@ -6,12 +6,21 @@ Kinds: `arithmetic` (integer expressions, more and larger operands with difficul
 `word` (short multi-step stories in the style of GSM8K). Difficulty runs 1..5.
 `answer_length` picks short answers (at most 3 characters) or long ones (at least 5),
 which changes how many tokens the reward depends on.
+
+Train/test split by content: every problem falls in the test or the train partition by a hash
+of its question text (`problem_key`, `in_test_partition`), so a problem is held out whatever
+seed, kinds or difficulty produced it. `held_out_problems` lists a fixed, deterministic set of
+distinct test-partition problems; the train split redraws any problem of the test partition
+(`rollhub.envs.math.env.MathEnv`, `split=`). Difficulty 1 arithmetic (a +/- b, a and b in
+1..20) has 800 problems: about 240 in the test partition, about 560 left for training.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 from typing import Literal
 
 import numpy as np
@@ -19,6 +28,10 @@ import numpy as np
 KINDS = ("arithmetic", "linear_equation", "fraction", "word")
 AnswerLength = Literal["any", "short", "long"]
 MAX_DIFFICULTY = 5
+# share of the content-hash space held out for testing, per mille: 30% of any problem space
+TEST_PERMILLE = 300
+# the seed of the stream that lists the test set; any fixed value works, it must never change
+TEST_SET_SEED = 0x7E57
 
 
 @dataclass(frozen=True)
@@ -34,7 +47,9 @@ def _int(rng: np.random.Generator, low: int, high: int) -> int:
 
 
 def _arithmetic(rng: np.random.Generator, difficulty: int, scale: int) -> Problem:
-    high = 10 ** min(difficulty, 3) * scale
+    # difficulty 1 spans 1..20 (800 problems), not 1..10 (200): enough for a held-out test set of
+    # 200 and a disjoint training set at the same level (SmolLM2-135M's greedy accuracy is alike)
+    high = (20 if difficulty == 1 else 10 ** min(difficulty, 3)) * scale
     first = _int(rng, 1, high)
     # value = finished terms + the running product term, so "*" binds tighter than + and -
     text, finished, term = str(first), 0, first
@@ -151,3 +166,58 @@ def generate_problem(
         ):
             return problem
     raise ValueError(f"no {answer_length} answer for kinds {kinds} at difficulty {difficulty} in {tries} tries")
+
+
+def problem_key(question: str) -> str:
+    """The identity of a problem: a hash of its question with whitespace collapsed.
+
+    The same text is the same problem whichever seed, kind or difficulty setting produced it,
+    so overlap between a train and a test set is checked by content, never by seed.
+    """
+    text = " ".join(question.split())
+    return "math:" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
+
+
+def key_in_test_partition(key: str) -> bool:
+    """Whether a problem key (`problem_key`) belongs to the held-out test partition."""
+    digest = key.removeprefix("math:")
+    try:
+        return int(digest[:8], 16) % 1000 < TEST_PERMILLE
+    except ValueError:  # not one of our keys: it cannot be told apart, so treat it as held out
+        return True
+
+
+def in_test_partition(question: str) -> bool:
+    """Whether a problem is held out for testing (the train split never produces it)."""
+    return key_in_test_partition(problem_key(question))
+
+
+@lru_cache(maxsize=64)
+def held_out_problems(
+    kinds: tuple[str, ...], difficulty: int | None, answer_length: AnswerLength, size: int
+) -> tuple[Problem, ...]:
+    """The fixed test set: the first `size` distinct test-partition problems of one stream.
+
+    Deterministic (the stream's seed is `TEST_SET_SEED`), distinct by `problem_key`, and all in
+    the test partition, so no train split of any setting can draw one. Raises ValueError when the
+    setting's problem space holds fewer than `size` test problems.
+    """
+    if size < 1:
+        raise ValueError(f"test_size must be >= 1, got {size}")
+    rng = np.random.default_rng(TEST_SET_SEED)
+    chosen: dict[str, Problem] = {}
+    misses = 0
+    while len(chosen) < size:
+        problem = generate_problem(rng, kinds=kinds, difficulty=difficulty, answer_length=answer_length)
+        key = problem_key(problem.question)
+        if key in chosen or not key_in_test_partition(key):
+            misses += 1
+            if misses > 200 * size + 2000:  # the space is exhausted (each miss is a repeat or a train problem)
+                raise ValueError(
+                    f"only {len(chosen)} distinct test problems exist for kinds {list(kinds)}, difficulty "
+                    f"{difficulty}, answer_length {answer_length}; lower test_size or widen the setting"
+                )
+            continue
+        misses = 0
+        chosen[key] = problem
+    return tuple(chosen.values())

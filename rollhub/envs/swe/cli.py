@@ -125,11 +125,21 @@ def _make_tasks(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UserError(str(exc)) from None
     out = Path(args.out or f"swe_tasks/{normalize_name(name)}-{version}.jsonl")
+    from rollhub.envs.swe.tasks import read_rows
+
+    finished = {row["instance_id"]: row for row in read_rows(out)} if out.exists() else {}
 
     async def run() -> tuple[list[dict], dict]:
         backend = _docker()
         try:
-            return await make_tasks(args.requirement, backend, backend.client, options)
+            return await make_tasks(
+                args.requirement,
+                backend,
+                backend.client,
+                options,
+                finished=finished,
+                on_row=lambda row: _merge_rows(out, [row]),  # each task as it passes: a kill loses none
+            )
         finally:
             await backend.close()
 

@@ -5,6 +5,10 @@
     obs, reward, terminated, truncated, info = await env.step(
         '<tool_call>{"name": "bash", "arguments": {"command": "git status"}}</tool_call>')
 
+Splits: with the shipped (or any local) task file, `split="train"` / `split="eval"` keep the
+packages `data/splits.json` assigns to each (disjoint package sets); `packages=[...]` picks
+packages directly; the default keeps every task.
+
 reset starts a container from the task's image (repository at /testbed, at base_commit).
 Actions are tool calls (`bash`, `str_replace_editor`, `submit`; schemas in `env.tools`).
 `submit` ends the episode: the diff (test files excluded) is graded in a fresh container
@@ -30,7 +34,7 @@ from typing import Any
 
 from rollhub.envs.base import Env, Observation, extract_action, invalid_step_info
 from rollhub.envs.swe.evaluate import EvalOutcome, ModelFault, diff_script, engine_works, evaluate_patch, extract_diff
-from rollhub.envs.swe.tasks import SHIPPED_TASKS, WORKDIR, LegacyMapping, SweTask, load_tasks
+from rollhub.envs.swe.tasks import SHIPPED_TASKS, WORKDIR, LegacyMapping, SweTask, load_tasks, package_of
 from rollhub.envs.swe.tools import TOOLS, ToolCall, ToolError, ToolRunner, parse_tool_call
 from rollhub.sandbox.base import Limits, Sandbox, SandboxBackend, SandboxError
 
@@ -67,6 +71,7 @@ class SWEEnv(Env):
         *,
         split: str = "test",
         instance_ids: list[str] | None = None,
+        packages: list[str] | None = None,
         legacy: bool = False,
         legacy_image_namespace: str = "swebench",
         legacy_image_separator: str = "_1776_",
@@ -89,7 +94,7 @@ class SWEEnv(Env):
             mapping = (
                 LegacyMapping(namespace=legacy_image_namespace, separator=legacy_image_separator) if legacy else None
             )
-            self.tasks = load_tasks(tasks or SHIPPED_TASKS, split, mapping, instance_ids)
+            self.tasks = load_tasks(tasks or SHIPPED_TASKS, split, mapping, instance_ids, packages)
         self.max_steps = max_steps
         self.episode_timeout_s = episode_timeout_s
         self.command_timeout_s = command_timeout_s
@@ -111,6 +116,19 @@ class SWEEnv(Env):
         self._expert_plan: list[str] = []
         self._expert_index = 0
         self.last_eval: EvalOutcome | None = None
+
+    def task_set(self) -> dict[str, str]:
+        """Task ids and their packages (key -> name), for the trainer's train/eval overlap check.
+
+        A package counts as a task of its own: two sets that share a package overlap even
+        when their instance ids differ (the held-out set must be unseen code, not unseen bugs).
+        """
+        keys: dict[str, str] = {}
+        for task in self.tasks:
+            keys[f"swe-task:{task.instance_id}"] = task.instance_id
+            package = package_of(task.row)
+            keys[f"swe-package:{package}"] = f"package {package}"
+        return keys
 
     # ------------------------------------------------------------------ lifecycle
     @property

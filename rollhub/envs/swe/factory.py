@@ -24,6 +24,7 @@ import logging
 import random
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -345,10 +346,23 @@ def make_row(
 
 
 async def make_tasks(
-    requirement: str, backend: SandboxBackend, client: Any, options: FactoryOptions
+    requirement: str,
+    backend: SandboxBackend,
+    client: Any,
+    options: FactoryOptions,
+    *,
+    finished: dict[str, dict[str, Any]] | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Run the whole recipe for one PACKAGE==VERSION; returns (rows, summary)."""
+    """Run the whole recipe for one PACKAGE==VERSION; returns (rows, summary).
+
+    `on_row` receives each task as soon as it passed the red team (the CLI writes it to the
+    output file then), and `finished` (instance id -> row, e.g. that file's rows) skips tasks
+    an interrupted run already finished whose image still exists: image builds and the red
+    team are the slow part, so a rerun resumes them too."""
     from tqdm import tqdm
+
+    from rollhub.sandbox.images import image_exists
 
     options.validate()
     started = time.monotonic()
@@ -391,8 +405,13 @@ async def make_tasks(
     rows = []
     gold_failed = 0
     forgeable: dict[str, str] = {}
+    finished = finished or {}
     for candidate, record in tqdm(accept.accepted, desc=f"task images {repo.slug}", unit="task"):
         instance_id = instance_id_for(repo, candidate.key)
+        done_row = finished.get(instance_id)
+        if done_row is not None and image_exists(client, done_row["image"]):
+            rows.append(done_row)
+            continue
         tag, base_commit = await build_instance_image(client, image, instance_id, candidate.bug_patch)
         row = make_row(repo, candidate, record, tag, base_commit)
         # the last gate, the red team: the gold patch, applied by the expert in an episode, must
@@ -407,6 +426,8 @@ async def make_tasks(
             client.images.remove(tag, force=True)
             continue
         rows.append(row)
+        if on_row is not None:
+            on_row(row)
     summary = {
         "package": f"{repo.name}=={repo.version}",
         "package_image": image,

@@ -88,7 +88,11 @@ def _build_instance_blocking(client: Any, package_image: str, instance_id: str, 
         Path(context, "Dockerfile").write_text(dockerfile + "\n")
         Path(context, "bug.diff").write_text(bug_patch)
         try:
-            _, log = client.images.build(path=context, tag=tag, network_mode="none", pull=False, rm=True, forcerm=True)
+            # nocache: a cached RUN step prints nothing, and its output carries the commit hash (a rerun of
+            # make-tasks after an interrupted one rebuilds the same layer; the hash is reproducible)
+            _, log = client.images.build(
+                path=context, tag=tag, network_mode="none", pull=False, rm=True, forcerm=True, nocache=True
+            )
         except docker.errors.BuildError as exc:
             text = "".join(str(e.get("stream", e.get("error", ""))) for e in exc.build_log)[-1500:]
             raise SandboxError(f"building the image of {instance_id} on {package_image} failed: {text}") from exc

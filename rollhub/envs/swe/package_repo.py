@@ -158,6 +158,12 @@ def _find_layout(root: Path) -> tuple[list[str], list[str], str]:
     targets = sorted(p.name for p in root.iterdir() if p.name in ("tests", "test", "testing") and p.is_dir())
     if not targets:
         targets = sorted(p.name for p in root.glob("test_*.py")) + sorted(p.name for p in root.glob("*_test.py"))
+    if not targets:  # tests shipped inside the package (toolz/tests/)
+        targets = sorted(
+            p.relative_to(root).as_posix()
+            for p in (root / import_root if import_root else root).glob("*/tests")
+            if p.is_dir() and (p.parent / "__init__.py").is_file()
+        )
     sources = []
     base = root / import_root if import_root else root
     for path in sorted(base.rglob("*.py")):
@@ -207,7 +213,7 @@ def prepare_package(
     targets, sources, import_root = _find_layout(root)
     if not targets:
         raise UserError(
-            f"the sdist of {name}=={version} ships no tests (no tests/ folder or test_*.py); "
+            f"the sdist of {name}=={version} ships no tests (no tests/ folder, test_*.py or <package>/tests/); "
             "pick another package or version"
         )
     if not sources:

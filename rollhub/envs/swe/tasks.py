@@ -182,13 +182,54 @@ def read_rows(source: str | Path, split: str = "test") -> list[dict[str, Any]]:
         ) from None
 
 
+#: local task files: these split names select packages (`splits.json` beside the file)
+PACKAGE_SPLITS = ("train", "eval")
+SPLITS_FILE = "splits.json"
+
+
+def package_of(row: dict[str, Any]) -> str:
+    """A row's package, normalised (`rollhub.package` of factory rows, else the repo name)."""
+    name = (row.get("rollhub") or {}).get("package") or str(row.get("repo", "")).rsplit("/", 1)[-1]
+    return re.sub(r"[-_.]+", "-", str(name)).lower()
+
+
+def read_package_splits(task_file: Path) -> dict[str, list[str]]:
+    """`splits.json` beside a task file: {"train": [packages], "eval": [packages]}, disjoint."""
+    path = task_file.parent / SPLITS_FILE
+    if not path.is_file():
+        raise UserError(f"split by package needs {path} ({{'train': [...], 'eval': [...]}}); none found")
+    try:
+        data = json.loads(path.read_text())
+        splits = {name: [package_of({"repo": p}) for p in data[name]] for name in PACKAGE_SPLITS}
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise UserError(f"{path} must be JSON with lists 'train' and 'eval' of package names") from None
+    if shared := set(splits["train"]) & set(splits["eval"]):
+        raise UserError(f"{path}: packages {sorted(shared)} are in both train and eval")
+    return splits
+
+
 def load_tasks(
     source: str | Path,
     split: str = "test",
     legacy: LegacyMapping | None = None,
     instance_ids: Iterable[str] | None = None,
+    packages: Iterable[str] | None = None,
 ) -> list[SweTask]:
-    tasks = [SweTask.from_row(r, legacy) for r in read_rows(source, split)]
+    """Tasks from a file or dataset. For a local file, `split` 'train' / 'eval' keeps the
+    packages `splits.json` lists for it (any other split name keeps every row), and
+    `packages` keeps only those packages; a dataset name passes `split` to `datasets`."""
+    rows = read_rows(source, split)
+    path = Path(source)
+    local = path.suffix in (".jsonl", ".json")
+    if local and split in PACKAGE_SPLITS:
+        chosen = set(read_package_splits(path)[split])
+        rows = [r for r in rows if package_of(r) in chosen]
+        if not rows:
+            raise UserError(f"no tasks of split '{split}' (packages {sorted(chosen)}) in {source}")
+    if packages is not None:
+        wanted_packages = {package_of({"repo": p}) for p in packages}
+        rows = [r for r in rows if package_of(r) in wanted_packages]
+    tasks = [SweTask.from_row(r, legacy) for r in rows]
     if instance_ids is not None:
         wanted = set(instance_ids)
         tasks = [t for t in tasks if t.instance_id in wanted]

@@ -215,7 +215,7 @@ class RayRollout(TaskOwner):
             self._writer = TrajectoryWriter(self.config.jsonl_path)
         started = time.perf_counter()
         await asyncio.gather(*(self._start_engine(slot) for slot in self._engines))
-        from rollhub.rollout.cluster.router import EngineRouter
+        from rollhub.rollout.engines.router import EngineRouter
 
         self._router = EngineRouter(self._engine_urls(), api_key=self._api_key)
         self._router.set_weight_version(self.weight_version)
@@ -566,16 +566,9 @@ class RayRollout(TaskOwner):
             if not (Path(source) / "config.json").exists():
                 raise ValueError(f"{source} is not an HF checkpoint dir (no config.json)")
             return str(source)
-        from rollhub.rollout.engines.sglang import _write_state_dict
+        from rollhub.rollout.engines.sglang import write_version_folder
 
-        folder = self.weights_dir / f"v{version:06d}"
-        partial = folder.with_name(folder.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
-        _write_state_dict(source, partial, self.model_path)
-        shutil.rmtree(folder, ignore_errors=True)
-        partial.rename(folder)  # engines never see a half-written folder
-        return str(folder)
+        return write_version_folder(source, self.weights_dir, version, self.model_path)
 
     def _prune_weights(self) -> None:
         if not self.weights_dir.is_dir():

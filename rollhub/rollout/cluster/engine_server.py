@@ -3,7 +3,10 @@
 * `engine="rollhub"` (CPU, tests): the transformers engine behind the same aiohttp app as
   `rollhub serve`, inside the actor process, so killing the actor kills the server.
 * `engine="sglang"` (GPU nodes): `python -m sglang.launch_server` as a child process that
-  dies with the actor (Linux parent-death signal); the actor asks for `num_gpus`.
+  dies with the actor (Linux parent-death signal, own process group; see
+  rollhub.rollout.engines.launcher); the actor asks for `num_gpus`. Its output goes to a log
+  file (`log_dir`, default the system temp folder), never to a pipe nobody reads: a server
+  that logs more than a pipe holds would block.
 
 A replacement server starts from the latest pushed weights and reports that version, so
 it rejoins a running job without a special path.
@@ -17,11 +20,13 @@ generate, pause the engine or make it load weights from a path of their choosing
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
-import signal
-import subprocess
+import socket
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from rollhub.rollout.engines.build import EngineConfig
@@ -29,18 +34,7 @@ from rollhub.rollout.engines.build import EngineConfig
 logger = logging.getLogger(__name__)
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("", 0))
         return sock.getsockname()[1]
@@ -60,17 +54,22 @@ class EngineServer:
         extra_args: list[str] | None = None,
         startup_timeout_s: float = 600.0,
         api_key: str | None = None,
+        device: str = "auto",
+        log_dir: str | None = None,
     ) -> None:
         self.engine_id = engine_id
         self.api_key = api_key
         self.kind = kind
         self.model_path = model_path
         self.weight_version = weight_version
-        self.engine_config = engine or EngineConfig()
+        # this actor is the server: its engine runs in-process here, whatever the run's backend
+        self.engine_config = dataclasses.replace(engine or EngineConfig(), backend="inprocess")
+        self.device = device  # auto: the GPU Ray gave this actor, if any
+        self.log_dir = Path(log_dir) if log_dir else Path(tempfile.gettempdir()) / "rollhub-engines"
         self.extra_args = list(extra_args or [])
         self.startup_timeout_s = startup_timeout_s
         self._runner: Any = None
-        self._process: subprocess.Popen | None = None
+        self._process: Any = None  # launcher.LaunchedServer of an sglang server
         self._info: dict[str, Any] | None = None
 
     async def start(self) -> dict[str, Any]:
@@ -108,7 +107,7 @@ class EngineServer:
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()  # one "Loading weights" bar per push would flood the driver's log
-        engine = build_engine(self.engine_config, self.model_path)
+        engine = build_engine(self.engine_config, self.model_path, device=self.device)
         engine.weight_version = self.weight_version
         self._runner = web.AppRunner(build_app(engine, api_key=self.api_key), access_log=None)
         await self._runner.setup()
@@ -126,7 +125,8 @@ class EngineServer:
         return host, self._runner.addresses[0][1]
 
     async def _start_sglang(self, host: str) -> int:
-        from rollhub.rollout.engines.sglang import SGLangEngine, SGLangError
+        from rollhub.rollout.engines.launcher import LaunchedServer
+        from rollhub.rollout.engines.sglang import API_KEY_ENV, SGLangEngine, SGLangError
 
         port = _free_port()
         command = [
@@ -142,19 +142,16 @@ class EngineServer:
             *(["--api-key", self.api_key] if self.api_key else []),
             *self.extra_args,
         ]
-        self._process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_die_with_parent
-        )
+        env = {**os.environ, **({API_KEY_ENV: self.api_key} if self.api_key else {})}
+        self._process = LaunchedServer(self.engine_id, command, self.log_dir / f"{self.engine_id}-{port}.log", env)
+        self._process.start()
         client = SGLangEngine(f"http://{host}:{port}", api_key=self.api_key or "")
         try:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self.startup_timeout_s
             while not await client.healthy():
-                if self._process.poll() is not None:
-                    stderr = (
-                        self._process.stderr.read().decode(errors="replace")[-2000:] if self._process.stderr else ""
-                    )
-                    raise SGLangError(f"sglang exited with code {self._process.returncode}: {stderr}")
+                if (reason := self._process.exit_reason()) is not None:
+                    raise SGLangError(f"sglang {reason}: {self._process.log_tail()}")
                 if loop.time() > deadline:
                     raise SGLangError(f"sglang on port {port} not healthy after {self.startup_timeout_s:.0f} s")
                 await asyncio.sleep(1.0)
@@ -164,17 +161,13 @@ class EngineServer:
         return port
 
     async def ping(self) -> bool:
-        if self._process is not None and self._process.poll() is not None:
-            raise RuntimeError(f"sglang server of {self.engine_id} exited with code {self._process.returncode}")
+        if self._process is not None and (reason := self._process.exit_reason()) is not None:
+            raise RuntimeError(f"sglang server of {self.engine_id}: {reason}")
         return True
 
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()  # closes the engine too (app on_cleanup)
             self._runner = None
-        if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                await asyncio.to_thread(self._process.wait, 30)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
+        if self._process is not None:
+            await asyncio.to_thread(self._process.stop, 30)

@@ -1,39 +1,177 @@
-"""The one place an in-process inference engine is built from its config.
+"""The one place an inference engine is built from its config.
 
 `rollhub train`, `eval`, `sft`, `rollout` and `serve`, and the Ray engine servers all build
 their engine here, so an engine knob is added once (the `engine:` section of a recipe) and
-reaches every command. Remote servers are reached with `SGLangEngine(url)` instead.
+reaches every command. Two backends:
+
+* `inprocess` (default): the transformers engine (`HFEngine`) in this process;
+* `server`: an `EngineRouter` over SGLang-speaking servers, either launched by rollhub from
+  a command template (`launch:`, `replicas:`; `rollhub` and `sglang` name built-in
+  templates) or attached by URL (`urls:`). See rollhub.rollout.engines.launcher.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 
 @dataclass
 class EngineConfig:
-    """`engine:` section: the in-process transformers engine (the CPU default)."""
+    """`engine:` section: which engine generates, and its knobs. Device: the run's `model.device`."""
 
+    backend: Literal["inprocess", "server"] = "inprocess"
     threads: int = 1  # torch threads of the engine (the trainer has its own, model.threads)
     max_batch_size: int = 64  # requests decoded together
-    seed: int = 0  # sampling seed of the engine
+    seed: int = 0  # sampling seed of the engine (replica i of a server backend: seed + i)
+    # --- backend: server ---
+    # command template for launched servers: "rollhub" (rollhub serve), "sglang", or a command with
+    # {python} {model} {host} {port} {replica} {threads} {max_batch_size} {seed} {device} {api_key};
+    # null with no urls = "rollhub"
+    launch: str | None = None
+    replicas: int = 1  # launched servers, each on its own port
+    urls: list[str] = field(default_factory=list)  # attach to running servers instead of launching
+    host: str = "127.0.0.1"  # where launched servers listen
+    base_port: int = 0  # replica i listens on base_port + i; 0 = a free port each
+    startup_timeout_s: float = 600.0  # until /health_generate answers (model load, warm-up)
+    watchdog_interval_s: float = 1.0  # how often each replica's /health is asked
+    watchdog_timeout_s: float = 3.0  # /health unanswered this long, watchdog_misses times in a row = hung or dead
+    watchdog_misses: int = 2
+    # /health_generate (a real generation) this often; unanswered this long while no request finishes = wedged
+    watchdog_generate_timeout_s: float = 30.0
+    request_timeout_s: float = 3600.0  # one HTTP call; a hung server is caught by the watchdog long before
+    max_reroutes: int = 1  # re-sends of a request whose replica failed; then it fails as infra
+    weight_sync: Literal["disk", "distributed"] = "disk"  # how new weights reach the servers
+    weights_dir: str | None = None  # disk sync folder all servers can read; default RUN_DIR/weights
+    log_dir: str | None = None  # launched servers' logs; default RUN_DIR/servers
 
     def validate(self) -> None:
         if self.threads < 1 or self.max_batch_size < 1:
             raise ValueError("engine.threads and engine.max_batch_size must be >= 1")
         if self.seed < 0:
             raise ValueError(f"engine.seed must be >= 0, got {self.seed}")
+        if self.replicas < 1:
+            raise ValueError(f"engine.replicas must be >= 1, got {self.replicas}")
+        if self.launch is not None and self.urls:
+            raise ValueError("engine.launch and engine.urls exclude each other: launch servers or attach to them")
+        for url in self.urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"engine.urls entries must be http(s) URLs, got {url!r}")
+        if not 0 <= self.base_port <= 65535 - self.replicas:
+            raise ValueError(f"engine.base_port must be in [0, {65535 - self.replicas}], got {self.base_port}")
+        if self.watchdog_misses < 1:
+            raise ValueError(f"engine.watchdog_misses must be >= 1, got {self.watchdog_misses}")
+        timeouts = ("startup_timeout_s", "watchdog_interval_s", "watchdog_timeout_s", "watchdog_generate_timeout_s")
+        for name in (*timeouts, "request_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"engine.{name} must be > 0, got {getattr(self, name)}")
+        if self.max_reroutes < 0:
+            raise ValueError(f"engine.max_reroutes must be >= 0, got {self.max_reroutes}")
+        if self.launch is not None:
+            from rollhub.rollout.engines.launcher import template_words
+
+            try:
+                template_words(self.launch)
+            except Exception as exc:  # UserError: reported under the section's key
+                raise ValueError(str(exc)) from None
 
 
-def build_engine(config: EngineConfig, model: str | Path | Any, **overrides: Any) -> Any:
-    """An `HFEngine` over `model` (a checkpoint dir or a loaded model).
+def resolve_device(device: str) -> str:
+    """`auto` -> "cuda" when a GPU is present, else "cpu"; an explicit device is checked, never replaced."""
+    from rollhub.rollout.engines.placement import resolve_device as check
 
-    `overrides` are further `HFEngine` arguments for callers that measure the engine itself
-    (prefix cache size, stop tokens); a run's engine takes its config alone.
+    if device == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return str(check(device))
+
+
+def build_engine(
+    config: EngineConfig,
+    model: str | Path | Any,
+    *,
+    device: str = "cpu",
+    run_dir: str | Path | None = None,
+    **overrides: Any,
+) -> Any:
+    """The engine of `config` over `model` (a checkpoint dir; a loaded model for `inprocess` only).
+
+    `device` places the in-process engine (bf16 on CUDA, fp32 on the CPU) and is passed to
+    launched servers as `{device}`. `run_dir` holds launched servers' logs and the disk
+    weight sync's folders. `overrides` are further `HFEngine` arguments for callers that
+    measure the engine itself (prefix cache size, stop tokens); a run's engine takes its
+    config alone. A `server` engine must be started (`await engine.start()`, or
+    `launcher.start_engine`) before use; its first request starts it otherwise.
     """
+    device = resolve_device(device)
+    if config.backend == "server":
+        return _build_server_engine(config, model, device, Path(run_dir) if run_dir is not None else None)
     from rollhub.rollout.engines.hf import HFEngine
 
-    arguments = {"threads": config.threads, "max_batch_size": config.max_batch_size, "seed": config.seed, **overrides}
+    arguments = {
+        "threads": config.threads,
+        "max_batch_size": config.max_batch_size,
+        "seed": config.seed,
+        "device": device,
+        **overrides,
+    }
     return HFEngine(model, **arguments)
+
+
+def _build_server_engine(config: EngineConfig, model: Any, device: str, run_dir: Path | None) -> Any:
+    from rollhub.core.errors import UserError
+    from rollhub.rollout.engines.launcher import ServerEngine
+
+    if not isinstance(model, (str, Path)):
+        raise UserError("engine.backend=server serves a model dir, not a loaded model")
+    base = run_dir if run_dir is not None else Path("runs/engine")
+    weights_dir = Path(config.weights_dir) if config.weights_dir else base / "weights"
+    launch = None if config.urls else (config.launch or "rollhub")
+    return ServerEngine(
+        str(model),
+        launch=launch,
+        replicas=config.replicas,
+        urls=list(config.urls),
+        host=config.host,
+        base_port=config.base_port,
+        log_dir=Path(config.log_dir) if config.log_dir else base / "servers",
+        startup_timeout_s=config.startup_timeout_s,
+        template_values={
+            "model": str(model),
+            "threads": config.threads,
+            "max_batch_size": config.max_batch_size,
+            "seed": config.seed,
+            "device": device,
+        },
+        timeout_s=config.request_timeout_s,
+        watchdog_interval_s=config.watchdog_interval_s,
+        watchdog_timeout_s=config.watchdog_timeout_s,
+        watchdog_misses=config.watchdog_misses,
+        watchdog_generate_timeout_s=config.watchdog_generate_timeout_s,
+        max_reroutes=config.max_reroutes,
+        weight_sync=make_weight_sync(config.weight_sync, weights_dir, str(model)),
+        weights_dir=weights_dir,
+    )
+
+
+def make_weight_sync(kind: str, weights_dir: Path, model_path: str) -> Any:
+    """The `engine.weight_sync` method: `disk` (versioned folders under `weights_dir`, written
+    atomically, older ones removed) or `distributed` (a torch.distributed group of the trainer
+    and every replica; gloo on CPU, NCCL on GPU). See rollhub.rollout.weight_sync."""
+    try:
+        from rollhub.rollout.weight_sync import build_weight_sync
+    except ImportError:  # an older tree: the router's own disk push
+        build_weight_sync = None  # type: ignore[assignment]
+    if build_weight_sync is not None:
+        if kind == "disk":
+            return build_weight_sync("disk", weights_dir=weights_dir, config_dir=model_path)
+        return build_weight_sync(kind)
+    if kind != "disk":
+        from rollhub.core.errors import UserError
+
+        raise UserError(f"engine.weight_sync={kind} is not available in this version; use disk")
+    from rollhub.rollout.engines.router import DiskPush
+
+    return DiskPush(weights_dir, model_path)

@@ -7,6 +7,14 @@ request, samples, and retires requests that stopped, hit their length or were ab
 That is continuous batching: a request joins and leaves the batch at any step, so one
 slow env never holds back the others.
 
+Llama-family models (Llama, Qwen2, Qwen3) take the fast path (`FastDecoder`, see
+fast_decoder.py): a slot KV cache where request r owns row r, so joining is a prefill into
+free rows and leaving moves one row into the hole, never a copy of the whole batch; a
+request that finishes at its prefill (a one-token turn) is retired before any decode step
+sees it; and the model thread chains decode steps while nothing needs the event loop.
+Other models run the transformers forward over a left-padded cache (the path below that
+merges and re-selects rows).
+
 All model work runs on one dedicated worker thread (the event loop stays free for env
 steps); the torch thread count is set on that thread. Weight updates run on the same
 thread between steps, so every token is stamped with the exact version that produced it.
@@ -28,7 +36,9 @@ from typing import Any
 import torch
 
 from rollhub.rollout.engines.base import Generation, InferenceEngine, SamplingParams
+from rollhub.rollout.engines.fast_decoder import FastDecoder, unsupported_reason
 from rollhub.rollout.engines.kv_cache import PrefixCache, growing_layer_class, pad_left
+from rollhub.rollout.engines.placement import check_model_placement, resolve_device, resolve_dtype
 from rollhub.rollout.engines.sampling import sample_tokens
 
 logger = logging.getLogger(__name__)
@@ -40,7 +50,7 @@ class _Request:
     prompt_ids: list[int]
     sampling: SamplingParams
     future: asyncio.Future
-    generator: torch.Generator
+    generator: torch.Generator  # one uniform per sampled token; the request's seed reproduces them
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
@@ -86,8 +96,17 @@ class HFEngine(InferenceEngine):
 
     `model` is an HF checkpoint dir or a loaded causal LM; `stop_token_ids` default to the
     tokenizer/model eos ids. `max_batch_size` caps concurrent requests in the batch;
-    `prefix_cache_tokens` bounds the KV kept for prefix reuse (0 disables it); `device`
-    places a model loaded from a path (a passed-in model stays where it is).
+    `prefix_cache_tokens` bounds the KV kept for prefix reuse (0 disables it).
+
+    `fast_path` runs Llama-family models (Llama, Qwen2, Qwen3) through `FastDecoder` over
+    a slot KV cache (see fast_decoder.py; same log-probs, less overhead per token); other
+    models, or `fast_path=False`, use the transformers forward with a left-padded cache.
+
+    `device` ("cpu", "cuda", "cuda:N") is where the model runs, never silently elsewhere: a
+    CUDA device this machine lacks is an error. `dtype` (torch dtype or name) defaults to
+    bf16 on CUDA and fp32 on the CPU. A model loaded from a path is placed there; a model
+    passed in loaded must already be on `device` (and in `dtype`, if given) — the engine
+    never moves a caller's model.
     """
 
     def __init__(
@@ -100,22 +119,28 @@ class HFEngine(InferenceEngine):
         batch_window_s: float = 0.002,
         stop_token_ids: tuple[int, ...] | None = None,
         seed: int = 0,
-        dtype: Any = None,
+        dtype: torch.dtype | str | None = None,
         prefix_cache_tokens: int = 32768,
         device: str = "cpu",
+        fast_path: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
+        target = resolve_device(device)
         if isinstance(model, (str, Path)):
             from rollhub.rollout.models import load_model_and_tokenizer
 
             self.model_path: str | None = str(model)
-            model, loaded_tokenizer = load_model_and_tokenizer(model, dtype=dtype, device=device)
+            model, loaded_tokenizer = load_model_and_tokenizer(
+                model, dtype=resolve_dtype(dtype, target), device=str(target)
+            )
             tokenizer = tokenizer or loaded_tokenizer
         else:
+            check_model_placement(model, target, None if dtype is None else resolve_dtype(dtype, target))
             self.model_path = getattr(getattr(model, "config", None), "_name_or_path", None)
         self.model = model.eval()
         self.device = next(model.parameters()).device  # KV lives here; ids, masks and sampling on the CPU
+        self.dtype = next(model.parameters()).dtype
         self.tokenizer = tokenizer
         self.threads = threads
         self.max_batch_size = max_batch_size
@@ -132,6 +157,11 @@ class HFEngine(InferenceEngine):
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self._weights_epoch = 0  # bumped by every weight load
         self._layer_class = growing_layer_class()
+        reason = unsupported_reason(model) if fast_path else "fast_path=False"
+        self._decoder = FastDecoder(model) if reason is None else None
+        self._slots = self._decoder.new_cache(max_batch_size) if self._decoder is not None else None
+        if reason is not None:
+            logger.info("engine uses the transformers forward (%s)", reason)
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="hf-engine", initializer=torch.set_num_threads, initargs=(threads,)
         )
@@ -145,6 +175,10 @@ class HFEngine(InferenceEngine):
         self._paused = False
         self._closed = False
         self._task: asyncio.Task | None = None
+        self._interrupt = False  # set from the event loop: the worker returns after its current step
+        self._finished_in_step = 0  # requests that got a finish reason during the current worker call
+        self.max_steps_per_call = 64  # decode steps one worker call may chain while nothing needs the loop
+        self.max_call_s = 0.05  # ... and for at most this long (bounds how late a weight update starts)
 
     # --- public API ------------------------------------------------------------------
 
@@ -224,12 +258,14 @@ class HFEngine(InferenceEngine):
         """
         self._ensure_started()
         loop = asyncio.get_running_loop()
+        self._interrupt = True
         await loop.run_in_executor(self._executor, self._load_weights, source, version)
 
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        self._interrupt = True
         for request in list(self._by_id.values()):
             self._abort_request(request)
         if self._task is not None and not self._task.done() and self._task.get_loop() is asyncio.get_running_loop():
@@ -290,6 +326,7 @@ class HFEngine(InferenceEngine):
         if request.future.done():
             return
         request.aborted = True
+        self._interrupt = True
         if request in self._waiting:  # never prefilled: empty output, like SGLang's queued abort
             self._waiting.remove(request)
             self._finish(request, "abort")
@@ -327,7 +364,11 @@ class HFEngine(InferenceEngine):
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while not self._closed or self._by_id:
-            self._retire_aborted()
+            try:
+                self._retire_aborted()
+            except Exception as exc:  # a bookkeeping failure must not leave callers hanging either
+                self._fail_all(exc, [])
+                continue
             if not self._batch and not self._waiting:
                 if self._closed:
                     break
@@ -339,20 +380,25 @@ class HFEngine(InferenceEngine):
             newcomers = self._admit()
             try:
                 started = time.perf_counter()
+                self._interrupt = False  # set again by anything that needs the loop during the call
                 await loop.run_in_executor(self._executor, self._step, newcomers)
                 self.stats.busy_s += time.perf_counter() - started
+                newcomers = []  # in the batch now
+                self._retire_finished()
             except Exception as exc:  # a model failure must not leave callers hanging
-                logger.exception("engine step failed; failing %d requests", len(self._batch) + len(newcomers))
-                for request in self._batch.requests + newcomers:
-                    self._by_id.pop(request.rid, None)
-                    if not request.future.done():
-                        request.future.set_exception(exc)
-                self._batch = _Batch()
-                if not self._by_id:
-                    self._drained.set()
+                self._fail_all(exc, newcomers)
                 continue
-            self._retire_finished()
             await asyncio.sleep(0)  # let env coroutines run between steps
+
+    def _fail_all(self, exc: Exception, newcomers: list[_Request]) -> None:
+        logger.exception("engine step failed; failing %d requests", len(self._batch) + len(newcomers))
+        for request in self._batch.requests + newcomers:
+            self._by_id.pop(request.rid, None)
+            if not request.future.done():
+                request.future.set_exception(exc)
+        self._batch = _Batch()
+        if not self._by_id:
+            self._drained.set()
 
     def _admit(self) -> list[_Request]:
         room = self.max_batch_size - len(self._batch)
@@ -389,6 +435,9 @@ class HFEngine(InferenceEngine):
         ids = request.prompt_ids + request.output_ids[:-1]
         if len(ids) != length or request.weights_epoch != self._weights_epoch:
             return  # never cache KV whose ids or weights we cannot vouch for
+        if self._slots is not None:
+            self.prefix_cache.store(ids, *self._slots.read(row, length))
+            return
         columns = self._batch.mask[row].nonzero().squeeze(-1).to(self.device)  # real tokens (rows may have holes)
         keys = [layer.keys[row : row + 1].index_select(2, columns) for layer in self._batch.cache.layers]
         values = [layer.values[row : row + 1].index_select(2, columns) for layer in self._batch.cache.layers]
@@ -398,6 +447,9 @@ class HFEngine(InferenceEngine):
         batch = self._batch
         if not keep:
             self._batch = _Batch()
+            return
+        if self._slots is not None:
+            self._compact_slots(keep)
             return
         index = torch.tensor(keep, dtype=torch.long)
         mask = batch.mask.index_select(0, index)
@@ -411,17 +463,106 @@ class HFEngine(InferenceEngine):
         batch.requests = [batch.requests[i] for i in keep]
         batch.next_tokens = [batch.next_tokens[i] for i in keep]
 
+    def _compact_slots(self, keep: list[int]) -> None:
+        """Keep rows `keep` of the slot cache as rows 0..len(keep)-1: each hole below the new
+        size takes a survivor from above it (one row copy each); no other row moves."""
+        batch = self._batch
+        size = len(keep)
+        kept = set(keep)
+        holes = [row for row in range(size) if row not in kept]
+        movers = [row for row in keep if row >= size]
+        order = list(range(size))
+        lengths = batch.lengths.tolist()
+        for hole, mover in zip(holes, movers):
+            self._slots.move(mover, hole, lengths[mover])
+            order[hole] = mover
+        batch.requests = [batch.requests[i] for i in order]
+        batch.next_tokens = [batch.next_tokens[i] for i in order]
+        batch.lengths = torch.tensor([lengths[i] for i in order], dtype=torch.long)
+
     # --- model thread ----------------------------------------------------------------
 
     @torch.inference_mode()
     def _step(self, newcomers: list[_Request]) -> None:
-        """Prefill newcomers (merging them into the batch), then one decode step for the rest."""
+        """One decode step for the running batch, then prefill the newcomers into it.
+
+        Newcomers never join a decode step before their prefill; one that finishes at its
+        prefill (a one-token turn, or a stop token first) is retired right after this step
+        without ever being decoded with the batch.
+        """
         version = self.weight_version
+        if self._decoder is not None:
+            self._decoder.refresh()  # repacks only if a weight changed since the last step
+            self._finished_in_step = 0
+            if self._batch.requests:
+                self._decode_slots(version)
+            if newcomers:
+                self._prefill_slots(newcomers, version)
+            # Chain decode steps while nothing needs the event loop (no request finished, none
+            # waiting or aborted, no weight update queued): each return to the loop is a thread
+            # hand-off, which on a busy CPU can cost more than the step itself.
+            deadline = time.perf_counter() + self.max_call_s
+            for _ in range(self.max_steps_per_call - 1):
+                admissible = self._waiting and len(self._batch) < self.max_batch_size
+                if self._finished_in_step or self._interrupt or admissible or time.perf_counter() > deadline:
+                    break
+                self._decode_slots(version)
+            return
         decoding = list(self._batch.requests)
         if decoding:
             self._decode(version)
         if newcomers:
             self._prefill(newcomers, version)
+
+    def _decode_slots(self, version: int) -> None:
+        batch = self._batch
+        size = len(batch)
+        ids = torch.tensor(batch.next_tokens, dtype=torch.long).view(size, 1)
+        span = int(batch.lengths.max()) + 1
+        self._slots.reserve(size, span)
+        last = torch.zeros(size, dtype=torch.long)
+        logits = self._decoder.forward(self._slots, ids, 0, batch.lengths, last, span).cpu()
+        batch.lengths = batch.lengths + 1
+        self.stats.decode_steps += 1
+        self.stats.batch_size_sum += size
+        batch.next_tokens = self._sample(batch.requests, logits, version)
+
+    def _prefill_slots(self, requests: list[_Request], version: int) -> None:
+        """Prefill newcomers into the rows after the running batch, reusing cached prefixes.
+
+        Row r's suffix (the prompt past its cached prefix) is left-aligned at the prefix's end;
+        rows are right-padded to the longest suffix. If that padding would run past the
+        model's last position, the newcomers are prefilled one at a time instead.
+        """
+        plans = []
+        for request in requests:
+            hit = self.prefix_cache.lookup(request.prompt_ids)
+            plans.append((request, hit[0] if hit else 0, hit))
+        width = max(len(request.prompt_ids) - cached for request, cached, _ in plans)
+        span = max(cached for _, cached, _ in plans) + width
+        if span > self._decoder.max_positions and len(plans) > 1:
+            for request in requests:
+                self._prefill_slots([request], version)
+            return
+        batch = self._batch
+        first = len(batch)
+        self._slots.reserve(first + len(plans), span)
+        ids = torch.full((len(plans), width), self.pad_token_id, dtype=torch.long)
+        for row, (request, cached, hit) in enumerate(plans):
+            if hit is not None:
+                self._slots.write(first + row, hit[1], hit[2])
+            suffix = request.prompt_ids[cached:]
+            ids[row, : len(suffix)] = torch.tensor(suffix, dtype=torch.long)
+            self.stats.prefill_tokens += len(suffix)
+            request.weights_epoch = self._weights_epoch
+        starts = torch.tensor([cached for _, cached, _ in plans], dtype=torch.long)
+        last = torch.tensor([len(request.prompt_ids) - cached - 1 for request, cached, _ in plans], dtype=torch.long)
+        logits = self._decoder.forward(self._slots, ids, first, starts, last, span).cpu()
+        tokens = self._sample(requests, logits, version)
+        lengths = torch.tensor([len(request.prompt_ids) for request in requests], dtype=torch.long)
+        batch.lengths = lengths if batch.lengths is None or not batch.requests else torch.cat([batch.lengths, lengths])
+        batch.requests.extend(requests)
+        batch.next_tokens.extend(tokens)
 
     def _new_cache(self) -> Any:
         from transformers import DynamicCache
@@ -538,6 +679,8 @@ class HFEngine(InferenceEngine):
                 request.finish_reason = "length"
             elif len(request.prompt_ids) + len(request.output_ids) >= self.max_positions:
                 request.finish_reason = "length"
+            if request.finish_reason is not None:
+                self._finished_in_step += 1
         return tokens
 
     def _merge(

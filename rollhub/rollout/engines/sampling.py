@@ -35,31 +35,52 @@ def _truncate(logprobs: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
     return out
 
 
+def _uniform(generator: Any) -> float:
+    """One uniform in [0, 1) from a `random.Random` (the engine's, ~50 ns) or a `torch.Generator`."""
+    if isinstance(generator, torch.Generator):
+        return float(torch.rand((), generator=generator))
+    return generator.random()
+
+
 def sample_tokens(
     logits: torch.Tensor, params: list[SamplingParams], generators: list[Any]
 ) -> tuple[list[int], list[float]]:
     """Sample one token per row of `logits` [B, V]; returns (token ids, behaviour log-probs).
 
     Vectorised inverse-CDF sampling: each row draws one uniform number from its own
-    generator (so per-request seeds reproduce), then one batched searchsorted picks the
-    tokens. `torch.multinomial` per row cost ~1 ms each and dominated small-model decoding.
+    generator (a `random.Random` or a `torch.Generator`, so per-request seeds reproduce),
+    then one batched searchsorted picks the tokens. `torch.multinomial` per row cost ~1 ms
+    each and dominated small-model decoding. The common case (no top-k/top-p) never builds
+    the full log-softmax: the CDF comes from exp(z - max z), and only the chosen tokens'
+    log-probs z - logsumexp(z) are formed.
     """
-    temperatures = torch.tensor(
-        [p.temperature if p.temperature > 0 else 1.0 for p in params], dtype=torch.float32
-    ).unsqueeze(-1)
-    logprobs = torch.log_softmax(logits.float() / temperatures, dim=-1)
-    sampling_lp = logprobs
-    truncated_rows = [
-        i for i, p in enumerate(params) if p.temperature > 0 and (p.top_p < 1.0 or 0 < p.top_k < logits.shape[-1])
-    ]
-    if truncated_rows:
-        sampling_lp = logprobs.clone()
-        for row in truncated_rows:
-            sampling_lp[row] = _truncate(logprobs[row], params[row].top_p, params[row].top_k)
-    cdf = sampling_lp.exp().cumsum(dim=-1)
-    uniforms = torch.stack([torch.rand((), generator=g) for g in generators]).unsqueeze(-1)
-    sampled = torch.searchsorted(cdf, uniforms * cdf[:, -1:], right=True).squeeze(-1).clamp_(max=logits.shape[-1] - 1)
-    greedy = torch.tensor([p.temperature == 0 for p in params])
-    tokens = torch.where(greedy, logprobs.argmax(dim=-1), sampled)
-    chosen = logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    return tokens.tolist(), chosen.tolist()
+    vocab = logits.shape[-1]
+    scaled = logits.float()
+    temperatures = [p.temperature if p.temperature > 0 else 1.0 for p in params]
+    if any(t != 1.0 for t in temperatures):
+        scaled = scaled / torch.tensor(temperatures, dtype=torch.float32, device=scaled.device).unsqueeze(-1)
+    greedy = [p.temperature == 0 for p in params]
+    truncated_rows = [i for i, p in enumerate(params) if not greedy[i] and (p.top_p < 1.0 or 0 < p.top_k < vocab)]
+    maxima = scaled.amax(dim=-1, keepdim=True)
+    shifted = scaled - maxima
+    weights = shifted.exp()
+    log_normaliser = maxima + weights.sum(dim=-1, keepdim=True).log()  # logsumexp(z), per row
+    sampled: torch.Tensor | None = None
+    if not all(greedy):
+        if truncated_rows:
+            logprobs = scaled - log_normaliser
+            for row in truncated_rows:
+                kept = _truncate(logprobs[row], params[row].top_p, params[row].top_k)
+                weights[row] = (kept - kept.max()).exp()
+        cdf = weights.cumsum(dim=-1)
+        uniforms = torch.tensor([_uniform(g) for g in generators], dtype=torch.float32, device=cdf.device)
+        targets = uniforms.unsqueeze(-1) * cdf[:, -1:]
+        sampled = torch.searchsorted(cdf, targets, right=True).squeeze(-1).clamp_(max=vocab - 1)
+    if any(greedy):
+        argmax = scaled.argmax(dim=-1)
+        if sampled is None:
+            sampled = argmax
+        else:
+            sampled = torch.where(torch.tensor(greedy, device=argmax.device), argmax, sampled)
+    chosen = scaled.gather(-1, sampled.unsqueeze(-1)) - log_normaliser
+    return sampled.tolist(), chosen.squeeze(-1).tolist()

@@ -61,6 +61,7 @@ class SGLangEngine(InferenceEngine):
         self._session: Any = None
         self._closed = False
         self._in_flight: set[str] = set()
+        self.log_path: Path | None = None  # where a launched server logs
 
     # --- construction ----------------------------------------------------------------
 
@@ -75,12 +76,15 @@ class SGLangEngine(InferenceEngine):
         startup_timeout_s: float = 600.0,
         extra_args: list[str] | None = None,
         api_key: str | None = None,
+        log_path: str | Path | None = None,
     ) -> SGLangEngine:
         """Start a server process and wait for /health. Default: `python -m sglang.launch_server`.
 
         `command` replaces the launcher, e.g. `["rollhub", "serve", "--model", DIR, "--port", "P"]`.
         `api_key` (default ROLLHUB_API_KEY) reaches SGLang as `--api-key` and any other
         command as ROLLHUB_API_KEY in its environment; the client then sends it.
+        The server's stdout and stderr go to `log_path` (default: a temporary file), never to
+        a pipe: a pipe nobody reads fills up and then blocks the server mid-write.
         """
         api_key = resolve_api_key(api_key)
         env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}  # an explicit "" disables it there too
@@ -100,13 +104,23 @@ class SGLangEngine(InferenceEngine):
                 *(["--api-key", api_key] if api_key else []),
                 *(extra_args or []),
             ]
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+        if log_path is None:
+            handle, name = tempfile.mkstemp(prefix="rollhub-server-", suffix=".log")
+            os.close(handle)
+            log_path = name
+        log_path = Path(log_path)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
         engine = cls(f"http://{host}:{port}", process=process, api_key=api_key or "")
+        engine.log_path = log_path
         deadline = time.monotonic() + startup_timeout_s
         while time.monotonic() < deadline:
             if process.poll() is not None:
-                stderr = process.stderr.read().decode(errors="replace")[-2000:] if process.stderr else ""
-                raise SGLangError(f"server exited with code {process.returncode} during startup: {stderr}")
+                tail = log_path.read_bytes()[-2000:].decode(errors="replace")
+                raise SGLangError(
+                    f"server exited with code {process.returncode} during startup (log {log_path}): {tail}"
+                )
             if await engine.healthy():
                 return engine
             await asyncio.sleep(0.25)
@@ -193,10 +207,66 @@ class SGLangEngine(InferenceEngine):
             await self._update_from_disk(str(source), version)
 
     async def _update_from_disk(self, path: str, version: int) -> None:
-        reply = await self._post("/update_weights_from_disk", {"model_path": path, "weight_version": str(version)})
-        if isinstance(reply, dict) and reply.get("success") is False:
-            raise SGLangError(f"weight update failed: {reply.get('message')}")
+        await self.update_weights_from_disk(path, version)
+
+    # --- weight-sync protocols (driven by rollhub.rollout.weight_sync) ----------------------
+
+    async def update_weights_from_disk(self, path: str, version: int) -> dict[str, Any]:
+        """`/update_weights_from_disk`: the server loads the HF folder `path` (which it must be
+        able to read) and takes `version`; raises SGLangError when it refuses or fails."""
+        reply = await self._control("/update_weights_from_disk", {"model_path": path, "weight_version": str(version)})
         self.weight_version = int(version)
+        return reply
+
+    async def init_weights_update_group(
+        self,
+        *,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str,
+    ) -> dict[str, Any]:
+        """`/init_weights_update_group`: the server joins the trainer's process group at rank
+        `rank_offset` (the call returns once the group formed, so the trainer joins meanwhile)."""
+        body = {
+            "master_address": master_address,
+            "master_port": int(master_port),
+            "rank_offset": int(rank_offset),
+            "world_size": int(world_size),
+            "group_name": group_name,
+            "backend": backend,
+        }
+        return await self._control("/init_weights_update_group", body)
+
+    async def update_weights_from_distributed(
+        self, *, names: list[str], dtypes: list[str], shapes: list[list[int]], version: int, group_name: str
+    ) -> dict[str, Any]:
+        """`/update_weights_from_distributed`: the server receives one broadcast per name, in
+        order, from rank 0 (the trainer broadcasts while this call waits) and takes `version`."""
+        body = {
+            "names": list(names),
+            "dtypes": list(dtypes),
+            "shapes": [list(shape) for shape in shapes],
+            "group_name": group_name,
+            "weight_version": str(version),
+            "flush_cache": True,
+        }
+        reply = await self._control("/update_weights_from_distributed", body)
+        self.weight_version = int(version)
+        return reply
+
+    async def destroy_weights_update_group(self, group_name: str) -> dict[str, Any]:
+        """`/destroy_weights_update_group` (SGLang >= 0.5): the server leaves the group."""
+        return await self._control("/destroy_weights_update_group", {"group_name": group_name})
+
+    async def _control(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A control POST whose reply is `{"success", "message"}` (400 with the same on failure)."""
+        reply = await self._post(path, body)
+        if isinstance(reply, dict) and reply.get("success") is False:
+            raise SGLangError(f"{path} failed: {str(reply.get('message'))[:500]}")
+        return reply if isinstance(reply, dict) else {"message": str(reply)[:500]}
 
     async def _model_path(self) -> str | None:
         try:
@@ -281,6 +351,21 @@ def parse_generate_reply(reply: dict[str, Any], rid: str, version: int, prompt_t
         prompt_tokens=prompt_tokens,
         meta={"e2e_latency_s": meta.get("e2e_latency", 0.0), "server_weight_version": meta.get("weight_version")},
     )
+
+
+def write_version_folder(state: dict[str, Any], weights_dir: Path, version: int, model_path: str | None) -> str:
+    """`weights_dir/v{version:06d}`, written into a `.partial` sibling and renamed into place, so an
+    engine never loads a half-written folder."""
+    import shutil
+
+    folder = weights_dir / f"v{version:06d}"
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    _write_state_dict(state, partial, model_path)
+    shutil.rmtree(folder, ignore_errors=True)
+    partial.rename(folder)
+    return str(folder)
 
 
 def _write_state_dict(state: dict[str, Any], folder: Path, model_path: str | None) -> None:

@@ -1,0 +1,373 @@
+"""The `server` engine backend: launch (or attach to) inference servers and route over them.
+
+`engine.backend: server` gives every command (train, eval, rollout) a `ServerEngine`: an
+`EngineRouter` over N replicas that rollhub either launches from a command template
+(`engine.launch`, `engine.replicas`) or attaches to by URL (`engine.urls`).
+
+Launching, and why each step is as it is:
+* the template is split like a shell line first and each word filled in afterwards, so a
+  model path with spaces stays one argument; `rollhub` and `sglang` name built-in templates;
+* each replica gets its own port (a free one, or `engine.base_port + i`) and its own seed;
+* stdout and stderr go to `RUN_DIR/servers/<replica>.log`: a pipe nobody reads fills up
+  (64 KiB) and then blocks the server mid-write, which looks exactly like a hung server;
+* ready means `/health_generate` answered, i.e. the server ran a real generation, not just
+  that its port is open; a server that exits while starting is reported with its log's tail;
+* launched servers never outlive the run: each runs in its own process group with a
+  parent-death signal (SIGKILL when the launching thread's process dies, crash or kill -9
+  included), `close()` stops the group (SIGTERM, then SIGKILL), and an `atexit` hook does
+  the same for a run that never reached `close()`. A wrapper script must `exec` the server
+  for the parent-death signal to reach it (its group is stopped by `close()` regardless).
+Launched servers get the run's API key (ROLLHUB_API_KEY, else a fresh random one) in their
+environment as ROLLHUB_API_KEY (what `rollhub serve` reads); `{api_key}` puts it on a
+command line (SGLang's `--api-key`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import ctypes
+import logging
+import os
+import secrets
+import shlex
+import signal
+import socket
+import string
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+from rollhub.core.errors import UserError
+from rollhub.rollout.engines.router import EngineRouter, Replica, ReplicaError, replicas_from_urls
+from rollhub.rollout.engines.sglang import API_KEY_ENV
+
+logger = logging.getLogger(__name__)
+
+#: `engine.launch: rollhub` -- the transformers engine behind rollhub's SGLang-native server
+ROLLHUB_SERVE_TEMPLATE = (
+    "{python} -m rollhub.cli serve --model {model} --host {host} --port {port} --threads {threads} "
+    "--max-batch-size {max_batch_size} --seed {seed} --device {device}"
+)
+#: `engine.launch: sglang` -- SGLang's own server (GPU machines)
+SGLANG_TEMPLATE = (
+    "{python} -m sglang.launch_server --model-path {model} --host {host} --port {port} --api-key {api_key} "
+    "--random-seed {seed}"
+)
+NAMED_TEMPLATES = {"rollhub": ROLLHUB_SERVE_TEMPLATE, "sglang": SGLANG_TEMPLATE}
+#: what `{...}` may name in a launch template
+TEMPLATE_FIELDS = (
+    "python",
+    "model",
+    "host",
+    "port",
+    "replica",
+    "threads",
+    "max_batch_size",
+    "seed",
+    "device",
+    "api_key",
+)
+
+_LIBC: Any = None
+try:  # resolved here, not in the child: the child of a threaded parent must not load libraries
+    _LIBC = ctypes.CDLL("libc.so.6", use_errno=True)
+except OSError:  # not Linux: no parent-death signal, close() and atexit still stop servers
+    pass
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def template_words(template: str) -> list[str]:
+    """The launch template as words, each still holding its `{field}`s; bad fields are a UserError."""
+    template = NAMED_TEMPLATES.get(template.strip(), template)
+    try:
+        words = shlex.split(template)
+    except ValueError as exc:
+        raise UserError(f"engine.launch is not a valid command line ({exc}): {template!r}") from None
+    if not words:
+        raise UserError("engine.launch is empty; use 'rollhub', 'sglang' or a command template")
+    for word in words:
+        try:
+            fields = [name for _, name, _, _ in string.Formatter().parse(word) if name is not None]
+        except ValueError as exc:
+            raise UserError(f"engine.launch word {word!r}: {exc} (write a literal brace as {{{{ or }}}})") from None
+        for name in fields:
+            if name not in TEMPLATE_FIELDS:
+                raise UserError(
+                    f"engine.launch names {{{name}}}, which is not a template field; known: "
+                    + ", ".join("{" + f + "}" for f in TEMPLATE_FIELDS)
+                )
+    return words
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+class LaunchedServer:
+    """One server process: its command, log file and process group."""
+
+    def __init__(self, replica_id: str, command: list[str], log_path: Path, env: dict[str, str]) -> None:
+        self.replica_id = replica_id
+        self.command = command
+        self.log_path = log_path
+        self.env = env
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        """Spawn it. Call from a thread that lives as long as the run: the parent-death signal
+        fires when the *thread* that forked the child exits."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log.write(f"# rollhub: {shlex.join(self.command)}\n".encode())
+            log.flush()
+            try:
+                self.process = subprocess.Popen(
+                    self.command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=self.env,
+                    start_new_session=True,  # its own process group: close() stops wrapper and children alike
+                    preexec_fn=_die_with_parent,
+                )
+            except OSError as exc:
+                raise UserError(f"cannot start engine server {self.replica_id} ({self.command[0]}): {exc}") from None
+        _LIVE.add(self)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def exit_reason(self) -> str | None:
+        if self.process is None or self.process.poll() is None:
+            return None
+        return f"server process exited with code {self.process.returncode} (log: {self.log_path})"
+
+    def log_tail(self, limit: int = 2000) -> str:
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(0, log.tell() - limit))
+                return log.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def _signal_group(self, signum: int) -> None:
+        if self.process is None:
+            return
+        try:
+            os.killpg(self.process.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def kill(self) -> None:
+        """SIGKILL the whole group now (a wedged or stopped server gets no say)."""
+        if self.process is not None:
+            self._signal_group(signal.SIGKILL)
+            if self.process.poll() is None:
+                try:
+                    self.process.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    logger.warning("engine server %s (pid %d) survived SIGKILL", self.replica_id, self.process.pid)
+        _LIVE.discard(self)
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM (with SIGCONT, so a stopped server can act on it), then SIGKILL after `grace_s`."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            self._signal_group(signal.SIGCONT)
+            try:
+                self.process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()  # the group too: children of a wrapper that exited first
+
+
+_LIVE: weakref.WeakSet[LaunchedServer] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_leftover_servers() -> None:
+    """A run that ends without close() (an exception before it) still takes its servers along."""
+    for server in list(_LIVE):
+        server.kill()
+
+
+class ServerEngine(EngineRouter):
+    """The `server` backend: launched or attached replicas behind an EngineRouter.
+
+    `start()` launches (if a template is given), waits until every replica is ready and
+    starts the watchdog; `generate` starts it on first use too, but callers should call it
+    first so a server that cannot start stops the command with its reason.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        launch: str | None = None,
+        replicas: int = 1,
+        urls: list[str] | None = None,
+        host: str = "127.0.0.1",
+        base_port: int = 0,
+        log_dir: str | Path = "runs/servers",
+        startup_timeout_s: float = 600.0,
+        template_values: dict[str, Any] | None = None,
+        api_key: str | None = None,
+        **router_arguments: Any,
+    ) -> None:
+        if (launch is None) == (not urls):
+            raise UserError("the server backend needs exactly one of engine.launch and engine.urls")
+        self.launch_words = template_words(launch) if launch is not None else None
+        self.replica_count = replicas
+        self.host = host
+        self.base_port = base_port
+        self.log_dir = Path(log_dir)
+        self.startup_timeout_s = startup_timeout_s
+        self.template_values = dict(template_values or {})
+        self.servers: list[LaunchedServer] = []
+        self._started = False
+        self._start_lock: asyncio.Lock | None = None
+        if self.launch_words is not None:
+            # a key only this run knows: launched servers are reachable by every local user
+            api_key = api_key or os.environ.get(API_KEY_ENV) or secrets.token_urlsafe(32)
+            # placeholders until start() knows the ports
+            initial = [Replica(f"replica-{i}", f"http://{host}:0") for i in range(replicas)]
+        else:
+            initial = replicas_from_urls(list(urls or []))
+        super().__init__(initial, api_key=api_key, model_path=model_path, **router_arguments)
+
+    async def start(self) -> None:
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if self._started:
+                return
+            try:
+                if self.launch_words is not None:
+                    await self._launch_all()
+                await asyncio.gather(*(self._wait_ready(r) for r in self.replicas))
+            except BaseException:
+                self._stop_servers()
+                raise
+            self._started = True
+            await super().start()
+
+    async def generate(self, input_ids: list[int], sampling: Any, request_id: str | None = None) -> Any:
+        if not self._started:
+            await self.start()
+        return await super().generate(input_ids, sampling, request_id)
+
+    async def update_weights(self, source: Any, version: int) -> None:
+        if not self._started:
+            await self.start()
+        await super().update_weights(source, version)
+
+    def command_for(self, index: int, port: int) -> list[str]:
+        values = {
+            "python": sys.executable,
+            "host": self.host,
+            "port": port,
+            "replica": index,
+            "api_key": self.api_key or "",
+            **self.template_values,
+        }
+        values["seed"] = int(values.get("seed", 0)) + index  # replicas must not draw the same samples
+        return [word.format(**values) for word in self.launch_words or []]
+
+    async def _launch_all(self) -> None:
+        env = {**os.environ, API_KEY_ENV: self.api_key or ""}
+        env.setdefault("OMP_NUM_THREADS", str(self.template_values.get("threads", 1)))
+        if threading.current_thread() is not threading.main_thread():
+            logger.debug("launching engine servers from a non-main thread; they die when it exits")
+        for index, replica in enumerate(self.replicas):
+            port = self.base_port + index if self.base_port else free_port(self.host)
+            server = LaunchedServer(replica.replica_id, self.command_for(index, port), self._log_path(replica), env)
+            server.start()
+            self.servers.append(server)
+            replica.process = server
+            replica.url = f"http://{self.host}:{port}"
+            replica.client = self._new_client(replica.url)
+            logger.info("engine %s: pid %s on %s, log %s", replica.replica_id, server.pid, replica.url, server.log_path)
+
+    def _log_path(self, replica: Replica) -> Path:
+        return self.log_dir / f"{replica.replica_id}.log"
+
+    async def _wait_ready(self, replica: Replica) -> None:
+        """Until `/health_generate` answers 200 (a real generation ran), or the process exits, or time runs
+        out; an attached URL where nothing listens fails at once (a starting server that answers 503 is waited for)."""
+        deadline = time.monotonic() + self.startup_timeout_s
+        while True:
+            if replica.process is not None and (reason := replica.process.exit_reason()) is not None:
+                tail = replica.process.log_tail().strip().splitlines()[-5:]  # type: ignore[attr-defined]
+                raise UserError(
+                    f"engine server {replica.replica_id} did not start: {reason}; last lines:\n  " + "\n  ".join(tail)
+                )
+            if await self._ready(replica):
+                break
+            if time.monotonic() > deadline:
+                where = f" (log: {replica.process.log_path})" if replica.process is not None else ""  # type: ignore[attr-defined]
+                raise UserError(
+                    f"engine server {replica.replica_id} at {replica.url} not ready after "
+                    f"{self.startup_timeout_s:.0f} s{where}; raise engine.startup_timeout_s or check the server"
+                )
+            await asyncio.sleep(0.25)
+        if self.weight_version:  # a server joining a run that has pushed weights must say so
+            await replica.client._post("/update_weight_version", {"new_version": str(self.weight_version)})
+
+    async def _ready(self, replica: Replica) -> bool:
+        import aiohttp
+
+        try:
+            session = await replica.client._http()  # type: ignore[union-attr]
+            async with session.get(replica.url + "/health_generate", timeout=aiohttp.ClientTimeout(total=60)) as r:
+                await r.read()
+                if r.status == 401:
+                    raise UserError(
+                        f"engine server {replica.replica_id} at {replica.url} refused the API key; "
+                        f"set {API_KEY_ENV} to the key the server was started with"
+                    )
+                return r.status == 200
+        except aiohttp.ClientConnectorError as exc:
+            if replica.process is None:  # attached: it should be running already, and nothing listens there
+                raise UserError(
+                    f"no engine server at {replica.url} ({exc.os_error or exc}); start one "
+                    f"(e.g. 'rollhub serve --model {self.model_path} --port PORT') or fix engine.urls"
+                ) from None
+            return False  # launched: still starting
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return False
+
+    def _stop_servers(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+    async def close(self) -> None:
+        try:
+            await super().close()
+        finally:
+            await asyncio.to_thread(self._stop_servers)
+
+
+async def start_engine(engine: Any) -> None:
+    """Start what an engine needs before its first request (servers: launch and readiness)."""
+    start = getattr(engine, "start", None)
+    if start is not None:
+        await start()
+
+
+__all__ = ["LaunchedServer", "ReplicaError", "ServerEngine", "start_engine", "template_words"]

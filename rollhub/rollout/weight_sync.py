@@ -1,0 +1,589 @@
+"""Weight sync from the trainer to inference servers, over both of SGLang's protocols.
+
+Two pushers with one call, `await pusher.push(clients, state_or_path, version) -> timings`:
+
+* `DiskWeightSync` (`/update_weights_from_disk`): the weights are written once as an HF
+  checkpoint folder `v{version}` under the run's weights folder, atomically (written into a
+  hidden sibling, fsynced, renamed), every server is told the folder and the version, and
+  once every server confirmed, the older `v*` folders are removed. Needs a disk every server
+  can read (one machine, or a shared file system).
+* `DistributedWeightSync` (`/init_weights_update_group` + `/update_weights_from_distributed`):
+  the trainer is rank 0 of a process group with one rank per server (world size = 1 +
+  servers) and broadcasts every tensor over it while the servers receive; no disk involved.
+  NCCL on GPU, gloo on CPU (`rollhub serve` implements the receiving side of both).
+
+The update group is a process group of its own, built from a `TCPStore` and the backend
+class directly. It is never the default torch.distributed group and never touches it,
+because the trainer may itself be one rank of a torchrun group whose collectives must not
+interleave with weight broadcasts. The store keys are nested exactly as torch's
+`_new_process_group_helper` nests them for a group called `group_name` after SGLang's
+`init_custom_process_group` prefixes the store with the same name, so a real SGLang server
+and `rollhub serve` both meet the trainer in the same rendezvous.
+
+Neither pusher pauses generation: the caller (the router, the manager) runs pause -> push ->
+resume, so every token is produced by exactly one version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import os
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:  # torch is imported inside functions: the CLI imports this module light
+    import torch
+
+    from rollhub.rollout.engines.sglang import SGLangEngine
+
+logger = logging.getLogger(__name__)
+
+#: dtypes a weight broadcast may carry (SGLang names them without the "torch." prefix)
+BROADCAST_DTYPES = ("float32", "bfloat16", "float16")
+#: group names travel in store keys and HTTP bodies: keep them plain
+GROUP_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+DEFAULT_GROUP_NAME = "rollhub_weight_update"
+VERSION_FOLDER = re.compile(r"^v(\d+)$")
+_PARTIAL_PREFIX = ".partial-"
+DESTROY_TIMEOUT_S = 10.0  # a wedged server must not hold up the trainer while it drops a group
+
+
+class WeightSyncError(RuntimeError):
+    """A push failed: a server refused or failed the update, or the broadcast timed out."""
+
+
+# --- dtypes and tensor specs --------------------------------------------------------------
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """`torch.bfloat16` -> "bfloat16", the form SGLang's update requests carry."""
+    return str(dtype).removeprefix("torch.")
+
+
+def parse_dtype(name: Any) -> torch.dtype:
+    """A dtype name from a request ("float32" or "torch.float32"); only floating dtypes a
+    model is served in are accepted, so a request cannot make the receiver allocate odd types."""
+    import torch
+
+    if not isinstance(name, str) or name.removeprefix("torch.") not in BROADCAST_DTYPES:
+        raise ValueError(f"dtype must be one of {list(BROADCAST_DTYPES)}, got {str(name)[:40]!r}")
+    return getattr(torch, name.removeprefix("torch."))
+
+
+def unique_tensors(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors to push: one name per storage, and `lm_head.weight` left out when it equals
+    the input embedding (tied weights; the receiver's tied model updates both from one).
+    Copies from `Policy.engine_state_dict()` no longer share storage, hence the value check."""
+    import torch
+
+    tensors: dict[str, torch.Tensor] = {}
+    seen: set[tuple[int, int, tuple[int, ...]]] = set()
+    for name, tensor in state.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if key in seen:
+            continue
+        seen.add(key)
+        tensors[name] = tensor
+    head, embedding = tensors.get("lm_head.weight"), None
+    for name in ("model.embed_tokens.weight", "transformer.wte.weight"):
+        embedding = embedding if embedding is not None else tensors.get(name)
+    if head is not None and embedding is not None and head.shape == embedding.shape:
+        if head.dtype == embedding.dtype and torch.equal(head, embedding):
+            del tensors["lm_head.weight"]
+    return tensors
+
+
+def _buckets(tensors: Mapping[str, torch.Tensor], bucket_bytes: int) -> list[list[str]]:
+    """Names in order, cut into consecutive buckets of about `bucket_bytes` (one HTTP request each)."""
+    buckets: list[list[str]] = [[]]
+    size = 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if buckets[-1] and size + nbytes > bucket_bytes:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(name)
+        size += nbytes
+    return [b for b in buckets if b]
+
+
+def read_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the *.safetensors files of an HF checkpoint folder."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise WeightSyncError(f"no *.safetensors in {path}")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    return state
+
+
+# --- the update process group ----------------------------------------------------------------
+
+
+class UpdateGroup:
+    """One rank of a weight-update process group that lives beside (never inside) the default
+    torch.distributed group. Rank 0 (the trainer) hosts the store and is the broadcast root.
+
+    Every collective is bounded by `timeout_s`: a peer that never shows up makes `broadcast`
+    raise instead of hanging. After a failure the group is unusable (its peers may be out of
+    step), so callers `close()` it and build a new one.
+    """
+
+    def __init__(self, store: Any, backend: Any, backend_name: str, rank: int, world_size: int) -> None:
+        self._store = store
+        self._backend = backend
+        self.backend_name = backend_name
+        self.rank = rank
+        self.world_size = world_size
+        self.device = "cuda" if backend_name == "nccl" else "cpu"
+
+    @staticmethod
+    def host_store(master_address: str, master_port: int, world_size: int, timeout_s: float) -> Any:
+        """Rank 0's TCPStore; port 0 picks a free port (read it back from `store.port`)."""
+        import torch.distributed as dist
+
+        return dist.TCPStore(
+            master_address,
+            master_port,
+            world_size,
+            is_master=True,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+        )
+
+    @classmethod
+    def join(
+        cls,
+        *,
+        master_address: str,
+        master_port: int,
+        rank: int,
+        world_size: int,
+        group_name: str,
+        backend: str,
+        timeout_s: float,
+        store: Any = None,
+    ) -> UpdateGroup:
+        """Connect (blocking until every rank joined, or `timeout_s`) and return the group."""
+        import torch.distributed as dist
+
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if store is None:
+            store = dist.TCPStore(master_address, master_port, world_size, is_master=rank == 0, timeout=timeout)
+        # the nesting torch gives a group named `group_name` after SGLang's own prefix (see module docstring)
+        device = "cuda" if backend == "nccl" else "cpu"
+        scoped = dist.PrefixStore(f"{device}/", dist.PrefixStore(f"{group_name}/", dist.PrefixStore(group_name, store)))
+        if backend == "gloo":
+            process_group = dist.ProcessGroupGloo(scoped, rank, world_size, timeout)
+        else:
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            options.is_high_priority_stream = False
+            process_group = dist.ProcessGroupNCCL(scoped, rank, world_size, options)
+        return cls(store, process_group, backend, rank, world_size)
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        """Broadcast from rank 0 into `tensor` on every rank (blocking; raises on timeout)."""
+        import torch.distributed as dist
+
+        if self._backend is None:
+            raise WeightSyncError("the weight update group is closed")
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        self._backend.broadcast([tensor], options).wait()
+
+    def close(self) -> None:
+        """Drop the group and the store connection. Explicit, because a gloo group that timed
+        out and is left for the interpreter's exit can abort the process."""
+        backend, self._backend = self._backend, None
+        if backend is not None:
+            try:
+                backend.abort()
+            except Exception as exc:  # best effort: a group that never formed has nothing to abort
+                logger.debug("aborting the update group: %r", exc)
+        self._store = None
+        del backend
+
+
+def receive_tensors(
+    group: UpdateGroup, names: list[str], dtypes: list[torch.dtype], shapes: list[tuple[int, ...]]
+) -> dict[str, torch.Tensor]:
+    """The receiving side of one `/update_weights_from_distributed`: one broadcast per name,
+    in order, into fresh buffers (the model is untouched until every tensor arrived)."""
+    import torch
+
+    received: dict[str, torch.Tensor] = {}
+    for name, dtype, shape in zip(names, dtypes, shapes):
+        buffer = torch.empty(shape, dtype=dtype, device=group.device)
+        group.broadcast(buffer)
+        received[name] = buffer
+    return received
+
+
+# --- atomic versioned folders ----------------------------------------------------------------
+
+
+def _fsync_tree(folder: Path) -> None:
+    for item in folder.iterdir():
+        if item.is_file():
+            with open(item, "rb") as handle:
+                os.fsync(handle.fileno())
+    _fsync_dir(folder)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_version_folder(
+    state: Mapping[str, torch.Tensor], weights_dir: Path, version: int, config_dir: str | Path | None
+) -> tuple[Path, int]:
+    """Write `weights_dir/v{version}` atomically; returns (folder, bytes written).
+
+    A server never sees a half-written folder: the files go into a hidden sibling that is
+    fsynced and renamed into place. A folder of the same version (a resumed run pushing
+    again) is replaced only after the new one is complete.
+    """
+    from rollhub.rollout.engines.sglang import _write_state_dict
+
+    weights_dir.mkdir(parents=True, exist_ok=True)
+    final = weights_dir / f"v{version}"
+    partial = weights_dir / f"{_PARTIAL_PREFIX}v{version}-{uuid.uuid4().hex[:8]}"
+    partial.mkdir()
+    try:
+        _write_state_dict(unique_tensors(state), partial, str(config_dir) if config_dir else None)
+        _fsync_tree(partial)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    written = sum(item.stat().st_size for item in partial.iterdir() if item.is_file())
+    trash = None
+    if final.exists():
+        trash = weights_dir / f"{_PARTIAL_PREFIX}old-v{version}-{uuid.uuid4().hex[:8]}"
+        os.rename(final, trash)
+    os.rename(partial, final)
+    _fsync_dir(weights_dir)
+    if trash is not None:
+        shutil.rmtree(trash, ignore_errors=True)
+    return final, written
+
+
+def remove_old_versions(weights_dir: Path, keep: Path) -> list[Path]:
+    """Delete every `v*` folder (and leftover partial one) in weights_dir but `keep`."""
+    removed = []
+    if not weights_dir.is_dir():
+        return removed
+    for item in weights_dir.iterdir():
+        if item == keep or not item.is_dir():
+            continue
+        if VERSION_FOLDER.match(item.name) or item.name.startswith(_PARTIAL_PREFIX):
+            shutil.rmtree(item, ignore_errors=True)
+            removed.append(item)
+    return removed
+
+
+# --- pushers --------------------------------------------------------------------------------
+
+
+async def _all_or_raise(what: str, clients: list[SGLangEngine], calls: Iterable[Any]) -> list[Any]:
+    """Await one call per client; any failure raises one WeightSyncError naming every failed server."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    failures = [f"{client.url}: {result}" for client, result in zip(clients, results) if isinstance(result, Exception)]
+    for result in results:
+        if isinstance(result, BaseException) and not isinstance(result, Exception):
+            raise result  # cancellation and the like are not server failures
+    if failures:
+        raise WeightSyncError(f"{what} failed on {len(failures)} of {len(clients)} servers: " + "; ".join(failures))
+    return results
+
+
+@dataclass
+class DiskWeightSync:
+    """Push by writing `weights_dir/v{version}` and calling `/update_weights_from_disk`.
+
+    `weights_dir` must be readable by every server at the same path. `config_dir` gives the
+    config and tokenizer files copied next to the weights (default: the served model's
+    folder, as `/get_model_info` reports it). A path pushed instead of a state dict is handed
+    to the servers as it is, and never deleted.
+    """
+
+    weights_dir: str | Path
+    config_dir: str | Path | None = None
+    method: Literal["disk"] = field(default="disk", init=False)
+
+    def __post_init__(self) -> None:
+        self.weights_dir = Path(self.weights_dir)
+
+    async def push(self, clients: list[SGLangEngine], state_or_path: Any, version: int) -> dict[str, Any]:
+        """Write (for a state dict), tell every server, then remove older versions."""
+        if not clients:
+            raise WeightSyncError("no servers to push weights to")
+        started = time.perf_counter()
+        written_bytes = 0
+        owned = isinstance(state_or_path, Mapping)
+        if owned:
+            config_dir = self.config_dir or await clients[0]._model_path()
+            folder, written_bytes = await asyncio.to_thread(
+                write_version_folder, state_or_path, Path(self.weights_dir), int(version), config_dir
+            )
+        else:
+            folder = Path(state_or_path)
+            if not (folder / "config.json").is_file():
+                raise WeightSyncError(f"{folder} is not an HF checkpoint folder (no config.json)")
+        written = time.perf_counter()
+        await _all_or_raise(
+            "update_weights_from_disk",
+            clients,
+            (client.update_weights_from_disk(str(folder), version) for client in clients),
+        )
+        loaded = time.perf_counter()
+        removed = await asyncio.to_thread(remove_old_versions, Path(self.weights_dir), folder) if owned else []
+        return {
+            "method": "disk",
+            "version": int(version),
+            "servers": len(clients),
+            "bytes": written_bytes,
+            "write_s": written - started,
+            "load_s": loaded - written,
+            "cleanup_s": time.perf_counter() - loaded,
+            "total_s": time.perf_counter() - started,
+            "removed_versions": len(removed),
+            "path": str(folder),
+        }
+
+    async def close(self) -> None:
+        """Nothing held between pushes."""
+
+
+@dataclass
+class DistributedWeightSync:
+    """Push by broadcasting every tensor from rank 0 of a weight-update process group.
+
+    The group is formed on the first push (`/init_weights_update_group` on every server,
+    server i at rank 1 + i) and kept; a failed push closes it on this side and asks the
+    servers to drop theirs, so the next push forms a fresh one. `master_address` must be
+    reachable from every server (loopback when they run on this machine); port 0 picks a free
+    one. `backend` "auto" is nccl when CUDA is available, else gloo; with nccl the tensors
+    are copied to the GPU before each broadcast. Tensors are sent in buckets of about
+    `bucket_bytes`, one `/update_weights_from_distributed` request per bucket.
+    """
+
+    master_address: str = "127.0.0.1"
+    master_port: int = 0
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    group_name: str = DEFAULT_GROUP_NAME
+    timeout_s: float = 120.0
+    bucket_bytes: int = 256 * 1024 * 1024
+    method: Literal["distributed"] = field(default="distributed", init=False)
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("auto", "gloo", "nccl"):
+            raise ValueError(f"backend must be auto, gloo or nccl, got {self.backend!r}")
+        if not GROUP_NAME_PATTERN.match(self.group_name):
+            raise ValueError(f"group_name must match {GROUP_NAME_PATTERN.pattern}, got {self.group_name!r}")
+        if not 0 <= self.master_port <= 65535:
+            raise ValueError(f"master_port must be in [0, 65535], got {self.master_port}")
+        if not self.timeout_s > 0 or self.bucket_bytes < 1:
+            raise ValueError("timeout_s and bucket_bytes must be positive")
+        self._group: UpdateGroup | None = None
+        self._members: tuple[str, ...] = ()
+
+    def resolved_backend(self) -> str:
+        if self.backend != "auto":
+            return self.backend
+        import torch
+
+        return "nccl" if torch.cuda.is_available() else "gloo"
+
+    async def _form_group(self, clients: list[SGLangEngine]) -> float:
+        """Rank 0 here, rank 1 + i on server i; returns the seconds it took."""
+        started = time.perf_counter()
+        backend = self.resolved_backend()
+        world_size = 1 + len(clients)
+        store = await asyncio.to_thread(
+            UpdateGroup.host_store, self.master_address, self.master_port, world_size, self.timeout_s
+        )
+        joining = asyncio.ensure_future(
+            asyncio.to_thread(
+                UpdateGroup.join,
+                master_address=self.master_address,
+                master_port=store.port,
+                rank=0,
+                world_size=world_size,
+                group_name=self.group_name,
+                backend=backend,
+                timeout_s=self.timeout_s,
+                store=store,
+            )
+        )
+        try:
+            await self._bounded(
+                "init_weights_update_group",
+                _all_or_raise(
+                    "init_weights_update_group",
+                    clients,
+                    (
+                        client.init_weights_update_group(
+                            master_address=self.master_address,
+                            master_port=store.port,
+                            rank_offset=1 + index,
+                            world_size=world_size,
+                            group_name=self.group_name,
+                            backend=backend,
+                        )
+                        for index, client in enumerate(clients)
+                    ),
+                ),
+            )
+            self._group = await joining
+        except BaseException:
+            joining.add_done_callback(_close_quietly)  # it ends with the store's timeout
+            await self._destroy_on(clients)  # servers that did join must not refuse the next init
+            raise
+        self._members = tuple(client.url for client in clients)
+        return time.perf_counter() - started
+
+    async def push(self, clients: list[SGLangEngine], state_or_path: Any, version: int) -> dict[str, Any]:
+        """Broadcast `state_or_path` (a state dict, or an HF folder read here) to every server."""
+        if not clients:
+            raise WeightSyncError("no servers to push weights to")
+        started = time.perf_counter()
+        if isinstance(state_or_path, Mapping):
+            state = state_or_path
+        else:
+            state = await asyncio.to_thread(read_checkpoint, state_or_path)
+        group_s = 0.0
+        if self._group is not None and self._members != tuple(client.url for client in clients):
+            await self._drop_group(clients)  # the replica set changed: a new world size
+        if self._group is None:
+            group_s = await self._form_group(clients)
+        tensors = unique_tensors(state)
+        group = self._group
+        total_bytes = 0
+        sending: asyncio.Future | None = None
+        try:
+            for names in _buckets(tensors, self.bucket_bytes):
+                bucket = [tensors[name] for name in names]
+                total_bytes += sum(t.numel() * t.element_size() for t in bucket)
+                sending = asyncio.ensure_future(asyncio.to_thread(_send_bucket, group, bucket))
+                requests = _all_or_raise(
+                    "update_weights_from_distributed",
+                    clients,
+                    (
+                        client.update_weights_from_distributed(
+                            names=names,
+                            dtypes=[dtype_name(t.dtype) for t in bucket],
+                            shapes=[list(t.shape) for t in bucket],
+                            version=version,
+                            group_name=self.group_name,
+                        )
+                        for client in clients
+                    ),
+                )
+                # shielded: a cancelled push must not forget the thread still inside a broadcast
+                results = await asyncio.gather(
+                    self._bounded("update_weights_from_distributed", requests),
+                    asyncio.shield(sending),
+                    return_exceptions=True,
+                )
+                errors = [r for r in results if isinstance(r, BaseException)]
+                if errors:
+                    raise (
+                        errors[0]
+                        if isinstance(errors[0], WeightSyncError)
+                        else WeightSyncError(f"weight broadcast failed: {errors[0]!r}")
+                    )
+        except BaseException:
+            await self._drop_group(clients, pending=sending)
+            raise
+        for client in clients:
+            client.weight_version = int(version)
+        return {
+            "method": "distributed",
+            "backend": group.backend_name,
+            "version": int(version),
+            "servers": len(clients),
+            "bytes": total_bytes,
+            "tensors": len(tensors),
+            "group_s": group_s,
+            "broadcast_s": time.perf_counter() - started - group_s,
+            "total_s": time.perf_counter() - started,
+        }
+
+    async def _bounded(self, what: str, awaitable: Any) -> Any:
+        """A server that stops answering (alive but wedged) fails the push instead of holding
+        it for the HTTP client's hour: each step is bounded by twice the collective timeout."""
+        try:
+            return await asyncio.wait_for(awaitable, timeout=2 * self.timeout_s)
+        except TimeoutError:
+            raise WeightSyncError(f"{what}: no answer from the servers within {2 * self.timeout_s:.0f} s") from None
+
+    async def _drop_group(self, clients: list[SGLangEngine], pending: asyncio.Future | None = None) -> None:
+        """Close our side; ask the servers to drop theirs (best effort: they may be gone).
+
+        Closing a group waits for a broadcast in flight, so with one still running (`pending`)
+        the close is left to its end instead of blocking the event loop."""
+        group, self._group, self._members = self._group, None, ()
+        if group is not None:
+            if pending is not None and not pending.done():
+                pending.add_done_callback(lambda _: group.close())
+            else:
+                group.close()
+        await self._destroy_on(clients)
+
+    async def _destroy_on(self, clients: list[SGLangEngine]) -> None:
+        results = await asyncio.gather(
+            *(
+                asyncio.wait_for(client.destroy_weights_update_group(self.group_name), DESTROY_TIMEOUT_S)
+                for client in clients
+            ),
+            return_exceptions=True,
+        )
+        for client, result in zip(clients, results):
+            if isinstance(result, Exception):
+                logger.debug("destroy_weights_update_group on %s: %r", client.url, result)
+
+    async def close(self, clients: list[SGLangEngine] | None = None) -> None:
+        await self._drop_group(clients or [])
+
+
+def _send_bucket(group: UpdateGroup, tensors: list[torch.Tensor]) -> None:
+    for tensor in tensors:
+        group.broadcast(tensor.detach().to(group.device).contiguous())
+
+
+def _close_quietly(future: asyncio.Future) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result().close()
+
+
+WeightSync = DiskWeightSync | DistributedWeightSync
+
+
+def build_weight_sync(method: str, *, weights_dir: str | Path | None = None, **options: Any) -> WeightSync:
+    """A pusher by name: "disk" (needs `weights_dir`) or "distributed" (options as in
+    DistributedWeightSync)."""
+    if method == "disk":
+        if weights_dir is None:
+            raise ValueError("the disk weight sync needs a weights_dir every server can read")
+        return DiskWeightSync(weights_dir, config_dir=options.get("config_dir"))
+    if method == "distributed":
+        return DistributedWeightSync(**options)
+    raise ValueError(f"weight sync method must be 'disk' or 'distributed', got {method!r}")

@@ -1,0 +1,458 @@
+"""One long-lived process per container that runs the sandbox's commands.
+
+A `docker exec` costs what runc costs to enter the container (about 100 ms on a loaded
+2-core host), and a SWE episode makes dozens of them. Instead, each container gets one
+controller process, started once through `docker exec` with stdin attached; commands are
+sent to it over that stdin and their output and exit status come back framed over its
+stdout. A round trip then costs a fork and an exec of the shell inside the container.
+
+Semantics are those of the `docker exec` path (`DockerSandbox`'s "docker-exec" mode):
+- each command is a fresh `bash -c CMD` (the backend's `shell`): nothing carries over from
+  one command to the next (cwd, variables, functions), as before;
+- stdout and stderr share one pipe (interleaved in order), stdin is /dev/null, so a command
+  that reads stdin sees end of file and can never read the controller's requests;
+- a command runs in a session and process group of its own; at its deadline the whole
+  group is SIGKILLed and the result says timed out (exit 137, as `timeout -s KILL` gives);
+- when the command returns (or is killed), every process it left in the container is
+  killed (the same sweep as before, done in-process: no fork, a /proc scan);
+- env: the container's environment, HOME of the sandbox user, then the caller's `env`;
+  workdir: the caller's, else the image's working directory; a missing one is exit 126.
+
+Framing, and why a command cannot forge it. The command never writes to the controller's
+stdout: its output goes to a pipe the controller reads, and the controller forwards it as
+length-prefixed frames (1 type byte, 4 length bytes, payload), so no byte sequence in the
+output can end a frame early or look like an exit frame. The exit frame also carries a
+random token the host sent with that command; a frame with any other token is refused.
+The controller makes itself non-dumpable (`PR_SET_DUMPABLE 0`), so a command running as
+the same uid without CAP_SYS_PTRACE (every capability is dropped) can neither open
+/proc/<controller>/fd/1 to write into the stream, nor read the token from its memory, nor
+ptrace it. What it can do is kill or stop the controller: a killed controller is seen as
+end of stream before the exit frame; the command is reported as killed (137), the
+controller is restarted (and asked to sweep first) and the sandbox carries on. A
+stopped one runs into the host's outer deadline, as a stopped `timeout` did before.
+
+Host → controller: 4-byte big-endian length, then a JSON request
+`{"token", "argv", "timeout_s", "workdir", "env"}`, or `{"token", "sweep": true}`.
+Controller → host frames:
+`H` hello (JSON: pid), `S` the command started (fork done), `O` output bytes,
+`X` exit (JSON: token, exit_code, timed_out, oom_kills).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import struct
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from rollhub.sandbox.exec_stream import ExecStream, open_exec_stream
+
+logger = logging.getLogger(__name__)
+
+FRAME_HEADER = struct.Struct(">cI")
+REQUEST_HEADER = struct.Struct(">I")
+#: Frames from the controller are at most this big (output is sent in 64 KiB chunks).
+MAX_FRAME_BYTES = 1 << 20
+#: Largest request (command text plus env) the controller accepts.
+MAX_REQUEST_BYTES = 16 << 20
+
+# The controller, run with `python3 -I -S -c`. Written for any Python 3 an image may hold
+# (no f-strings, no walrus), standard library only. It is not a secret: the only secret is
+# each command's token, which lives in its memory (unreadable: it is non-dumpable).
+CONTROLLER_SOURCE = r"""
+import ctypes, json, os, select, signal, struct, sys, time
+
+def setup():
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE 0: no /proc/<pid>/fd, mem, ptrace
+            raise OSError(ctypes.get_errno(), "prctl")
+    except Exception as exc:
+        os.write(2, ("rollhub-shell: cannot make itself non-dumpable: %r\n" % (exc,)).encode())
+        sys.exit(3)
+    def ignore(signum, frame):
+        pass
+    for name in ("SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGALRM"):
+        signal.signal(getattr(signal, name), ignore)
+
+def write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+def frame(kind, payload):
+    write_all(1, struct.pack(">cI", kind, len(payload)) + payload)
+
+def read_exact(size):
+    chunks, left = [], size
+    while left:
+        chunk = os.read(0, min(left, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+def proc_stat(pid):
+    with open("/proc/%d/stat" % pid, "rb") as handle:
+        raw = handle.read()
+    return raw[raw.rindex(b")") + 2:].split()
+
+def pids():
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+def find_idle():
+    # The idle command: the oldest child of the init (orphans adopted later are younger).
+    best, best_start = None, None
+    for pid in pids():
+        try:
+            fields = proc_stat(pid)
+        except (OSError, ValueError):
+            continue
+        if fields[1] != b"1":
+            continue
+        started = int(fields[19])
+        if best is None or started < best_start:
+            best, best_start = pid, started
+    return best
+
+def sweep(keep):
+    # Kill every process but the init, the idle command and this one; repeat until a round
+    # kills nothing (a fork bomb keeps forking while it is being killed).
+    for _round in range(200):
+        hit = False
+        for pid in pids():
+            if pid in keep:
+                continue
+            try:
+                if proc_stat(pid)[0] in (b"Z", b"X"):
+                    continue
+                os.kill(pid, signal.SIGKILL)
+                hit = True
+            except (OSError, ValueError, IndexError):
+                pass
+        if not hit:
+            return
+
+def oom_kills():
+    for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
+        try:
+            with open(path) as handle:
+                for line in handle:
+                    if line.startswith("oom_kill "):
+                        return int(line.split()[1])
+        except (OSError, ValueError):
+            continue
+    return None
+
+DEFAULT_SIGNALS = [getattr(signal, name) for name in (
+    "SIGPIPE", "SIGXFSZ", "SIGXFZ", "SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGALRM")
+    if hasattr(signal, name)]
+
+def resolve(program, env):
+    if "/" in program:
+        return program
+    for folder in env.get("PATH", os.defpath).split(":"):
+        candidate = os.path.join(folder or ".", program)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    raise OSError(2, "command not found")
+
+def spawn(argv, env, write_end, devnull):
+    # posix_spawn (vfork underneath) costs half of what fork costs from Python; the child
+    # gets a session of its own, default signal handlers, /dev/null as stdin and the pipe
+    # as stdout and stderr. fork and exec where posix_spawn lacks setsid (Python < 3.8).
+    program = resolve(argv[0], env)
+    if hasattr(os, "posix_spawn"):
+        try:
+            return os.posix_spawn(program, argv, env, setsid=True, setsigdef=DEFAULT_SIGNALS, file_actions=[
+                (os.POSIX_SPAWN_DUP2, devnull, 0), (os.POSIX_SPAWN_DUP2, write_end, 1),
+                (os.POSIX_SPAWN_DUP2, write_end, 2)])
+        except (TypeError, NotImplementedError, AttributeError):
+            pass
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            for signum in DEFAULT_SIGNALS:
+                signal.signal(signum, signal.SIG_DFL)
+            os.dup2(devnull, 0)
+            os.dup2(write_end, 1)
+            os.dup2(write_end, 2)
+            os.execve(program, argv, env)
+        finally:
+            os._exit(127)
+    return pid
+
+def refuse(token, exit_code, message, started=False):
+    if not started:
+        frame(b"S", b"")
+    frame(b"O", message.encode("utf-8", "replace"))
+    frame(b"X", json.dumps({"token": token, "exit_code": exit_code, "timed_out": False, "oom_kills": None}).encode())
+
+def run(request, base_env, keep, devnull):
+    env = dict(base_env)
+    env.update(request.get("env") or {})
+    timeout_s = float(request["timeout_s"])
+    workdir = request.get("workdir")
+    if workdir:  # the controller is single-threaded: change its own cwd for the spawn
+        try:
+            os.chdir(workdir)
+        except OSError as exc:
+            return refuse(request["token"], 126, "chdir to %s failed: %s\n" % (workdir, exc.strerror))
+    read_end, write_end = os.pipe()
+    started = time.monotonic()
+    frame(b"S", b"")  # before the spawn: the command may kill this process at once
+    try:
+        pid = spawn(request["argv"], env, write_end, devnull)
+    except (OSError, ValueError, TypeError) as exc:  # not found; a NUL byte or a bad value in argv or env
+        os.close(read_end)
+        os.close(write_end)
+        reason = exc.strerror if isinstance(exc, OSError) else str(exc)
+        return refuse(request["token"], 127, "%s: %s\n" % (request["argv"][0], reason), started=True)
+    finally:
+        if workdir:
+            os.chdir(home_dir)
+    os.close(write_end)
+    pidfd = None
+    if hasattr(os, "pidfd_open"):
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            pidfd = None
+    poller = select.poll()
+    poller.register(read_end, select.POLLIN)
+    if pidfd is not None:
+        poller.register(pidfd, select.POLLIN)
+    deadline = started + timeout_s
+    status, timed_out, reading = None, False, True
+    while status is None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+            timed_out = True
+            status = os.waitpid(pid, 0)[1]
+            break
+        wait_ms = int(min(remaining, 60.0) * 1000) + 1
+        if pidfd is None:  # no exit notification: look at the child every 5 ms
+            wait_ms = min(wait_ms, 5)
+        for fd, _events in poller.poll(wait_ms):
+            if fd == read_end:
+                data = os.read(read_end, 65536)
+                if data:
+                    frame(b"O", data)
+                else:
+                    poller.unregister(read_end)
+                    reading = False
+        done, code = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = code
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    sweep(keep)
+    if reading:  # every writer is dead now: read what is left, for a moment at most
+        until = time.monotonic() + 1.0
+        drain = select.poll()
+        drain.register(read_end, select.POLLIN)
+        while time.monotonic() < until and drain.poll(max(1, int((until - time.monotonic()) * 1000))):
+            data = os.read(read_end, 65536)
+            if not data:
+                break
+            frame(b"O", data)
+    os.close(read_end)
+    if pidfd is not None:
+        os.close(pidfd)
+    if os.WIFSIGNALED(status):
+        exit_code = 128 + os.WTERMSIG(status)
+    else:
+        exit_code = os.WEXITSTATUS(status)
+    if timed_out:
+        exit_code = 137
+    reply = {"token": request["token"], "exit_code": exit_code, "timed_out": timed_out, "oom_kills": None}
+    if exit_code == 137 and not timed_out:
+        reply["oom_kills"] = oom_kills()
+    frame(b"X", json.dumps(reply).encode())
+
+def main():
+    setup()
+    base_env = dict(os.environ)
+    base_env.pop("PWD", None)  # the launching sh's; the command's shell sets its own
+    if sys.argv[1:2] == ["unset"]:  # Python may add LC_CTYPE (locale coercion): undo it
+        base_env.pop("LC_CTYPE", None)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    global home_dir
+    home_dir = os.getcwd()  # the image's working directory: where a command without workdir runs
+    keep = set([1, os.getpid(), find_idle()])
+    # No sweep here: a controller whose start the host gave up on must not kill whatever
+    # runs later. After a restart the host asks for one ({"sweep": true}) and waits for it.
+    frame(b"H", json.dumps({"pid": os.getpid()}).encode())
+    while True:
+        header = read_exact(4)
+        if header is None:
+            return
+        size = struct.unpack(">I", header)[0]
+        if size > %(max_request)d:
+            os.write(2, b"rollhub-shell: request too large\n")
+            return
+        body = read_exact(size)
+        if body is None:
+            return
+        request = json.loads(body.decode("utf-8", "surrogatepass"))
+        if request.get("sweep"):
+            sweep(keep)
+            frame(b"X", json.dumps({"token": request["token"], "exit_code": 0, "timed_out": False,
+                                    "oom_kills": None}).encode())
+        else:
+            run(request, base_env, keep, devnull)
+
+main()
+""".replace("%(max_request)d", str(MAX_REQUEST_BYTES))
+
+# Launches the controller: the image's system Python first (a task's virtualenv may hold
+# any version), then whatever `python3` PATH finds. Tells the controller whether LC_CTYPE
+# was set, since Python's locale coercion may add it to its environment.
+LAUNCHER = (
+    'if [ -n "${LC_CTYPE+x}" ]; then lc=set; else lc=unset; fi; '
+    'for p in /usr/bin/python3 /usr/local/bin/python3; do [ -x "$p" ] && exec "$p" -I -S -c "$1" "$lc"; done; '
+    'exec python3 -I -S -c "$1" "$lc"'
+)
+
+
+class ShellUnavailable(Exception):
+    """The controller could not be started (no Python 3 in the image, or the engine failed):
+    the sandbox falls back to one `docker exec` per command."""
+
+
+class ShellLost(Exception):
+    """End of stream before the command's exit frame. `started` says whether the command
+    had begun (the S frame came): if not, it is safe to send it again to a new controller."""
+
+    def __init__(self, started: bool):
+        super().__init__("the sandbox's shell ended before the command's exit frame")
+        self.started = started
+
+
+class ShellProtocolError(Exception):
+    """A frame that the controller cannot have written (unknown type, oversized, wrong token)."""
+
+
+@dataclass
+class ShellOutcome:
+    exit_code: int
+    timed_out: bool
+    oom_kills: int | None  # the cgroup's OOM-kill counter after a SIGKILL that was no timeout
+
+
+class PersistentShell:
+    """The host side of one container's controller. Not thread-safe: the sandbox's exec lock
+    serialises every use."""
+
+    def __init__(self, stream: ExecStream, pid: int):
+        self.stream = stream
+        self.pid = pid
+
+    @classmethod
+    def start(
+        cls, api: Any, container_id: str, user_spec: str, environment: dict[str, str], timeout_s: float
+    ) -> PersistentShell:
+        """Start the controller and wait for its hello. ShellUnavailable when none comes."""
+        argv = ["/bin/sh", "-c", LAUNCHER, "rollhub-shell", CONTROLLER_SOURCE]
+        exec_id = api.exec_create(
+            container_id, argv, stdin=True, stdout=True, stderr=True, user=user_spec, environment=environment
+        )["Id"]
+        stream = open_exec_stream(api, exec_id, separate_stderr=True)
+        try:
+            kind, payload = _read_frame(stream, time.monotonic() + timeout_s)
+        except TimeoutError:
+            stream.close()
+            raise ShellUnavailable(f"no hello within {timeout_s:g}s") from None
+        except (ShellLost, ShellProtocolError, OSError) as exc:
+            said = stream.stderr_text() or f"{exc}"
+            stream.close()
+            raise ShellUnavailable(said.strip()[-500:]) from None
+        if kind != b"H":
+            stream.close()
+            raise ShellUnavailable(f"unexpected first frame {kind!r}")
+        return cls(stream, int(json.loads(payload)["pid"]))
+
+    def run(
+        self,
+        argv: list[str],
+        timeout_s: float,
+        workdir: str | None,
+        env: dict[str, str],
+        sink: Any,
+        deadline: float,
+    ) -> ShellOutcome:
+        """Run one command; its output goes to `sink.append`. Raises TimeoutError past
+        `deadline` (monotonic), ShellLost (with whether the command had begun), or
+        ShellProtocolError."""
+        token = secrets.token_hex(16)
+        body = json.dumps(
+            {"token": token, "argv": argv, "timeout_s": timeout_s, "workdir": workdir, "env": env}
+        ).encode()
+        if len(body) > MAX_REQUEST_BYTES:
+            raise ValueError(f"command and env take {len(body)} bytes; at most {MAX_REQUEST_BYTES} are accepted")
+        try:
+            self.stream.send(REQUEST_HEADER.pack(len(body)) + body)
+        except OSError:  # the controller is gone: nothing (or a part the controller waits on) was sent
+            raise ShellLost(False) from None
+        started = False
+        while True:
+            try:
+                kind, payload = _read_frame(self.stream, deadline)
+            except TimeoutError:  # an OSError too, but the caller's business: the deadline passed
+                raise
+            except (ShellLost, OSError):  # a reset connection too: the command may have run
+                raise ShellLost(started) from None
+            if kind == b"O":
+                sink.append(payload)
+            elif kind == b"S":
+                started = True
+            elif kind == b"X":
+                reply = json.loads(payload)
+                if reply.get("token") != token:
+                    raise ShellProtocolError("exit frame with a token that is not this command's")
+                oom = reply.get("oom_kills")
+                return ShellOutcome(
+                    int(reply["exit_code"]), bool(reply["timed_out"]), None if oom is None else int(oom)
+                )
+            else:
+                raise ShellProtocolError(f"unexpected frame type {kind!r}")
+
+    def sweep(self, deadline: float) -> None:
+        """Have the controller kill every process but the init, the idle command and itself
+        (after a restart: what the command that killed the last controller left)."""
+        token = secrets.token_hex(16)
+        body = json.dumps({"token": token, "sweep": True}).encode()
+        self.stream.send(REQUEST_HEADER.pack(len(body)) + body)
+        kind, payload = _read_frame(self.stream, deadline)
+        if kind != b"X" or json.loads(payload).get("token") != token:
+            raise ShellProtocolError(f"unexpected reply {kind!r} to a sweep")
+
+    def stderr_text(self) -> str:
+        return self.stream.stderr_text()
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+def _read_frame(stream: ExecStream, deadline: float) -> tuple[bytes, bytes]:
+    header = stream.read_exact(FRAME_HEADER.size, deadline)
+    if header is None:
+        raise ShellLost(False)
+    kind, size = FRAME_HEADER.unpack(header)
+    if size > MAX_FRAME_BYTES:
+        raise ShellProtocolError(f"frame of {size} bytes")
+    payload = stream.read_exact(size, deadline) if size else b""
+    if payload is None:
+        raise ShellLost(False)
+    return kind, payload

@@ -1,0 +1,62 @@
+"""`rollhub bench async-real` (real tiny-model training on real envs) and `redundancy-bias`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from rollhub.bench import async_real, redundancy_bias
+
+
+def bench_args(out: Path, *overrides: str, quick: bool = True) -> argparse.Namespace:
+    return argparse.Namespace(out=str(out), quick=quick, overrides=list(overrides))
+
+
+def test_lockstep_barrier_bound_from_a_trajectory_log(tmp_path: Path):
+    """Two trajectories, two turns: env steps (1, 3) and (3, 1). Lockstep waits 3 + 3 = 6 s in
+    envs, independent envs need max(4, 4) = 4 s: 2 s of barrier per step; a 10 s lockstep
+    step could at best become 8 s (bound 1.25)."""
+    lines = [
+        {"turns": [{"timings_s": {"env_step": 1.0}}, {"timings_s": {"env_step": 3.0}}]},
+        {"turns": [{"timings_s": {"env_step": 3.0}}, {"timings_s": {"env_step": 1.0}}]},
+    ]
+    (tmp_path / "trajectories.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    bound = async_real.lockstep_env_bound(tmp_path, 2, 10.0)
+    assert bound == pytest.approx({"barrier_s_per_step": 2.0, "bound": 1.25})
+    assert async_real.lockstep_env_bound(tmp_path / "missing", 2, 10.0) is None
+
+
+def test_config_refuses_unknown_envs_and_schedules():
+    with pytest.raises(ValueError, match="envs"):
+        async_real.AsyncRealConfig(envs=["sokoban"]).validate()
+    with pytest.raises(ValueError, match="schedules"):
+        async_real.AsyncRealConfig(schedules=["fast"]).validate()
+    assert async_real.schedule_overrides(async_real.AsyncRealConfig(), "lockstep") == [
+        "rollout.lockstep=true",
+        "rollout.async_ratio=0",
+    ]
+    red = async_real.schedule_overrides(async_real.AsyncRealConfig(redundant_groups=2), "async+red")
+    assert "rollout.redundant_groups=2" in red
+
+
+def test_redundancy_bias_quick_shows_cancel_biased_and_carry_not(tmp_path: Path):
+    report = redundancy_bias.run(bench_args(tmp_path))
+    rows = {row["mode"]: row for row in report["rows"]}
+    assert rows["sync"]["tv_distance"] == 0
+    assert rows["sync +2 carry"]["tv_distance"] == 0 and rows["sync +2 carry"]["groups_cancelled"] == 0
+    assert rows["sync +2 cancel"]["tv_distance"] > 0 and rows["sync +2 cancel"]["groups_cancelled"] > 0
+    assert rows["sync +2 carry"]["speedup"] > 1.0
+    assert (tmp_path / "result.json").exists()
+
+
+@pytest.mark.slow
+def test_async_real_quick_runs_real_alfworld_training(tmp_path: Path):
+    pytest.importorskip("alfworld")
+    report = async_real.run(bench_args(tmp_path / "out"))
+    rows = {row["schedule"]: row for row in report["rows"]}
+    assert set(rows) == {"lockstep", "async+red"}
+    assert all(row["step_s"] > 0 for row in rows.values())
+    assert rows["lockstep"]["speedup"] == 1.0

@@ -1,0 +1,141 @@
+"""Math-v0's problem-level train/test split: disjoint by content, fixed and distinct test set,
+and the trainer's overlap check refusing a run whose evaluation problems training could draw."""
+
+import numpy as np
+import pytest
+
+from rollhub.core.errors import UserError
+from rollhub.envs.math.env import MathEnv
+from rollhub.envs.math.problems import generate_problem, held_out_problems, in_test_partition, problem_key
+
+ARITH_1 = {"kinds": ("arithmetic",), "difficulty": 1}
+
+
+def _space(kinds, difficulty, draws=20_000):
+    """Every question a setting produces (difficulty 1 arithmetic: all 800 within 20k draws)."""
+    rng = np.random.default_rng(123)
+    return {generate_problem(rng, kinds=kinds, difficulty=difficulty).question for _ in range(draws)}
+
+
+def test_difficulty_one_space_holds_a_test_set_and_a_larger_train_set():
+    space = _space(("arithmetic",), 1)
+    assert len(space) == 800  # a +/- b, a and b in 1..20
+    held_out = {q for q in space if in_test_partition(q)}
+    assert 200 <= len(held_out) and len(space) - len(held_out) >= 500
+
+
+async def test_train_split_never_plays_a_test_problem_checked_by_content():
+    test_env = MathEnv(**ARITH_1, split="test")
+    test_questions = {p.question for p in test_env.problems}
+    assert len(test_questions) == 200
+    train_env = MathEnv(**ARITH_1, split="train")
+    seen = set()
+    for seed in range(3000):  # far more than a 30-minute run draws; covers most of the train space
+        obs, _ = await train_env.reset(seed=seed)
+        seen.add(obs[-1]["content"])
+    assert not seen & test_questions
+    assert len(seen) > 450  # the train split is not a handful of problems
+    assert not any(in_test_partition(q) for q in seen)
+
+
+async def test_test_split_is_fixed_distinct_and_consecutive_seeds_play_each_once():
+    a = held_out_problems(("arithmetic",), 1, "any", 200)
+    assert [p.question for p in a] == [p.question for p in MathEnv(**ARITH_1, split="test").problems]
+    assert len({problem_key(p.question) for p in a}) == 200
+    env = MathEnv(**ARITH_1, split="test")
+    played = []
+    for seed in range(1_000_000, 1_000_200):  # the recipe's evaluation seeds
+        obs, _ = await env.reset(seed=seed)
+        played.append(obs[-1]["content"])
+    assert len(set(played)) == 200 and set(played) == {p.question for p in a}
+
+
+def test_mixed_set_has_its_own_test_split_disjoint_from_training():
+    env = MathEnv(split="test")  # all kinds, difficulty 1..3
+    assert len(env.task_set()) == 200
+    assert MathEnv(split="train").could_draw(set(env.task_set())) == set()
+    assert MathEnv().could_draw(set(env.task_set())) == set(env.task_set())  # split=all could draw any
+
+
+def test_a_space_too_small_for_the_test_size_is_refused():
+    with pytest.raises(ValueError, match="distinct test problems"):
+        MathEnv(**ARITH_1, split="test", test_size=400)
+    with pytest.raises(ValueError, match="split"):
+        MathEnv(split="validation")
+
+
+async def test_require_format_grades_only_tagged_answers():
+    env = MathEnv(**ARITH_1, require_format=True)
+    await env.reset(seed=5)
+    _, reward, *_, info = await env.step(f"so it is {env.problem.answer}")
+    assert reward == 0.0 and info["format_ok"] is False and info["success"] is False
+    await env.reset(seed=5)
+    _, reward, *_, info = await env.step(f"<answer>{env.problem.answer}</answer>")
+    assert reward == 1.0 and info["format_ok"]
+
+
+def _config(train_kwargs, eval_kwargs):
+    from rollhub.trainer.config import EvalEnvConfig, RunConfig
+
+    config = RunConfig()
+    config.env.id = "rollhub/Math-v0"
+    config.env.kwargs = dict(train_kwargs)
+    config.eval.env = EvalEnvConfig(kwargs=dict(eval_kwargs))
+    return config
+
+
+def test_trainer_refuses_evaluation_that_training_could_draw():
+    from rollhub.trainer.build import check_run_envs
+
+    check_run_envs(_config({**ARITH_1, "split": "train"}, {"split": "test"}))  # the recipe's pairing passes
+    with pytest.raises(UserError, match="evaluation overlaps training: 200 of the 200"):
+        check_run_envs(_config(ARITH_1, {"split": "test"}))  # split=all trains on the held-out problems too
+    with pytest.raises(UserError, match="evaluation overlaps training"):
+        check_run_envs(_config({**ARITH_1, "split": "test"}, {"split": "test"}))
+    # a different setting's test set is still held out from this train split (same content partition)
+    check_run_envs(_config({"split": "train"}, {**ARITH_1, "split": "test"}))
+
+
+def test_math_recipes_evaluate_on_held_out_problems():
+    from rollhub.core.config import load_config
+    from rollhub.trainer.build import check_run_envs, make_eval_env_factory
+    from rollhub.trainer.config import RunConfig
+
+    config = load_config(RunConfig, "configs/math_smollm2.yaml")
+    check_run_envs(config)
+    env = make_eval_env_factory(config)()
+    assert len(env.task_set()) >= config.eval.episodes >= 200
+
+
+async def test_example_exchange_shows_the_format_before_the_problem_and_is_never_a_problem():
+    from rollhub.envs.math.env import EXAMPLE_EXCHANGE
+
+    env = MathEnv(**ARITH_1, split="test", example=True)
+    obs, _ = await env.reset(seed=1_000_000)
+    assert [m["role"] for m in obs] == ["system", "user", "assistant", "user"]
+    assert "<answer>42</answer>" in obs[2]["content"] and obs[3]["content"] == env.problem.question
+    assert EXAMPLE_EXCHANGE[0]["content"] not in _space(("arithmetic",), 1)  # no problem's answer is given away
+    plain, _ = await MathEnv(**ARITH_1).reset(seed=0)
+    assert [m["role"] for m in plain] == ["system", "user"]
+
+
+def test_example_renders_in_smollm2_chat_template():
+    from pathlib import Path
+
+    model = Path("runs/models/smollm2-135m-instruct")
+    if not (model / "tokenizer_config.json").exists():
+        pytest.skip("SmolLM2 not exported (rollhub model smollm2)")
+    from transformers import AutoTokenizer
+
+    from rollhub.envs.math.env import EXAMPLE_EXCHANGE, SYSTEM_PROMPT
+
+    text = AutoTokenizer.from_pretrained(model).apply_chat_template(
+        [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            *EXAMPLE_EXCHANGE,
+            {"role": "user", "content": "Compute 1 + 2."},
+        ],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert text.index("<answer>42</answer>") < text.index("Compute 1 + 2.") < text.rindex("assistant")
