@@ -22,6 +22,7 @@ import torch
 from rollhub.core.errors import UserError
 from rollhub.rollout.buffer import GroupBuffer
 from rollhub.rollout.engines.base import InferenceEngine
+from rollhub.rollout.seed_sources import ReplaySeedSource, SeedCursor, SeedSource
 from rollhub.rollout.source import RolloutSource
 from rollhub.rollout.trajectory_log import RUN_TRAJECTORY_LOG
 from rollhub.trainer.config import RunConfig
@@ -230,6 +231,17 @@ def build_buffer(config: RunConfig) -> GroupBuffer | None:
     if config.rollout.lockstep:
         return None
     return GroupBuffer(config.rollout.groups_per_batch, config.rollout.async_ratio)
+
+
+def build_seeds(config: RunConfig) -> SeedSource:
+    """The training seeds: fresh ones from env.train_seed_offset on, plus replays of hard seeds
+    with rollout.replay. Replay works on both backends: `EnvManager` and `RayRollout` alike draw
+    each group's seed from this iterator in the trainer's process (Ray ships the number to a
+    shard), and the consumed groups it learns from reach `rl_loop` there too."""
+    start = config.env.train_seed_offset
+    if config.rollout.replay.enabled:
+        return ReplaySeedSource(start, config.rollout.replay, seed=config.seed)
+    return SeedCursor(start)
 
 
 def build_rollout(

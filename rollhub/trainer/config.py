@@ -23,6 +23,7 @@ from typing import Any, Literal
 from rollhub.rollout.agent import AgentConfig
 from rollhub.rollout.cluster.config import ClusterConfig
 from rollhub.rollout.engines.build import EngineConfig
+from rollhub.rollout.seed_sources import ReplayConfig
 from rollhub.trainer.batch import AlgorithmConfig
 from rollhub.trainer.losses import LossConfig
 
@@ -147,8 +148,13 @@ class RolloutConfig:
     # across updates are kept), newest (its newest token), oldest (its oldest token, the
     # strictest). Every token keeps its own version for the off-policy correction either way.
     staleness_rule: Literal["token_mean", "newest", "oldest"] = "token_mean"
+    # Hard-seed replay (rollhub.rollout.seed_sources): a share of new groups re-plays seeds whose
+    # consumed group did not all succeed, so fewer groups of a strong policy are all successes
+    # (no advantage signal). Off while replay.fraction is 0
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
 
     def validate(self) -> None:
+        self.replay.validate()
         _at_least("rollout.group_size", self.group_size, 1)
         _at_least("rollout.groups_per_batch", self.groups_per_batch, 1)
         _at_least("rollout.redundant_groups", self.redundant_groups, 0)
@@ -357,7 +363,9 @@ class RunConfig:
         generation runs up to ceil(async_ratio) batches ahead, and those groups are started
         (and take seeds) whether or not they are trained on, hence the factor
         (1 + ceil(async_ratio)) on every step, which over-counts on purpose. TRAIN_SEED_SLACK
-        covers groups re-started after failing on infrastructure.
+        covers groups re-started after failing on infrastructure. Replayed groups
+        (rollout.replay) re-issue seeds already taken and take no new one, so the bound holds
+        with replay on (it only over-counts more).
         """
         r = self.rollout
         return self.train.steps * r.groups_per_batch * (1 + math.ceil(r.async_ratio)) + TRAIN_SEED_SLACK

@@ -34,7 +34,7 @@ import logging
 import random
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,7 @@ from rollhub.core.config import config_to_dict
 from rollhub.core.errors import UserError
 from rollhub.rollout.buffer import GroupBuffer
 from rollhub.rollout.engines.base import InferenceEngine
+from rollhub.rollout.seed_sources import SeedCursor, SeedSource  # noqa: F401 (SeedCursor lived here: re-exported)
 from rollhub.rollout.source import RolloutSource
 from rollhub.rollout.trajectory_log import RUN_TRAJECTORY_LOG
 from rollhub.rollout.types import RolloutFailureError
@@ -57,6 +58,7 @@ from rollhub.trainer.build import (
     build_policy,
     build_reference,
     build_rollout,
+    build_seeds,
     check_run_envs,
     ensure_model,
     make_env_factory,
@@ -92,21 +94,6 @@ class TrainingSummary:
     steps: int
     wall_s: float
     phases_s: dict[str, float] = field(default_factory=dict)
-
-
-class SeedCursor:
-    """Training task seeds offset, offset+1, ...; its position is checkpointed."""
-
-    def __init__(self, start: int):
-        self.next_seed = start
-
-    def __iter__(self) -> Iterator[int]:
-        return self
-
-    def __next__(self) -> int:
-        seed = self.next_seed
-        self.next_seed += 1
-        return seed
 
 
 def seed_everything(seed: int) -> None:
@@ -264,12 +251,15 @@ async def rl_loop(
     evaluate: Callable[[], Any] | None = None,
     reference: Policy | None = None,
     update: Callable[..., dict[str, Any]] = ppo_update,
+    seeds: SeedSource | None = None,
 ) -> None:
     """RL steps from `state.version` to `config.train.steps` (see module docstring).
 
     `reference` is the frozen warm-start policy of the optional KL term (loss.kl_coef > 0).
     `update` is `ppo_update`, or with trainer ranks `RankGroup.ppo_update` (the same step,
     data parallel: rollhub.trainer.distributed).
+    `seeds` is the rollout source's seed iterator; it sees every consumed batch (hard-seed
+    replay pools the seeds of groups that did not all succeed: rollhub.rollout.seed_sources).
     Raises RolloutFailureError instead of looping on when rollout cannot feed it: the rollout
     source spent its infra failure budget (rollout.max_infra_failure_rate), or every
     trajectory failed in rollout.max_failed_batches consecutive batches.
@@ -289,6 +279,7 @@ async def rl_loop(
                 groups = await _next_async_batch(buffer, rollout, state.version)
             wait_s = time.perf_counter() - wait_started
             compute_started = time.perf_counter()
+            seed_metrics = seeds.observe(groups) if seeds is not None else {}  # replay: pool the hard seeds
 
             # advantages per group, broadcast to response tokens
             batch, stats = build_training_batch(groups, policy.tokenizer.pad_token_id, config.algorithm)
@@ -358,6 +349,7 @@ async def rl_loop(
                 "policy/version": state.version,
             }
             record.update(_rollout_metrics(rollout, buffer))
+            record.update(seed_metrics)
             warning = collapse_warning(record, trained=bool(step_metrics))
             if warning:
                 logger.warning("step %d: %s", state.version, warning)
@@ -460,7 +452,7 @@ class Run:
     engine: InferenceEngine
     reference: Policy | None
     buffer: GroupBuffer | None
-    seeds: SeedCursor
+    seeds: SeedSource  # SeedCursor, or ReplaySeedSource with rollout.replay
     metrics_log: MetricsLog
     engine_model_dir: Path  # what the engine loaded: the SFT model, or the base model
     state: LoopState = field(default_factory=LoopState)
@@ -480,6 +472,7 @@ class Run:
         state.wall_s = self.wall_s()
         rollout_state = {
             "next_seed": self.seeds.next_seed,
+            "seed_source": self.seeds.state_dict(),  # with replay also its pool, counts and draws
             "buffer": self.buffer.state_dict() if self.buffer else None,
             "trajectories_bytes": log_size(self.run_dir / RUN_TRAJECTORY_LOG),
         }
@@ -592,7 +585,11 @@ async def restore(run: Run, checkpoint: Path, *, print_fn: Callable[[str], None]
         payload = load_checkpoint(checkpoint, model=run.policy.model, optimizer=run.optimizer)
     run.state = LoopState(**payload["trainer"])
     run.prior_wall_s = run.state.wall_s
-    run.seeds.next_seed = payload["rollout"].get("next_seed", run.seeds.next_seed)
+    # checkpoints from before seed sources hold next_seed alone (replay then starts on an empty pool)
+    saved = payload["rollout"]
+    run.seeds.load_state_dict(
+        {"next_seed": saved.get("next_seed", run.seeds.next_seed), **(saved.get("seed_source") or {})}
+    )
     if run.buffer is not None and payload["rollout"].get("buffer"):
         run.buffer.load_state_dict(payload["rollout"]["buffer"])
     run.metrics_log.truncate_after(run.state.version)
@@ -670,6 +667,7 @@ async def reinforce(run: Run, *, progress: bool) -> None:
                 evaluate=lambda: evaluate(run, "periodic"),
                 reference=run.reference,
                 update=run.ranks.ppo_update if run.ranks is not None else ppo_update,
+                seeds=run.seeds,
             )
         finally:
             stop.set()
@@ -773,7 +771,7 @@ async def run_training(
         engine=engine,
         reference=reference,
         buffer=build_buffer(config),
-        seeds=SeedCursor(config.env.train_seed_offset),
+        seeds=build_seeds(config),
         metrics_log=metrics_log,
         engine_model_dir=engine_model_dir,
         phases=phases,

@@ -15,11 +15,14 @@ from typing import Any, Literal
 import numpy as np
 
 from rollhub.envs.base import Env, Observation, StepResult, extract_action, invalid_step_info, wrap_action
-from rollhub.envs.sokoban.generator import generate_room
+from rollhub.envs.sokoban.generator import RoomGenerationError, generate_room
 from rollhub.envs.sokoban.grid import LEGEND, MOVES, Board
 from rollhub.envs.sokoban.solver import push_distances, solve
 
 logger = logging.getLogger(__name__)
+
+#: rooms drawn per reset before `min_solution_steps` is declared out of reach
+MIN_SOLUTION_TRIES = 1000
 
 RULES = (
     "Sokoban. Push every box onto a target. You can push one box at a time; you cannot pull boxes "
@@ -94,6 +97,14 @@ class SokobanEnv(Env):
             cannot change the outcome; playing them out costs generation, and their
             advantages (only the wall-move penalty differs) are noise to the trainer.
         max_reverse_states: cap on positions explored while building a room.
+        min_solution_steps: difficulty floor for training: reset keeps drawing rooms (from the
+            same seeded generator, so a seed still gives one room) until the room's shortest
+            solution (`distance_to_go` of the first position) is at least this many moves.
+            From a strong policy most short rooms are solved by every sample of a group, which
+            leaves GRPO / GiGPO no signal. At most max_steps and search_depth (reverse play
+            builds no longer room); 0 (default) = off. Evaluate without it (`eval.env.kwargs:
+            {min_solution_steps: 0}`), or the reading is on a harder distribution than the env's.
+            Hand-made boards (`options={"board": ...}`) are played as they are.
     Options of reset: {"board": text} plays a hand-made level drawn with the legend's symbols.
     """
 
@@ -117,6 +128,7 @@ class SokobanEnv(Env):
         observation: Literal["grid", "grid+positions"] = "grid",
         action_tag: str = "action",
         end_on_deadlock: bool = False,
+        min_solution_steps: int = 0,
     ):
         if not isinstance(dim, int) and len(dim) != 2:
             raise ValueError(f"dim must be one int or (rows, cols), got {dim!r}")
@@ -142,6 +154,15 @@ class SokobanEnv(Env):
             raise ValueError(f"action_tag must be a tag name like 'action' or '' (bare moves), got {action_tag!r}")
         self.action_tag = action_tag
         self.end_on_deadlock = bool(end_on_deadlock)
+        if isinstance(min_solution_steps, bool) or not isinstance(min_solution_steps, int):
+            raise ValueError(f"min_solution_steps must be an int, got {min_solution_steps!r}")
+        ceiling = min(max_steps, search_depth)  # no room needs more: it must fit the episode and reverse play's depth
+        if not 0 <= min_solution_steps <= ceiling:
+            raise ValueError(
+                f"min_solution_steps must be in [0, min(max_steps, search_depth)] = [0, {ceiling}] (0 = off), "
+                f"got {min_solution_steps}"
+            )
+        self.min_solution_steps = min_solution_steps
         preset = SokobanRewards.preset(reward)
         overrides = {
             "step": step_reward,
@@ -173,9 +194,30 @@ class SokobanEnv(Env):
         if seed is not None:
             self._rng = np.random.default_rng(seed)
         board_text = (options or {}).get("board")
+        self._distances = {}
         if board_text is not None:  # a hand-made level instead of a generated one
             self._board, self._construction_plan = Board.from_text(board_text), []
         else:
+            self._generate()
+        self._steps = 0
+        self._done = False
+        self._plan, self._plan_anchor = [], None
+        self._live_cells = push_distances(self._board) if self.end_on_deadlock else None
+        obs: Observation = [
+            {"role": "system", "content": system_prompt(self.action_tag)},
+            {"role": "user", "content": self._show(self._board)},
+        ]
+        info = {"anchor": self._board.anchor(), "success": False, "boxes_on_target": self._board.boxes_on_target}
+        return obs, info
+
+    def _generate(self) -> None:
+        """A new room from the env's generator, drawn again until it meets `min_solution_steps`.
+
+        Every draw advances the same seeded generator, so the room of a seed does not depend
+        on anything but the seed and the env's arguments. The first position's distance stays
+        cached for `progress_reward`.
+        """
+        for _ in range(MIN_SOLUTION_TRIES):
             room = generate_room(
                 self._rng,
                 dim=self.dim,
@@ -185,17 +227,14 @@ class SokobanEnv(Env):
                 max_solution_steps=self.max_steps if self.solvable_within_max_steps else None,
             )
             self._board, self._construction_plan = room.board, list(room.solution)
-        self._steps = 0
-        self._done = False
-        self._plan, self._plan_anchor = [], None
-        self._distances = {}
-        self._live_cells = push_distances(self._board) if self.end_on_deadlock else None
-        obs: Observation = [
-            {"role": "system", "content": system_prompt(self.action_tag)},
-            {"role": "user", "content": self._show(self._board)},
-        ]
-        info = {"anchor": self._board.anchor(), "success": False, "boxes_on_target": self._board.boxes_on_target}
-        return obs, info
+            self._distances = {}
+            if not self.min_solution_steps or self.distance_to_go(room.board) >= self.min_solution_steps:
+                return
+        raise RoomGenerationError(
+            f"no room of {MIN_SOLUTION_TRIES} drawn needs min_solution_steps={self.min_solution_steps} moves "
+            f"(dim {self.dim}, {self.num_boxes} boxes, max_steps {self.max_steps}, search_depth {self.search_depth}); "
+            "lower min_solution_steps or raise search_depth"
+        )
 
     async def step(self, action: str) -> StepResult:
         board = self._require_board()
