@@ -43,6 +43,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "rollhub.bench.policy_probe:run",
         "exact P(optimal move) / P(wall move) of Sokoban checkpoints on fixed held-out boards (no sampling noise)",
     ),
+    "sokoban-failures": (
+        "rollhub.bench.sokoban_failures:run",
+        "Sokoban checkpoints on held-out seeds: outcome per episode (dead push kind, horizon, format), wasted moves",
+    ),
     "grad-snr": (
         "rollhub.bench.grad_snr:run",
         "cosine between policy gradients of disjoint batches from a run's logged groups: signal or noise?",
