@@ -79,9 +79,11 @@ def modes(cfg: BiasBenchConfig) -> list[Mode]:
         Mode("sync", 0.0, 0),
         Mode(f"sync +{g} cancel", 0.0, g, "cancel"),
         Mode(f"sync +{g} carry", 0.0, g, "carry"),
-        Mode(f"async a={a:g}", a, 0),
+        Mode(f"async a={a:g} token", a, 0),
+        Mode(f"async a={a:g} newest", a, 0, staleness_rule="newest"),
         Mode(f"async a={a:g} +{g} oldest", a, g, staleness_rule="oldest"),
         Mode(f"async a={a:g} +{g} token", a, g, staleness_rule="token_mean"),
+        Mode(f"async a={a:g} +{g} newest", a, g, staleness_rule="newest"),
     ]
 
 

@@ -15,13 +15,15 @@ Rule:
 * consumption: `get_batch(trainer_version)` returns the B oldest groups (by the rule below,
   not by arrival) and drops
   (and counts) any group more than ⌈α⌉ versions behind, judged by `staleness_rule`:
-  - `token_mean` (default): trainer version − the token-weighted mean version of the
-    group's response tokens. A long episode whose turns were generated across several
-    updates (each partial rollout resumed on the new weights, its tokens stamped with
-    the version that produced them) is judged by the versions its tokens carry, so long
-    multi-version episodes are not systematically dropped;
-  - `newest`: by its newest token (the most lenient; what a server that stamps only the
-    final version would report);
+  - `newest` (default): by its newest token. An episode whose turns were generated
+    across several updates (each partial rollout resumed on the new weights, its tokens
+    stamped with the version that produced them) is kept as long as it is still being
+    generated on recent weights, so slow tasks (usually the hard ones) are not dropped more
+    often than fast ones: with `token_mean` or `oldest`, async training trains the slowest
+    quarter of tasks at half their share or never (`rollhub bench redundancy-bias`). Its
+    older tokens are corrected per token like any off-policy token;
+  - `token_mean`: trainer version − the token-weighted mean version of the group's
+    response tokens;
   - `oldest`: by its oldest token (the strictest; drops every episode that spans more than
     ⌈α⌉ + 1 versions however few of its tokens are old).
   Whatever the rule, each token keeps its own version and behaviour log-prob, and the
@@ -82,7 +84,7 @@ class GroupBuffer:
         alpha: float = 0.0,
         *,
         redundant_groups: int = 0,
-        staleness_rule: StalenessRule = "token_mean",
+        staleness_rule: StalenessRule = "newest",
     ) -> None:
         if batch_size_groups < 1:
             raise ValueError("batch_size_groups must be >= 1")
@@ -93,7 +95,7 @@ class GroupBuffer:
         self.base_capacity = max(batch_size_groups, math.floor((self.alpha + 1.0) * batch_size_groups + 1e-9))
         self.capacity = self.base_capacity
         self.redundant_groups = 0
-        self.staleness_rule: str = "token_mean"
+        self.staleness_rule: str = "newest"
         self.max_lag = math.ceil(self.alpha - 1e-9)
         self.trainer_version = 0
         self._groups: collections.deque[Group] = collections.deque()
@@ -113,7 +115,7 @@ class GroupBuffer:
         self._admissions = 0
         self.configure(redundant_groups=redundant_groups, staleness_rule=staleness_rule)
 
-    def configure(self, *, redundant_groups: int = 0, staleness_rule: str = "token_mean") -> None:
+    def configure(self, *, redundant_groups: int = 0, staleness_rule: str = "newest") -> None:
         """Redundant group slots (on top of the α bound) and the staleness rule; see the module docstring."""
         if redundant_groups < 0:
             raise ValueError(f"redundant_groups must be >= 0, got {redundant_groups}")

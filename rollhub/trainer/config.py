@@ -143,11 +143,12 @@ class RolloutConfig:
     # cap on live envs per env id, e.g. {rollhub/SWE-v0: 8} containers on this host; the
     # rest wait for a slot (null/empty = only env.max_concurrent applies)
     env_concurrency: dict[str, int] = field(default_factory=dict)
-    # How a group's staleness is judged at consumption (rollhub.rollout.buffer): token_mean
-    # (the token-weighted mean version of its response tokens; long episodes that ran on
-    # across updates are kept), newest (its newest token), oldest (its oldest token, the
-    # strictest). Every token keeps its own version for the off-policy correction either way.
-    staleness_rule: Literal["token_mean", "newest", "oldest"] = "token_mean"
+    # How a group's staleness is judged at consumption (rollhub.rollout.buffer): newest (its
+    # newest token: an episode still running on current weights is never dropped, so slow,
+    # hard tasks are trained on as often as they occur; `rollhub bench redundancy-bias`),
+    # token_mean (the token-weighted mean version of its response tokens), oldest (its oldest
+    # token, the strictest). Every token keeps its own version for the off-policy correction.
+    staleness_rule: Literal["token_mean", "newest", "oldest"] = "newest"
     # Hard-seed replay (rollhub.rollout.seed_sources): a share of new groups re-plays seeds whose
     # consumed group did not all succeed, so fewer groups of a strong policy are all successes
     # (no advantage signal). Off while replay.fraction is 0

@@ -49,6 +49,11 @@ def test_redundancy_bias_quick_shows_cancel_biased_and_carry_not(tmp_path: Path)
     assert rows["sync +2 carry"]["tv_distance"] == 0 and rows["sync +2 carry"]["groups_cancelled"] == 0
     assert rows["sync +2 cancel"]["tv_distance"] > 0 and rows["sync +2 cancel"]["groups_cancelled"] > 0
     assert rows["sync +2 carry"]["speedup"] > 1.0
+    # async: judging staleness by the newest token drops fewer slow groups than the token mean
+    # (none without redundancy); the full-size run's table is in benchmarks/README.md
+    assert rows["async a=1 newest"]["dropped_stale"] == 0 < rows["async a=1 token"]["dropped_stale"]
+    assert rows["async a=1 newest"]["tv_distance"] < rows["async a=1 token"]["tv_distance"]
+    assert rows["async a=1 +2 newest"]["dropped_stale"] <= rows["async a=1 +2 token"]["dropped_stale"]
     assert (tmp_path / "result.json").exists()
 
 

@@ -52,8 +52,8 @@ async def test_long_multi_version_episode_kept_by_token_rule_dropped_by_oldest()
 
 
 def test_token_rule_still_drops_a_mostly_stale_group():
-    buffer = GroupBuffer(1, alpha=1.0)  # token_mean is the default
-    assert buffer.staleness_rule == "token_mean"
+    buffer = GroupBuffer(1, alpha=1.0, staleness_rule="token_mean")
+    assert GroupBuffer(1, alpha=1.0).staleness_rule == "newest"  # the default
     buffer.set_trainer_version(3)
     buffer.put(long_episode([[0] * 30, [3] * 2]))  # mean 0.19: 2.8 versions behind
     assert buffer.buffered == 0 and buffer.dropped_stale == 1
