@@ -145,10 +145,12 @@ async def start_engine(engine: InferenceEngine) -> None:
     await start(engine)
 
 
-def make_env_factory(config: RunConfig) -> Callable[[], Any]:
+def make_sft_env_factory(config: RunConfig) -> Callable[[], Any]:
+    """Envs for the SFT demonstrations: `sft.env_kwargs` over `env.kwargs`, the training env's id."""
     from rollhub.envs.registry import make
 
-    return lambda: make(config.env.id, **config.env.kwargs)
+    kwargs = {**config.env.kwargs, **config.sft.env_kwargs}
+    return lambda: make(config.env.id, **kwargs)
 
 
 def make_eval_env_factory(config: RunConfig) -> Callable[[], Any]:
@@ -167,6 +169,8 @@ def check_run_envs(config: RunConfig) -> None:
     was checked.
     """
     config.env.kwargs = check_env_kwargs(config.env.id, config.env.kwargs)
+    if config.sft.env_kwargs:  # the demonstration envs' arguments, typed and checked the same way
+        check_env_kwargs(config.env.id, {**config.env.kwargs, **config.sft.env_kwargs})
     eval_id = config.eval_env_id
     eval_kwargs = check_env_kwargs(eval_id, config.eval_env_kwargs)
     config.eval.env.id, config.eval.env.kwargs = eval_id, eval_kwargs

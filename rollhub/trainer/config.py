@@ -249,9 +249,14 @@ class SftConfig:
     # DART-style noise: each demo turn plays a random move with this probability; those turns
     # are context, not labels, so the demos show recoveries from off-path states
     noise: float = 0.0
+    # laid over env.kwargs for the demonstration envs (same env id): e.g. a training-only
+    # difficulty floor for RL (`min_solution_steps`) that the demos should not share
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
         _at_least("sft.episodes", self.episodes, 1 if self.enabled else 0)
+        if not isinstance(self.env_kwargs, dict):
+            raise ValueError(f"sft.env_kwargs must be a mapping of env arguments, got {self.env_kwargs!r}")
         _positive("sft.epochs", self.epochs)
         _positive("sft.lr", self.lr)
         _at_least("sft.batch_size", self.batch_size, 1)

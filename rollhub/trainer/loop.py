@@ -61,7 +61,7 @@ from rollhub.trainer.build import (
     build_seeds,
     check_run_envs,
     ensure_model,
-    make_env_factory,
+    make_sft_env_factory,
     start_engine,
 )
 from rollhub.trainer.checkpoint import (
@@ -111,7 +111,7 @@ async def collect_demonstrations(config: RunConfig, tokenizer: Any) -> list[Any]
     from rollhub.rollout.prompting import ChatSegments
     from rollhub.trainer.sft import ExpertEngine
 
-    make_env = make_env_factory(config)
+    make_env = make_sft_env_factory(config)
     segments = ChatSegments(tokenizer)
     demos = []
     for k in range(config.sft.episodes):
