@@ -1,7 +1,7 @@
 """`sft.env_kwargs`: the demonstrations' env arguments laid over the training env's.
 
 Why it exists: a training-only difficulty floor (`min_solution_steps`) made the 600 x 3 SFT
-warm-start 5 points worse when the demos shared it (docs/sokoban-rl-log.md, session 7).
+warm-start 5 points worse when the demos shared it (docs/sokoban-rl-log.md, issue 22).
 """
 
 from __future__ import annotations
