@@ -42,3 +42,28 @@ def countdown_factory():
         return CountdownEnv(**kwargs)
 
     return factory
+
+
+@pytest.fixture
+async def engine_apps(tiny_model_dir):
+    """Two HFEngines, each behind the SGLang-native app on its own port (no processes).
+
+    Yields (engines, runners, urls); the router and server tests take what they need.
+    """
+    from aiohttp import web
+
+    from rollhub.rollout.engines.hf import HFEngine
+    from rollhub.rollout.server import build_app
+
+    engines, runners, urls = [], [], []
+    for _ in range(2):
+        engine = HFEngine(tiny_model_dir, threads=1, max_batch_size=8)
+        runner = web.AppRunner(build_app(engine))
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        engines.append(engine)
+        runners.append(runner)
+        urls.append(f"http://127.0.0.1:{runner.addresses[0][1]}")
+    yield engines, runners, urls
+    for runner in runners:
+        await runner.cleanup()

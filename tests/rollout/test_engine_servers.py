@@ -13,16 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
 from rollhub.core.config import load_config
 from rollhub.core.errors import UserError
 from rollhub.rollout.engines.base import SamplingParams
 from rollhub.rollout.engines.build import EngineConfig, build_engine
-from rollhub.rollout.engines.hf import HFEngine
 from rollhub.rollout.engines.launcher import ServerEngine, template_words
 from rollhub.rollout.engines.router import EngineRouter, ReplicaError, group_key
-from rollhub.rollout.server import build_app
 
 PROMPT = [1, 300, 301, 302, 2, 200, 17, 18]
 SHORT = SamplingParams(max_new_tokens=2, temperature=1.0, stop_token_ids=(10**9,))
@@ -30,20 +27,9 @@ LONG = SamplingParams(max_new_tokens=400, temperature=1.0, stop_token_ids=(10**9
 
 
 @pytest.fixture
-async def apps(tiny_model_dir):
-    """Two HFEngines behind the SGLang-native app, each on its own port (no processes)."""
-    engines, runners, urls = [], [], []
-    for _ in range(2):
-        engine = HFEngine(tiny_model_dir, threads=1, max_batch_size=8)
-        runner = web.AppRunner(build_app(engine))
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        engines.append(engine)
-        runners.append(runner)
-        urls.append(f"http://127.0.0.1:{runner.addresses[0][1]}")
-    yield engines, runners, urls
-    for runner in runners:
-        await runner.cleanup()
+async def apps(engine_apps):
+    """Two HFEngines behind the SGLang-native app, each on its own port (conftest: engine_apps)."""
+    return engine_apps
 
 
 # --- config ----------------------------------------------------------------------------

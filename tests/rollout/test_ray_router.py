@@ -7,32 +7,19 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from aiohttp import web
 
 from rollhub.rollout.cluster.router import EngineRouter, affinity_key
 from rollhub.rollout.engines.base import SamplingParams
-from rollhub.rollout.engines.hf import HFEngine
-from rollhub.rollout.server import build_app
 
 PROMPT = [1, 300, 301, 302, 2, 200, 17, 18]
 SAMPLING = SamplingParams(max_new_tokens=4, temperature=1.0, stop_token_ids=(10**9,))
 
 
 @pytest.fixture
-async def servers(tiny_model_dir):
-    """Two HFEngines, each behind the SGLang-native app on its own port."""
-    engines, runners, urls = [], [], {}
-    for index in range(2):
-        engine = HFEngine(tiny_model_dir, threads=1, max_batch_size=8)
-        runner = web.AppRunner(build_app(engine))
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        engines.append(engine)
-        runners.append(runner)
-        urls[f"engine-{index}"] = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    yield engines, runners, urls
-    for runner in runners:
-        await runner.cleanup()
+async def servers(engine_apps):
+    """Two HFEngines, each behind the SGLang-native app on its own port, named engine-0/1."""
+    engines, runners, urls = engine_apps
+    return engines, runners, {f"engine-{index}": url for index, url in enumerate(urls)}
 
 
 def test_cluster_config_rejects_bad_values_as_user_errors():
