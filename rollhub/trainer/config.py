@@ -249,6 +249,9 @@ class SftConfig:
     # DART-style noise: each demo turn plays a random move with this probability; those turns
     # are context, not labels, so the demos show recoveries from off-path states
     noise: float = 0.0
+    # what a noise turn plays: `random` (any move) or `rejected` (a move the env refuses, so the
+    # demos show the board after a refused move, which clean demos never do; Sokoban has both)
+    noise_kind: str = "random"
     # laid over env.kwargs for the demonstration envs (same env id): e.g. a training-only
     # difficulty floor for RL (`min_solution_steps`) that the demos should not share
     env_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -262,6 +265,8 @@ class SftConfig:
         _at_least("sft.batch_size", self.batch_size, 1)
         _at_least("sft.seed_offset", self.seed_offset, 0)
         _fraction("sft.noise", self.noise, high_open=True)
+        if self.noise_kind not in ("random", "rejected"):
+            raise ValueError(f"sft.noise_kind must be random or rejected, got {self.noise_kind!r}")
 
     @property
     def seeds(self) -> range:
@@ -284,6 +289,44 @@ class EvalEnvConfig:
 
 
 @dataclass
+class SelectConfig:
+    """Checkpoint selection on validation seeds (`eval.select:`; off while `episodes` is 0).
+
+    Every `every` RL steps, and after the last, the policy plays `episodes` validation seeds
+    x `samples_per_seed`; the best-scoring weights (ties: the later step) are kept in
+    RUN_DIR/best_model and become the run's final policy (final_model), which the final
+    held-out evaluation scores; the last step's policy is scored too and reported beside it.
+    Why: a small policy's success swings by several points within tens of RL steps
+    (docs/sokoban-rl-log.md, issue 22), so the last step is a noisy pick. The validation
+    seeds are a range of their own, checked apart from the training, SFT and held-out seeds:
+    selecting on the held-out seeds would report the best of several draws as if it were one.
+    """
+
+    episodes: int = 0
+    seed_offset: int = 2_000_000
+    samples_per_seed: int = 2
+    every: int = 50
+
+    def validate(self) -> None:
+        _at_least("eval.select.episodes", self.episodes, 0)
+        _at_least("eval.select.seed_offset", self.seed_offset, 0)
+        _at_least("eval.select.samples_per_seed", self.samples_per_seed, 1)
+        _at_least("eval.select.every", self.every, 1)
+
+    @property
+    def enabled(self) -> bool:
+        return self.episodes > 0
+
+    @property
+    def seed_range(self) -> range:
+        return range(self.seed_offset, self.seed_offset + self.episodes)
+
+    @property
+    def label(self) -> str:
+        return f"{self.episodes} validation seeds x {self.samples_per_seed}"
+
+
+@dataclass
 class EvalConfig:
     episodes: int = 100  # held-out seeds (never used for training or SFT)
     seed_offset: int = 1_000_000
@@ -293,8 +336,10 @@ class EvalConfig:
     # seed adds sampling noise to every reading)
     samples_per_seed: int = 1
     env: EvalEnvConfig = field(default_factory=EvalEnvConfig)  # default: the training env
+    select: SelectConfig = field(default_factory=SelectConfig)  # best checkpoint by validation seeds
 
     def validate(self) -> None:
+        self.select.validate()
         if self.env.id and not self.env.id.strip():
             raise ValueError("eval.env.id must name a registered env, or be empty for the training env")
         if self.samples_per_seed < 1:
@@ -393,6 +438,12 @@ class RunConfig:
         pairs = [(training, evaluation), (sft, evaluation)]
         if self.sft.enabled:  # without the warm-start the demos never meet the training tasks
             pairs.append((training, sft))
+        if self.eval.select.enabled:
+            select = self.eval.select
+            validation = ("validation seeds (eval.select.seed_offset + eval.select.episodes)", select.seed_range)
+            pairs += [(validation, evaluation), (training, validation)]
+            if self.sft.enabled:
+                pairs.append((sft, validation))
         for (first, a), (second, b) in pairs:
             if a and b and max(a.start, b.start) < min(a.stop, b.stop):
                 raise ValueError(

@@ -76,6 +76,7 @@ from rollhub.trainer.distributed import RankGroup, sharded_config
 from rollhub.trainer.evaluate import EvalResult, evaluate_held_out
 from rollhub.trainer.metrics import MetricsLog, plot_learning_curve, read_jsonl
 from rollhub.trainer.policy import Policy
+from rollhub.trainer.selection import CheckpointSelector
 from rollhub.trainer.update import ppo_update
 from rollhub.trainer.worker import ComputeThread, release_freed_memory
 
@@ -94,6 +95,8 @@ class TrainingSummary:
     steps: int
     wall_s: float
     phases_s: dict[str, float] = field(default_factory=dict)
+    last: EvalResult | None = None  # the last step's policy, when eval.select picked another one
+    selected_step: int | None = None  # the RL step whose weights are `final` (eval.select)
 
 
 def seed_everything(seed: int) -> None:
@@ -117,7 +120,9 @@ async def collect_demonstrations(config: RunConfig, tokenizer: Any) -> list[Any]
     for k in range(config.sft.episodes):
         env = make_env()
         seed = config.sft.seed_offset + k
-        expert = ExpertEngine(env, tokenizer, noise=config.sft.noise, rng=random.Random(seed))
+        expert = ExpertEngine(
+            env, tokenizer, noise=config.sft.noise, noise_kind=config.sft.noise_kind, rng=random.Random(seed)
+        )
         try:
             demos.append(
                 await run_episode(env, expert, tokenizer, config.agent, seed, env_id=config.env.id, segments=segments)
@@ -249,12 +254,15 @@ async def rl_loop(
     save: Callable[[LoopState], None],
     on_step: Callable[[int, dict[str, Any]], None] | None = None,
     evaluate: Callable[[], Any] | None = None,
+    validate: Callable[[int], Any] | None = None,
     reference: Policy | None = None,
     update: Callable[..., dict[str, Any]] = ppo_update,
     seeds: SeedSource | None = None,
 ) -> None:
     """RL steps from `state.version` to `config.train.steps` (see module docstring).
 
+    `validate(step)` scores the policy on the validation seeds when eval.select is due
+    (rollhub.trainer.selection) and returns its metrics ({} when not due).
     `reference` is the frozen warm-start policy of the optional KL term (loss.kl_coef > 0).
     `update` is `ppo_update`, or with trainer ranks `RankGroup.ppo_update` (the same step,
     data parallel: rollhub.trainer.distributed).
@@ -361,6 +369,8 @@ async def rl_loop(
             ):
                 result = await evaluate()
                 record.update(result.metrics())
+            if validate is not None:
+                record.update(await validate(state.version))
             metrics_log.log(state.version, record)
             if on_step is not None:
                 on_step(state.version, record)
@@ -614,6 +624,38 @@ async def evaluate(run: Run, label: str) -> EvalResult:
     return result
 
 
+async def validate(run: Run, selector: CheckpointSelector, step: int, *, force: bool = False) -> dict[str, float]:
+    """eval.select: score the current weights on the validation seeds when due; keep the best."""
+    if not (force or selector.due(step)):
+        return {}
+    started = time.perf_counter()
+    if run.engine.weight_version != run.state.version:
+        await run.engine.update_weights(run.policy.engine_state_dict(), run.state.version)
+    result = await selector.score(run.engine, run.policy.tokenizer)
+    selector.consider(step, result, run.policy)
+    run.phases["select_s"] = run.phases.get("select_s", 0.0) + time.perf_counter() - started
+    return selector.metrics(result)
+
+
+async def finish(run: Run, selector: CheckpointSelector | None) -> tuple[EvalResult, EvalResult | None, int | None]:
+    """The final held-out evaluation and final_model/: the last step's policy, or with
+    eval.select the best one on the validation seeds (then the last one is scored too).
+    Returns (final, last step's result if another policy was picked, the picked step)."""
+    state, final_dir = run.state, run.run_dir / "final_model"
+    final = await evaluate(run, "final")
+    if selector is not None:
+        if selector.last is None or selector.last.step != state.version:
+            run.metrics_log.log(state.version, await validate(run, selector, state.version, force=True))
+        best = selector.best
+        if best is not None and best.step != state.version:
+            await run.engine.update_weights(selector.best_state_dict(), state.version)
+            selected = await evaluate(run, "selected")
+            selector.hand_over(final_dir)
+            return selected, final, best.step
+    run.policy.save_pretrained(final_dir)
+    return final, None, (state.version if selector is not None else None)
+
+
 async def evaluate_warm_start(run: Run, *, print_fn: Callable[[str], None]) -> EvalResult:
     result = await evaluate(run, "warmstart")
     run.state.warmstart_success = result.success_rate
@@ -623,7 +665,7 @@ async def evaluate_warm_start(run: Run, *, print_fn: Callable[[str], None]) -> E
     return result
 
 
-async def reinforce(run: Run, *, progress: bool) -> None:
+async def reinforce(run: Run, *, progress: bool, selector: CheckpointSelector | None = None) -> None:
     """The RL phase: start the rollout source, run `rl_loop`, stop everything it started."""
     config = run.config
     rollout = build_rollout(
@@ -665,6 +707,7 @@ async def reinforce(run: Run, *, progress: bool) -> None:
                 save=run.save,
                 on_step=on_step,
                 evaluate=lambda: evaluate(run, "periodic"),
+                validate=None if selector is None else (lambda step: validate(run, selector, step)),
                 reference=run.reference,
                 update=run.ranks.ppo_update if run.ranks is not None else ppo_update,
                 seeds=run.seeds,
@@ -681,7 +724,13 @@ async def reinforce(run: Run, *, progress: bool) -> None:
 
 
 def report(
-    run: Run, warmstart: EvalResult | None, final: EvalResult, *, print_fn: Callable[[str], None]
+    run: Run,
+    warmstart: EvalResult | None,
+    final: EvalResult,
+    *,
+    print_fn: Callable[[str], None],
+    last: EvalResult | None = None,
+    selected_step: int | None = None,
 ) -> TrainingSummary:
     """summary.json, the learning curve and the before/after line."""
     config, state = run.config, run.state
@@ -696,6 +745,8 @@ def report(
         "eval_seeds": config.eval.episodes,
         "eval_samples_per_seed": config.eval.samples_per_seed,
         "steps": state.version,
+        "selected_step": selected_step,  # eval.select: the step whose weights are final_model
+        "last_step_success_rate": (last or final).success_rate,
         "wall_s": wall,
         "phases_s": run.phases,
     }
@@ -708,7 +759,17 @@ def report(
         )
     else:
         print_fn(f"final success: {100 * final.success_rate:.1f}% ({state.version} RL steps, {wall / 60:.1f} min)")
-    return TrainingSummary(run.run_dir, warmstart, final, state.version, wall, run.phases)
+    if selected_step is not None:
+        select = config.eval.select
+        print_fn(
+            f"final policy: step {selected_step}, the best on {select.label} (eval.select); "
+            + (
+                f"the last step's ({state.version}) held-out success: {100 * last.success_rate:.1f}%"
+                if last is not None
+                else "it is the last step's"
+            )
+        )
+    return TrainingSummary(run.run_dir, warmstart, final, state.version, wall, run.phases, last, selected_step)
 
 
 async def run_training(
@@ -780,6 +841,11 @@ async def run_training(
     )
     if checkpoint is not None:
         await restore(run, checkpoint, print_fn=print_fn)
+    selector = (
+        CheckpointSelector(config, run_dir, resumed_at=run.state.version if checkpoint is not None else None)
+        if config.eval.select.enabled
+        else None
+    )
 
     warmstart: EvalResult | None = None
     try:
@@ -787,12 +853,11 @@ async def run_training(
         if checkpoint is None:
             warmstart = await evaluate_warm_start(run, print_fn=print_fn)
         # 3. RL
-        await reinforce(run, progress=progress)
-        # 4. final evaluation on the same held-out seeds
-        final = await evaluate(run, "final")
+        await reinforce(run, progress=progress, selector=selector)
+        # 4. final evaluation on the same held-out seeds (of the policy eval.select picked, if on)
+        final, last, selected_step = await finish(run, selector)
         metrics_log.log(run.state.version, {**final.metrics(), "policy/version": run.state.version})
-        policy.save_pretrained(run_dir / "final_model")
     finally:
         await run.engine.close()
         metrics_log.close()
-    return report(run, warmstart, final, print_fn=print_fn)
+    return report(run, warmstart, final, print_fn=print_fn, last=last, selected_step=selected_step)

@@ -333,6 +333,16 @@ class SokobanEnv(Env):
     def random_action(self, rng: np.random.Generator) -> str:
         return wrap_action(MOVES[int(rng.integers(len(MOVES)))], self.action_tag)
 
+    def rejected_action(self, rng: np.random.Generator) -> str | None:
+        """A random move the board rejects (into a wall, or a box that cannot move), or None.
+
+        SFT demos that play one now and then show the board after a rejected move (the
+        "Invalid:" line), which clean demos never do; a policy imitating only clean demos
+        repeats the rejected move there (docs/sokoban-rl-log.md, issue 22)."""
+        board = self._require_board()
+        blocked = [m for m in MOVES if board.try_move(m)[0] is None]
+        return wrap_action(blocked[int(rng.integers(len(blocked)))], self.action_tag) if blocked else None
+
     def render_text(self) -> str:
         return self._board.render() if self._board is not None else ""
 

@@ -1,0 +1,132 @@
+"""eval.select: the best policy on validation seeds becomes final_model; the held-out seeds
+take no part in the choice, and the last step's policy is still scored and reported."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from rollhub.cli import main
+from rollhub.core.config import load_config
+from rollhub.core.errors import UserError
+from rollhub.trainer.config import RunConfig
+from rollhub.trainer.evaluate import EvalResult
+from rollhub.trainer.metrics import read_jsonl
+from rollhub.trainer.policy import Policy
+from rollhub.trainer.selection import BEST_FILE, CheckpointSelector
+
+torch.set_num_threads(1)
+
+
+def _reading(success: float) -> EvalResult:
+    return EvalResult(success, 0.0, 0.0, 0.0, 0.0, 0)
+
+
+def _perturb(policy: Policy, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in policy.model.parameters():
+            param.add_(0.01 * torch.randn(param.shape, generator=generator))
+
+
+def test_selector_keeps_the_best_reading_and_hands_its_weights_over(tiny_model_dir, tmp_path):
+    config = RunConfig(run_dir=str(tmp_path))
+    config.eval.select.episodes = 4
+    policy = Policy(tiny_model_dir, micro_batch_size=8)
+    selector = CheckpointSelector(config, tmp_path)
+    assert selector.validation.eval.seeds == list(range(2_000_000, 2_000_004))  # not the held-out seeds
+    snapshots = {}
+    for step, success in [(1, 0.5), (2, 0.25), (3, 0.5), (4, 0.25)]:
+        _perturb(policy, step)
+        snapshots[step] = {k: v.clone() for k, v in policy.model.state_dict().items()}
+        kept = selector.consider(step, _reading(success), policy)
+        assert kept == (step in (1, 3))  # a tie goes to the later step
+    assert selector.best.step == 3 and selector.last.step == 4
+    best = selector.best_state_dict()
+    assert best.keys() == snapshots[3].keys()
+    assert all(torch.equal(best[k], snapshots[3][k]) for k in best)
+    assert not all(torch.equal(best[k], snapshots[4][k]) for k in best)
+    selector.hand_over(tmp_path / "final_model")
+    final = load_file(str(tmp_path / "final_model" / "model.safetensors"))
+    assert torch.equal(final["model.embed_tokens.weight"], snapshots[3]["model.embed_tokens.weight"])
+    # a resumed run keeps a pick made before its checkpoint and drops one made after it
+    assert CheckpointSelector(config, tmp_path, resumed_at=3).best.step == 3
+    assert CheckpointSelector(config, tmp_path, resumed_at=2).best is None
+
+
+def _recipe(tmp_path: Path, model_dir: Path, **select) -> Path:
+    data = {
+        "run_dir": str(tmp_path / "run"),
+        "seed": 3,
+        "model": {"path": str(model_dir), "init_tiny": None},
+        "env": {"id": "rollhub/Sokoban-v0", "kwargs": {"dim": 6, "num_boxes": 1, "max_steps": 3}},
+        "agent": {"system_prompt": "Sokoban.", "history_window": 1, "max_new_tokens": 6},
+        "rollout": {"group_size": 2, "groups_per_batch": 2, "async_ratio": 1.0},
+        "optim": {"lr": 1e-3, "micro_batch_size": 32},
+        "train": {"steps": 3, "checkpoint_every": 1, "keep_checkpoints": 0},
+        "eval": {"episodes": 2, "select": {"episodes": 2, "samples_per_seed": 1, "every": 1, **select}},
+    }
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_train_with_select_scores_every_step_and_ships_the_best(tiny_model_dir, tmp_path, capsys):
+    assert main(["train", str(_recipe(tmp_path, tiny_model_dir)), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    run = tmp_path / "run"
+    readings = {
+        r["step"]: r["select/success_rate"] for r in read_jsonl(run / "metrics.jsonl") if "select/success_rate" in r
+    }
+    assert sorted(readings) == [1, 2, 3]  # every step, the last one included
+    pick = json.loads((run / BEST_FILE).read_text())
+    best = max(readings.values())
+    assert pick["success_rate"] == best and pick["step"] == max(s for s, v in readings.items() if v == best)
+    assert f"final policy: step {pick['step']}" in out
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["selected_step"] == pick["step"] and "last_step_success_rate" in summary
+    shipped = load_file(str(run / "final_model" / "model.safetensors"))
+    kept = load_file(str(run / "best_model" / "model.safetensors"))
+    assert all(torch.equal(shipped[k], kept[k]) for k in kept)
+
+
+def test_validation_seeds_may_not_overlap_held_out_or_training_seeds(tiny_model_dir, tmp_path):
+    recipe = _recipe(tmp_path, tiny_model_dir)
+    with pytest.raises(UserError, match="validation seeds .* overlap evaluation seeds"):
+        load_config(RunConfig, recipe, ["eval.select.seed_offset=1000001"])
+    with pytest.raises(UserError, match="training seeds .* overlap validation seeds"):
+        load_config(RunConfig, recipe, ["eval.select.seed_offset=5"])
+    with pytest.raises(UserError, match="eval.select.every"):
+        load_config(RunConfig, recipe, ["eval.select.every=0"])
+
+
+def test_an_earlier_pick_is_what_the_final_evaluation_plays(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """Validation readings that fall after step 1 (forced, so the choice is known): the final
+    held-out evaluation plays step 1's weights, final_model holds them, and the last step's
+    policy is scored and reported beside it."""
+    readings = iter([1.0, 0.5, 0.0])
+    real_score = CheckpointSelector.score
+
+    async def falling(self, engine, tokenizer):
+        result = await real_score(self, engine, tokenizer)  # the real validation episodes run
+        result.success_rate = next(readings)
+        return result
+
+    monkeypatch.setattr(CheckpointSelector, "score", falling)
+    assert main(["train", str(_recipe(tmp_path, tiny_model_dir)), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    run = tmp_path / "run"
+    assert json.loads((run / BEST_FILE).read_text())["step"] == 1
+    assert "final policy: step 1" in out and "the last step's (3) held-out success" in out
+    shipped = load_file(str(run / "final_model" / "model.safetensors"))
+    step1 = torch.load(run / "checkpoints" / "step-000001" / "state.pt", weights_only=False)["model"]
+    step3 = torch.load(run / "checkpoints" / "step-000003" / "state.pt", weights_only=False)["model"]
+    assert all(torch.equal(shipped[k], step1[k]) for k in shipped)
+    assert not all(torch.equal(shipped[k], step3[k]) for k in shipped)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["selected_step"] == 1 and summary["steps"] == 3
+    phases = summary["phases_s"]
+    assert phases["eval_selected_s"] > 0 and phases["select_s"] > 0
