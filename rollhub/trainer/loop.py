@@ -275,6 +275,7 @@ async def rl_loop(
     sync = config.rollout.lockstep
     failed_batches = 0  # consecutive batches in which every trajectory failed (not checkpointed)
     compute = ComputeThread()  # one thread, one malloc arena (rollhub/trainer/worker.py)
+    first_format_errors: float | None = None  # the collapse warning's baseline
     started = time.perf_counter()
     step_started = time.perf_counter()
     try:
@@ -358,7 +359,9 @@ async def rl_loop(
             }
             record.update(_rollout_metrics(rollout, buffer))
             record.update(seed_metrics)
-            warning = collapse_warning(record, trained=bool(step_metrics))
+            if first_format_errors is None and "train/format_error_rate" in record:
+                first_format_errors = record["train/format_error_rate"]
+            warning = collapse_warning(record, trained=bool(step_metrics), start_format_errors=first_format_errors)
             if warning:
                 logger.warning("step %d: %s", state.version, warning)
             if (
@@ -386,16 +389,26 @@ async def rl_loop(
         compute.close()
 
 
-def collapse_warning(record: dict[str, Any], *, trained: bool = True) -> str | None:
+def collapse_warning(
+    record: dict[str, Any], *, trained: bool = True, start_format_errors: float | None = None
+) -> str | None:
     """A hint when a step's batch can no longer teach anything: every group scored alike.
 
     A policy that collapsed into format errors earns all-zero rewards, hence all-zero
     advantages, and never recovers on its own; say so instead of training on silently.
+    `start_format_errors` is the rate of the process's first RL step: a policy that made as
+    many format errors from the start has not collapsed (it was never taught the format).
     """
     groups = record.get("batch/groups") or 0
     if not groups or record.get("batch/zero_advantage_groups", 0) < groups:
         return None
     format_errors = record.get("train/format_error_rate", 0.0)
+    if format_errors >= 0.5 and start_format_errors is not None and format_errors < start_format_errors + 0.25:
+        return (
+            f"every group has zero advantage and {format_errors:.0%} of turns are format errors, as from the "
+            f"first step ({start_format_errors:.0%}): the policy does not know the answer format; warm-start it "
+            "(sft.enabled) or show the format in the prompt"
+        )
     if format_errors >= 0.5:
         return (
             f"every group has zero advantage and {format_errors:.0%} of turns are format errors: the policy has "

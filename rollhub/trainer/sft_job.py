@@ -26,8 +26,5 @@ async def run_sft_job(config: RunConfig, *, out_dir: str | None = None, print_fn
     policy.save_pretrained(out)
     result = await evaluate_model_dir(config, out)
     print_fn(f"SFT: {len(demos)} demos, {len(history)} steps, loss {history[-1]['sft/loss']:.3f}; model at {out}")
-    print_fn(
-        f"held-out success on {config.eval.episodes} seeds: {100 * result.success_rate:.1f}% "
-        f"({time.perf_counter() - started:.0f}s)"
-    )
+    print_fn(f"success on {config.eval.label}: {100 * result.success_rate:.1f}% ({time.perf_counter() - started:.0f}s)")
     return result.success_rate

@@ -246,7 +246,7 @@ def test_rollhub_sft_learns_the_answer_format(tiny_model_dir, tmp_path, capsys):
         eval={"episodes": 1},
     )
     assert main(["sft", str(recipe), "--out", str(tmp_path / "sft")]) == 0
-    assert "held-out success" in capsys.readouterr().out
+    assert "success on 1 held-out seeds" in capsys.readouterr().out
     losses = [r["sft/loss"] for r in read_jsonl(tmp_path / "sft_metrics.jsonl")]
     assert len(losses) >= 4 and losses[-1] < losses[0]  # likelihood of the demonstrations went up
     assert (tmp_path / "sft" / "config.json").is_file()
@@ -282,6 +282,10 @@ def test_collapse_warning_names_the_cause():
     assert collapse_warning(solved_alike, trained=False) is None  # the skipped update was already reported
     assert "collapsed" in collapse_warning(collapsed, trained=False)
     assert collapse_warning({}) is None
+    # as many format errors from the first step on: not a collapse, a policy never taught the format
+    never_taught = collapse_warning(collapsed, start_format_errors=0.9)
+    assert "collapsed" not in never_taught and "does not know the answer format" in never_taught
+    assert "collapsed" in collapse_warning(collapsed, start_format_errors=0.1)
 
 
 def test_grad_snr_bench_reads_a_runs_groups(tiny_model_dir, tmp_path):
