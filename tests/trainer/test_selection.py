@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from safetensors.torch import load_file
+from trainer_testing import tiny_recipe
 
 from rollhub.cli import main
 from rollhub.core.config import load_config
@@ -57,21 +57,13 @@ def test_selector_keeps_the_best_reading_and_hands_its_weights_over(tiny_model_d
     assert CheckpointSelector(config, tmp_path, resumed_at=2).best is None
 
 
-def _recipe(tmp_path: Path, model_dir: Path, **select) -> Path:
-    data = {
-        "run_dir": str(tmp_path / "run"),
-        "seed": 3,
-        "model": {"path": str(model_dir), "init_tiny": None},
-        "env": {"id": "rollhub/Sokoban-v0", "kwargs": {"dim": 6, "num_boxes": 1, "max_steps": 3}},
-        "agent": {"system_prompt": "Sokoban.", "history_window": 1, "max_new_tokens": 6},
-        "rollout": {"group_size": 2, "groups_per_batch": 2, "async_ratio": 1.0},
-        "optim": {"lr": 1e-3, "micro_batch_size": 32},
-        "train": {"steps": 3, "checkpoint_every": 1, "keep_checkpoints": 0},
-        "eval": {"episodes": 2, "select": {"episodes": 2, "samples_per_seed": 1, "every": 1, **select}},
-    }
-    path = tmp_path / "recipe.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+def _recipe(tmp_path: Path, model_dir: Path) -> Path:
+    return tiny_recipe(
+        tmp_path,
+        model_dir,
+        train={"steps": 3, "checkpoint_every": 1, "keep_checkpoints": 0},
+        eval={"episodes": 2, "select": {"episodes": 2, "samples_per_seed": 1, "every": 1}},
+    )
 
 
 def test_validation_seeds_may_not_overlap_held_out_or_training_seeds(tiny_model_dir, tmp_path):

@@ -12,32 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
+from trainer_testing import tiny_recipe as _recipe
 
 from rollhub.cli import main
 from rollhub.core.config import load_config
 from rollhub.trainer.config import RunConfig
 from rollhub.trainer.metrics import read_jsonl
-
-
-def _recipe(tmp_path: Path, model_dir: Path, **sections) -> Path:
-    data = {
-        "run_dir": str(tmp_path / "run"),
-        "seed": 3,
-        "model": {"path": str(model_dir), "init_tiny": None},
-        "env": {"id": "rollhub/Sokoban-v0", "kwargs": {"dim": 6, "num_boxes": 1, "max_steps": 3}},
-        "agent": {"system_prompt": "Sokoban.", "history_window": 1, "max_new_tokens": 6},
-        "rollout": {"group_size": 2, "groups_per_batch": 2, "async_ratio": 1.0},
-        "optim": {"lr": 1e-3, "micro_batch_size": 32},
-        "train": {"steps": 2, "checkpoint_every": 1},
-        "sft": {"enabled": False},
-        "eval": {"episodes": 2},
-    }
-    for key, value in sections.items():
-        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
-    path = tmp_path / "recipe.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
 
 
 def _weights(model_dir: Path) -> dict[str, torch.Tensor]:
