@@ -292,8 +292,8 @@ class EvalEnvConfig:
 class SelectConfig:
     """Checkpoint selection on validation seeds (`eval.select:`; off while `episodes` is 0).
 
-    Every `every` RL steps, and after the last, the policy plays `episodes` validation seeds
-    x `samples_per_seed`; the best-scoring weights (ties: the later step) are kept in
+    After the warm-start, every `every` RL steps and after the last, the policy plays
+    `episodes` validation seeds x `samples_per_seed`; the best-scoring weights (ties: the later step) are kept in
     RUN_DIR/best_model and become the run's final policy (final_model), which the final
     held-out evaluation scores; the last step's policy is scored too and reported beside it.
     Why: a small policy's success swings by several points within tens of RL steps

@@ -865,6 +865,8 @@ async def run_training(
         await start_engine(run.engine)  # launched servers up and ready before the first evaluation
         if checkpoint is None:
             warmstart = await evaluate_warm_start(run, print_fn=print_fn)
+            if selector is not None:  # the warm-start is a candidate too: RL that only hurts hands it back
+                metrics_log.log(0, await validate(run, selector, 0, force=True))
         # 3. RL
         await reinforce(run, progress=progress, selector=selector)
         # 4. final evaluation on the same held-out seeds (of the policy eval.select picked, if on)

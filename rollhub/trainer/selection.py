@@ -2,8 +2,9 @@
 
 A small policy's held-out success swings by several points within tens of RL steps
 (docs/sokoban-rl-log.md, issue 22), so the policy of the last step is a noisy pick. With
-`eval.select.episodes > 0` the loop scores the policy on validation seeds every
-`eval.select.every` steps and after the last; the best weights are kept in
+`eval.select.episodes > 0` the loop scores the policy on validation seeds after the
+warm-start (so RL that only hurts hands the warm-start back), every `eval.select.every`
+steps and after the last; the best weights are kept in
 RUN_DIR/best_model (with RUN_DIR/best.json) and become the run's final policy. The
 held-out seeds take no part in the choice (their range is checked apart from the
 validation range), so the final held-out reading stays one honest draw; the last step's

@@ -76,34 +76,39 @@ def test_validation_seeds_may_not_overlap_held_out_or_training_seeds(tiny_model_
         load_config(RunConfig, recipe, ["eval.select.every=0"])
 
 
-def test_an_earlier_pick_is_what_the_final_evaluation_plays(tiny_model_dir, tmp_path, capsys, monkeypatch):
-    """Validation readings that fall after step 1 (forced, so the choice is known): the final
-    held-out evaluation plays step 1's weights, final_model holds them, and the last step's
-    policy is scored and reported beside it."""
-    readings = iter([1.0, 0.5, 0.0])
+@pytest.mark.parametrize("pick", [0, 1])
+def test_an_earlier_pick_is_what_the_final_evaluation_plays(tiny_model_dir, tmp_path, capsys, monkeypatch, pick):
+    """Validation readings that peak at the warm-start (0) or at step 1 (forced, so the choice
+    is known): the final held-out evaluation plays those weights, final_model holds them, and
+    the last step's policy is scored and reported beside it."""
+    values = [1.0, 0.5, 0.5, 0.0] if pick == 0 else [0.5, 1.0, 0.5, 0.0]
+    readings = iter(values)
     real_score = CheckpointSelector.score
 
-    async def falling(self, engine, tokenizer):
+    async def forced(self, engine, tokenizer):
         result = await real_score(self, engine, tokenizer)  # the real validation episodes run
         result.success_rate = next(readings)
         return result
 
-    monkeypatch.setattr(CheckpointSelector, "score", falling)
+    monkeypatch.setattr(CheckpointSelector, "score", forced)
     assert main(["train", str(_recipe(tmp_path, tiny_model_dir)), "--no-progress"]) == 0
     out = capsys.readouterr().out
     run = tmp_path / "run"
     logged = {
         r["step"]: r["select/success_rate"] for r in read_jsonl(run / "metrics.jsonl") if "select/success_rate" in r
     }
-    assert logged == {1: 1.0, 2: 0.5, 3: 0.0}  # every eval.select.every=1 steps, the last one included
-    assert json.loads((run / BEST_FILE).read_text()) == {"step": 1, "success_rate": 1.0}
-    assert "final policy: step 1" in out and "the last step's (3) held-out success" in out
+    assert logged == dict(enumerate(values))  # the warm-start, every step (every=1), the last
+    assert json.loads((run / BEST_FILE).read_text()) == {"step": pick, "success_rate": 1.0}
+    assert f"final policy: step {pick}," in out and "the last step's (3) held-out success" in out
     shipped = load_file(str(run / "final_model" / "model.safetensors"))
-    step1 = torch.load(run / "checkpoints" / "step-000001" / "state.pt", weights_only=False)["model"]
+    if pick == 0:  # no SFT in this recipe: the warm-start is the base model
+        picked = load_file(str(tiny_model_dir / "model.safetensors"))
+    else:
+        picked = torch.load(run / "checkpoints" / "step-000001" / "state.pt", weights_only=False)["model"]
     step3 = torch.load(run / "checkpoints" / "step-000003" / "state.pt", weights_only=False)["model"]
-    assert all(torch.equal(shipped[k], step1[k]) for k in shipped)
+    assert all(torch.equal(shipped[k], picked[k]) for k in shipped)
     assert not all(torch.equal(shipped[k], step3[k]) for k in shipped)
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["selected_step"] == 1 and summary["steps"] == 3
+    assert summary["selected_step"] == pick and summary["steps"] == 3
     phases = summary["phases_s"]
     assert phases["eval_selected_s"] > 0 and phases["select_s"] > 0
