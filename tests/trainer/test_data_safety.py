@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import yaml
+from trainer_testing import tiny_recipe
 
 from rollhub.core.config import load_config
 from rollhub.rollout.trajectory_log import TrajectoryWriter, read_trajectories
@@ -284,23 +284,15 @@ def test_a_torn_trajectory_line_costs_only_itself(tmp_path):
 
 
 def _config(tmp_path: Path, model_dir: Path, **sections) -> RunConfig:
-    data = {
-        "run_dir": str(tmp_path / "run"),
-        "seed": 3,
-        "model": {"path": str(model_dir), "init_tiny": None},
-        "env": {"id": "rollhub/Sokoban-v0", "kwargs": {"dim": 6, "num_boxes": 1, "max_steps": 3}},
-        "agent": {"system_prompt": "Sokoban.", "history_window": 1, "max_new_tokens": 6},
+    """The shared tiny recipe, lockstep (sync) with one evaluation seed; `sections` update it."""
+    base = {
         "rollout": {"group_size": 2, "groups_per_batch": 2, "async_ratio": 0.0, "lockstep": True},
-        "optim": {"lr": 1e-3, "micro_batch_size": 32},
         "train": {"steps": 2, "checkpoint_every": 1, "keep_checkpoints": 5},
-        "sft": {"enabled": False},
         "eval": {"episodes": 1},
     }
     for key, value in sections.items():
-        data[key] = {**data.get(key, {}), **value}
-    path = tmp_path / "recipe.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return load_config(RunConfig, path)
+        base[key] = {**base.get(key, {}), **value}
+    return load_config(RunConfig, tiny_recipe(tmp_path, model_dir, **base))
 
 
 def _train(config: RunConfig, *, resume: bool):
