@@ -325,6 +325,10 @@ async def rl_loop(
             # new policy version -> engine (pause, abort in-flight, load, resume)
             state.version += 1
             state.groups_trained += len(groups)
+            reset_every = config.loss.reference_reset_every
+            if reference is not None and reset_every and state.version % reset_every == 0:
+                await compute.run(reset_reference, reference, policy)  # the KL anchor moves to this version
+                step_metrics["reference_reset"] = 1.0
             weights = await compute.run(policy.engine_state_dict)
             await rollout.update_weights(weights, state.version)
             del weights, batch
@@ -387,6 +391,12 @@ async def rl_loop(
                 break
     finally:
         compute.close()
+
+
+def reset_reference(reference: Policy, policy: Policy) -> None:
+    """Make the KL anchor a frozen copy of the current policy (loss.reference_reset_every)."""
+    with torch.no_grad():
+        reference.model.load_state_dict(policy.model.state_dict())
 
 
 def collapse_warning(
@@ -501,6 +511,7 @@ class Run:
         }
         # with ranks: every rank's shard gathered into the full state, on this rank (rank 0)
         model_state, optimizer_state = self.ranks.checkpoint_state() if self.ranks else (None, None)
+        moved_anchor = self.reference is not None and self.config.loss.reference_reset_every > 0
         save_checkpoint(
             self.run_dir,
             state.version,
@@ -511,6 +522,7 @@ class Run:
             keep_last=self.config.train.keep_checkpoints,
             model_state=model_state,
             optimizer_state=optimizer_state,
+            reference_state=self.reference.model.state_dict() if moved_anchor else None,
         )
 
 
@@ -608,6 +620,8 @@ async def restore(run: Run, checkpoint: Path, *, print_fn: Callable[[str], None]
         payload = load_checkpoint(checkpoint, model=run.policy.model, optimizer=run.optimizer)
     run.state = LoopState(**payload["trainer"])
     run.prior_wall_s = run.state.wall_s
+    if run.reference is not None and payload.get("reference") is not None:  # a reset KL anchor
+        run.reference.model.load_state_dict(payload["reference"])
     # checkpoints from before seed sources hold next_seed alone (replay then starts on an empty pool)
     saved = payload["rollout"]
     run.seeds.load_state_dict(
@@ -834,6 +848,10 @@ async def run_training(
     engine = build_engine(config, engine_model_dir)
     optimizer = build_optimizer(policy, config)
     reference = build_reference(config, engine_model_dir, policy)  # the KL anchor: the warm-start, frozen
+    if ranks is not None and config.loss.reference_reset_every:
+        raise ValueError(
+            "loss.reference_reset_every is not supported with several trainer ranks yet (torchrun); set it to 0"
+        )
     if ranks is not None:  # the other ranks build their shards of the same model now
         ranks.start({"model_dir": str(sft_dir if sft_done else model_dir), "reference_dir": str(engine_model_dir)})
         ranks.attach(policy, optimizer, reference)

@@ -51,6 +51,11 @@ class LossConfig:
     # full: exact sum over the vocabulary at each response position, which also sees
     # probability leaking onto malformed answers before they are ever sampled
     kl_estimator: KLEstimator = "k3"
+    # 0: the KL anchor is the warm-start for the whole run. N > 0: every N RL steps the anchor
+    # becomes the current policy (a reference reset, as in ProRL): the KL still bounds how far
+    # one stretch of N steps moves, but no longer pulls a run back toward the warm-start's
+    # mistakes (e.g. its wall moves) long after RL has learned to avoid them
+    reference_reset_every: int = 0
     entropy_coef: float = 0.0  # entropy bonus (needs per-token entropy)
     # pi_prox of PPO mini-batching: "recompute" = the trainer's weights at step start (one
     # no-grad pass over the batch; decoupled PPO); "behaviour" = the engine's mu, i.e.
@@ -70,6 +75,8 @@ class LossConfig:
             raise ValueError("the mis band needs 0 <= mis_low < 1 < mis_high")
         if not (self.kl_coef >= 0 and self.entropy_coef >= 0):
             raise ValueError("kl_coef and entropy_coef must be >= 0")
+        if self.reference_reset_every < 0:
+            raise ValueError("reference_reset_every must be >= 0 (0 = the warm-start stays the KL anchor)")
 
 
 @dataclass
