@@ -394,11 +394,6 @@ class RunConfig:
             raise ValueError("run_dir must name a folder")
         if self.loss.reference_reset_every and not self.loss.kl_coef > 0:
             raise ValueError("loss.reference_reset_every resets the KL anchor; it needs loss.kl_coef > 0")
-        if self.loss.reference_reset_every and self.trainer.world_size > 1:
-            raise ValueError(
-                "loss.reference_reset_every is not supported with trainer.world_size > 1 yet (the reference "
-                "is sharded on every rank); set it to 0 or train on one rank"
-            )
         self._check_seed_ranges()
 
     @property

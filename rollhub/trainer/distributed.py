@@ -393,6 +393,16 @@ class RankGroup:
         self.announce("checkpoint")
         return full_training_state(self.policy.model, self.optimizer)
 
+    def reset_reference(self) -> None:
+        """Every rank's KL anchor becomes the current (sharded) policy, gathered whole (loss.reference_reset_every)."""
+        self.announce("reset_reference")
+        reset_reference_weights(self.policy.model, self.reference)
+
+    def load_reference(self, state: dict[str, torch.Tensor]) -> None:
+        """A checkpoint's KL anchor (read on rank 0) into every rank's reference."""
+        self.announce("load_reference", [state] * self.world_size)
+        self.reference.model.load_state_dict(state)
+
     def load_state(self, model_state: dict[str, torch.Tensor], optimizer_state: dict[str, Any] | None) -> None:
         """A checkpoint's full state (read on rank 0) onto every rank's shard."""
         self.announce("load", [(model_state, optimizer_state)] * self.world_size)
@@ -433,6 +443,10 @@ class RankGroup:
                 full_training_state(self.policy.model, self.optimizer)
             elif command == "load":
                 load_training_state(self.policy.model, self.optimizer, *payload)
+            elif command == "reset_reference":
+                reset_reference_weights(self.policy.model, self.reference)
+            elif command == "load_reference":
+                self.reference.model.load_state_dict(payload)
             else:
                 raise RuntimeError(f"unknown trainer command {command!r} from rank 0")
 
@@ -470,6 +484,16 @@ def full_training_state(
         ],
     }
     return model_state, numbered
+
+
+def reset_reference_weights(model: torch.nn.Module, reference: Any) -> None:
+    """Collective: the full policy weights (all-gathered, on every rank) become this rank's
+    unsharded reference policy."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    with torch.no_grad():
+        reference.model.load_state_dict({name: tensor.detach() for name, tensor in state.items()})
 
 
 def load_training_state(

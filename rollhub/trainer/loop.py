@@ -29,6 +29,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import random
@@ -258,6 +259,7 @@ async def rl_loop(
     reference: Policy | None = None,
     update: Callable[..., dict[str, Any]] = ppo_update,
     seeds: SeedSource | None = None,
+    reset_reference: Callable[[], None] | None = None,
 ) -> None:
     """RL steps from `state.version` to `config.train.steps` (see module docstring).
 
@@ -266,6 +268,8 @@ async def rl_loop(
     `reference` is the frozen warm-start policy of the optional KL term (loss.kl_coef > 0).
     `update` is `ppo_update`, or with trainer ranks `RankGroup.ppo_update` (the same step,
     data parallel: rollhub.trainer.distributed).
+    `reset_reference()` makes the KL anchor the current policy (loss.reference_reset_every; with
+    ranks, `RankGroup.reset_reference`).
     `seeds` is the rollout source's seed iterator; it sees every consumed batch (hard-seed
     replay pools the seeds of groups that did not all succeed: rollhub.rollout.seed_sources).
     Raises RolloutFailureError instead of looping on when rollout cannot feed it: the rollout
@@ -326,8 +330,8 @@ async def rl_loop(
             state.version += 1
             state.groups_trained += len(groups)
             reset_every = config.loss.reference_reset_every
-            if reference is not None and reset_every and state.version % reset_every == 0:
-                await compute.run(reset_reference, reference, policy)  # the KL anchor moves to this version
+            if reset_reference is not None and reset_every and state.version % reset_every == 0:
+                await compute.run(reset_reference)  # the KL anchor moves to this version
                 step_metrics["reference_reset"] = 1.0
             weights = await compute.run(policy.engine_state_dict)
             await rollout.update_weights(weights, state.version)
@@ -393,10 +397,18 @@ async def rl_loop(
         compute.close()
 
 
-def reset_reference(reference: Policy, policy: Policy) -> None:
+def copy_into_reference(reference: Policy, policy: Policy) -> None:
     """Make the KL anchor a frozen copy of the current policy (loss.reference_reset_every)."""
     with torch.no_grad():
         reference.model.load_state_dict(policy.model.state_dict())
+
+
+def _reference_resetter(run: Run) -> Callable[[], None] | None:
+    if run.reference is None or not run.config.loss.reference_reset_every:
+        return None
+    if run.ranks is not None:
+        return run.ranks.reset_reference
+    return functools.partial(copy_into_reference, run.reference, run.policy)
 
 
 def collapse_warning(
@@ -621,7 +633,10 @@ async def restore(run: Run, checkpoint: Path, *, print_fn: Callable[[str], None]
     run.state = LoopState(**payload["trainer"])
     run.prior_wall_s = run.state.wall_s
     if run.reference is not None and payload.get("reference") is not None:  # a reset KL anchor
-        run.reference.model.load_state_dict(payload["reference"])
+        if run.ranks is not None:
+            run.ranks.load_reference(payload["reference"])
+        else:
+            run.reference.model.load_state_dict(payload["reference"])
     # checkpoints from before seed sources hold next_seed alone (replay then starts on an empty pool)
     saved = payload["rollout"]
     run.seeds.load_state_dict(
@@ -738,6 +753,7 @@ async def reinforce(run: Run, *, progress: bool, selector: CheckpointSelector | 
                 reference=run.reference,
                 update=run.ranks.ppo_update if run.ranks is not None else ppo_update,
                 seeds=run.seeds,
+                reset_reference=_reference_resetter(run),
             )
         finally:
             stop.set()
@@ -848,10 +864,6 @@ async def run_training(
     engine = build_engine(config, engine_model_dir)
     optimizer = build_optimizer(policy, config)
     reference = build_reference(config, engine_model_dir, policy)  # the KL anchor: the warm-start, frozen
-    if ranks is not None and config.loss.reference_reset_every:
-        raise ValueError(
-            "loss.reference_reset_every is not supported with several trainer ranks yet (torchrun); set it to 0"
-        )
     if ranks is not None:  # the other ranks build their shards of the same model now
         ranks.start({"model_dir": str(sft_dir if sft_done else model_dir), "reference_dir": str(engine_model_dir)})
         ranks.attach(policy, optimizer, reference)

@@ -56,7 +56,9 @@ class LossConfig:
     # one stretch of N steps moves, but no longer pulls a run back toward the warm-start's
     # mistakes (e.g. its wall moves) long after RL has learned to avoid them
     reference_reset_every: int = 0
-    entropy_coef: float = 0.0  # entropy bonus (needs per-token entropy)
+    # > 0: entropy bonus (exploration); < 0: entropy penalty, which sharpens a policy that is
+    # scored by sampling at T = 1 toward its own most likely answers (needs per-token entropy)
+    entropy_coef: float = 0.0
     # pi_prox of PPO mini-batching: "recompute" = the trainer's weights at step start (one
     # no-grad pass over the batch; decoupled PPO); "behaviour" = the engine's mu, i.e.
     # plain PPO clipped against the sampling policy, no extra pass. Worth it only where
@@ -73,8 +75,10 @@ class LossConfig:
             raise ValueError("is_cap must be > 0 (usually 2)")
         if not 0 <= self.mis_low < 1 < self.mis_high:
             raise ValueError("the mis band needs 0 <= mis_low < 1 < mis_high")
-        if not (self.kl_coef >= 0 and self.entropy_coef >= 0):
-            raise ValueError("kl_coef and entropy_coef must be >= 0")
+        if not self.kl_coef >= 0:
+            raise ValueError("kl_coef must be >= 0")
+        if not -1 <= self.entropy_coef <= 1:
+            raise ValueError("entropy_coef must be in [-1, 1] (> 0: bonus, < 0: penalty; usually |c| <= 0.05)")
         if self.reference_reset_every < 0:
             raise ValueError("reference_reset_every must be >= 0 (0 = the warm-start stays the KL anchor)")
 
@@ -231,9 +235,9 @@ def policy_loss(
         metrics["kl_reference_full" if kl_tokens is not None else "kl_reference_k3"] = float(
             _masked_mean(kl.detach(), mask_f)
         )
-    if config.entropy_coef > 0:
+    if config.entropy_coef != 0:
         if entropy is None:
-            raise ValueError("entropy_coef > 0 needs per-token entropy")
+            raise ValueError("entropy_coef != 0 needs per-token entropy")
         loss = loss - config.entropy_coef * aggregate(entropy, mask_f, config.aggregation, normaliser)
     if entropy is not None:
         metrics["entropy"] = float(_masked_mean(entropy.detach(), mask_f))

@@ -74,7 +74,7 @@ def policy_update(
     weighted: dict[str, float] = {}
     weights: dict[str, float] = {}
     split = dict.fromkeys(SPLIT_KEYS[1:], 0.0)
-    with_entropy = loss_config.entropy_coef > 0
+    with_entropy = loss_config.entropy_coef != 0
     exact_kl = loss_config.kl_coef > 0 and loss_config.kl_estimator == "full"
     if exact_kl and reference is None:
         raise ValueError("loss.kl_estimator 'full' needs the reference policy")

@@ -44,6 +44,7 @@ def test_train_runs_against_launched_replicas_and_pushes_weights(tiny_model_dir,
         "sft.epochs": 1,
         "eval.episodes": 8,
         "eval.samples_per_seed": 1,
+        "eval.select.episodes": 0,
     }
     command = [sys.executable, "-m", "rollhub.cli", "train", str(ROOT / "configs/sokoban_tiny.yaml"), "--no-progress"]
     for key, value in overrides.items():

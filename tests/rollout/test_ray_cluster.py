@@ -71,6 +71,8 @@ def test_rollhub_train_with_ray_backend_survives_a_shard_kill(ray_cluster, tiny_
             "--set",
             "eval.episodes=2",
             "--set",
+            "eval.select.episodes=0",
+            "--set",
             "env.kwargs={dim: 6, num_boxes: 1, max_steps: 4}",
             "--set",
             "agent.max_new_tokens=8",

@@ -48,6 +48,10 @@ STEP_SCRIPT = textwrap.dedent(
     loss = LossConfig(kl_coef=case["kl"], kl_estimator="full", aggregation=case["aggregation"])
     metrics = group.ppo_update(policy, optimizer, make_batch(), loss, minibatches=case["minibatches"], seed=3,
                                reference=reference)
+    if case.get("reset"):  # every rank's KL anchor becomes the policy, then a second step against it
+        group.reset_reference()
+        metrics = group.ppo_update(policy, optimizer, make_batch(seed=1), loss, minibatches=case["minibatches"],
+                                   seed=4, reference=reference)
     state = policy.engine_state_dict()
     group.stop()
     torch.save({"state": state, "metrics": metrics}, case["out"])
@@ -105,6 +109,13 @@ def _one_process_step(model_dir, case: dict) -> tuple[dict, dict]:
     metrics = ppo_update(
         policy, optimizer, make_batch(), loss, minibatches=case["minibatches"], seed=3, reference=reference
     )
+    if case.get("reset"):
+        from rollhub.trainer.loop import copy_into_reference
+
+        copy_into_reference(reference, policy)
+        metrics = ppo_update(
+            policy, optimizer, make_batch(seed=1), loss, minibatches=case["minibatches"], seed=4, reference=reference
+        )
     return policy.engine_state_dict(), metrics
 
 
@@ -118,8 +129,10 @@ def _one_process_step(model_dir, case: dict) -> tuple[dict, dict]:
             {"minibatches": 2, "kl": 0.1, "aggregation": "seq-mean-token-mean", "micro": 3, "lr": 1e-3, "atol": 1e-4},
             marks=pytest.mark.slow,
         ),
+        # loss.reference_reset_every: the followers' anchors must move too (a stale one adds a KL gradient)
+        {"minibatches": 1, "kl": 0.5, "aggregation": "token-mean", "micro": 2, "lr": 1e-3, "atol": 1e-5, "reset": True},
     ],
-    ids=["one-step", "two-minibatches-prox-kl"],
+    ids=["one-step", "two-minibatches-prox-kl", "kl-anchor-reset"],
 )
 def test_two_ranks_give_the_parameters_of_one_process(tiny_model_dir, tmp_path, case):
     case = {**case, "out": str(tmp_path / "two_ranks.pt")}
@@ -200,6 +213,7 @@ def test_torchrun_two_ranks_trains_the_sokoban_recipe(tiny_model_dir, tmp_path):
         "sft.epochs": 1,
         "eval.episodes": 2,
         "eval.samples_per_seed": 1,
+        "eval.select.episodes": 0,
         "rollout.groups_per_batch": 2,
     }
     from rollhub.trainer.distributed import free_port

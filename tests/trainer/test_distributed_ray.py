@@ -31,6 +31,7 @@ def test_rollhub_train_runs_two_steps_on_a_ray_actor_group_of_two_ranks(tiny_mod
         "train.checkpoint_every": 1,
         "eval.episodes": 1,
         "eval.samples_per_seed": 1,
+        "eval.select.episodes": 0,
         "env.kwargs": "{dim: 6, num_boxes: 1, max_steps: 3}",
         "agent.max_new_tokens": 4,
         "rollout.group_size": GROUP_SIZE,

@@ -141,6 +141,24 @@ def test_kl_and_entropy_terms():
         policy_loss(logp, logp, logp, t([0.0]), t([1.0]), cfg)
 
 
+def test_a_negative_entropy_coef_is_a_penalty_that_sharpens():
+    """entropy_coef < 0 adds |c| x entropy to the loss: a gradient step lowers the entropy."""
+    logits = torch.tensor([[1.0, 0.5, 0.0, -0.5]], requires_grad=True)
+    logp_all = torch.log_softmax(logits, -1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    logp = logp_all[:, :1]
+    cfg = LossConfig(correction="none", entropy_coef=-0.05, aggregation="token-mean")
+    base, _ = policy_loss(logp, logp, logp, t([0.0]), t([1.0]), LossConfig(correction="none"))
+    loss, metrics = policy_loss(logp, logp.detach(), logp.detach(), t([0.0]), t([1.0]), cfg, entropy=entropy)
+    assert float(loss - base) == pytest.approx(0.05 * float(entropy))
+    loss.backward()
+    with torch.no_grad():
+        stepped = torch.log_softmax(logits - 1.0 * logits.grad, -1)
+        assert float(-(stepped.exp() * stepped).sum()) < float(entropy)
+    with pytest.raises(ValueError, match="entropy_coef"):
+        LossConfig(entropy_coef=-2.0).validate()
+
+
 def test_config_validation():
     with pytest.raises(ValueError):
         LossConfig(mis_low=1.5).validate()

@@ -47,6 +47,7 @@ def _tiny_overrides(tmp_path: Path, model_dir: Path, env_kwargs: str) -> list[st
         "train.checkpoint_every=0",
         "sft.enabled=false",
         "eval.episodes=1",
+        "eval.select.episodes=0",
         "agent.max_new_tokens=8",
         "optim.micro_batch_size=8",
         f"env.kwargs={env_kwargs}",
