@@ -130,7 +130,7 @@ def _one_process_step(model_dir, case: dict) -> tuple[dict, dict]:
             marks=pytest.mark.slow,
         ),
         # loss.reference_reset_every: the followers' anchors must move too (a stale one adds a KL gradient)
-        {"minibatches": 1, "kl": 0.5, "aggregation": "token-mean", "micro": 2, "lr": 1e-3, "atol": 1e-5, "reset": True},
+        {"minibatches": 1, "kl": 0.5, "aggregation": "token-mean", "micro": 2, "lr": 1e-3, "atol": 1e-4, "reset": True},
     ],
     ids=["one-step", "two-minibatches-prox-kl", "kl-anchor-reset"],
 )
