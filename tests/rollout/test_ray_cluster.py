@@ -107,7 +107,9 @@ def test_rollhub_train_with_ray_backend_survives_a_shard_kill(ray_cluster, tiny_
         + last["cluster/groups_cancelled"]
     )
     assert last["cluster/groups_dispatched"] == settled + last["cluster/groups_running"]
-    assert last["staleness/max"] <= math.ceil(ALPHA)
+    # tokens older than ceil(alpha) are trained only inside groups the newest-token rule kept
+    # (rollout.staleness_rule: newest, the default), and those are counted
+    assert last["staleness/max"] <= math.ceil(ALPHA) or last["staleness/kept_by_token_rule"] > 0
     assert (run_dir / "weights").is_dir() and (run_dir / "final_model" / "config.json").exists()
 
 
