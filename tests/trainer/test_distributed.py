@@ -41,6 +41,7 @@ STEP_SCRIPT = textwrap.dedent(
 
     if not context.is_leader:
         group.serve(build)
+        torch.distributed.destroy_process_group()  # as rollhub's ranks do: no collective thread left at exit
         sys.exit(0)
     policy, optimizer, reference = build(None)
     group.attach(policy, optimizer, reference)
@@ -54,6 +55,7 @@ STEP_SCRIPT = textwrap.dedent(
                                    seed=4, reference=reference)
     state = policy.engine_state_dict()
     group.stop()
+    torch.distributed.destroy_process_group()
     torch.save({"state": state, "metrics": metrics}, case["out"])
     """
 )
