@@ -53,8 +53,8 @@ class LossConfig:
     kl_estimator: KLEstimator = "k3"
     # 0: the KL anchor is the warm-start for the whole run. N > 0: every N RL steps the anchor
     # becomes the current policy (a reference reset, as in ProRL): the KL still bounds how far
-    # one stretch of N steps moves, but no longer pulls a run back toward the warm-start's
-    # mistakes (e.g. its wall moves) long after RL has learned to avoid them
+    # one stretch of N steps moves, but no longer pulls a long run back toward the warm-start
+    # (on the Sokoban main job it changed nothing: docs/sokoban-rl-log.md)
     reference_reset_every: int = 0
     # > 0: entropy bonus (exploration); < 0: entropy penalty, which sharpens a policy that is
     # scored by sampling at T = 1 toward its own most likely answers (needs per-token entropy)
