@@ -491,9 +491,7 @@ def reset_reference_weights(model: torch.nn.Module, reference: Any) -> None:
     unsharded reference policy."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    with torch.no_grad():
-        reference.model.load_state_dict({name: tensor.detach() for name, tensor in state.items()})
+    reference.model.load_state_dict(get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)))
 
 
 def load_training_state(

@@ -399,8 +399,7 @@ async def rl_loop(
 
 def copy_into_reference(reference: Policy, policy: Policy) -> None:
     """Make the KL anchor a frozen copy of the current policy (loss.reference_reset_every)."""
-    with torch.no_grad():
-        reference.model.load_state_dict(policy.model.state_dict())
+    reference.model.load_state_dict(policy.model.state_dict())  # copies, without autograd
 
 
 def _reference_resetter(run: Run) -> Callable[[], None] | None:
