@@ -51,7 +51,7 @@ def _fraction(key: str, value: float, *, high_open: bool = False) -> None:
 @dataclass
 class ModelConfig:
     path: str = "runs/models/tiny-5m"  # HF checkpoint dir
-    init_tiny: Literal["5m", "30m"] | None = (
+    init_tiny: Literal["5m", "8m", "30m"] | None = (
         "5m"  # build a random-init tiny model at `path` when it is missing; null = must exist
     )
     # export this pretrained model to `path` when it is missing, from a locally installed package (never

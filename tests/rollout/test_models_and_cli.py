@@ -43,6 +43,10 @@ def test_init_tiny_is_deterministic_and_sized(tmp_path, tiny_model_dir):
     assert config["model_type"] == "qwen3" and config["hidden_size"] == 256 and config["num_hidden_layers"] == 4
     params = sum(t.numel() for k, t in first.items() if k != "lm_head.weight")
     assert 4.5e6 < params < 6e6
+    # the deep size keeps the width and doubles the layers
+    assert main(["model", "init-tiny", "--size", "8m", "--out", str(tmp_path / "deep")]) == 0
+    deep = json.loads((tmp_path / "deep" / "config.json").read_text())
+    assert (deep["hidden_size"], deep["num_hidden_layers"]) == (256, 8)
 
 
 def test_user_errors_are_one_line(tmp_path, capsys):

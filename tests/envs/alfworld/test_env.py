@@ -157,3 +157,31 @@ async def test_same_seed_same_game_and_a_seeded_random_agent(pool):
     action = env.random_action(np.random.default_rng(0))
     assert action.startswith("<action>") and action[len("<action>") : -len("</action>")] in first[1]["content"]
     await env.close()
+
+
+async def test_index_actions_pick_a_listed_command_and_refuse_anything_else(pool):
+    from rollhub.core.errors import UserError
+    from rollhub.envs.alfworld.env import ALFWorldEnv
+
+    with pytest.raises(UserError, match="show_admissible"):
+        ALFWorldEnv(pool=pool, action_format="index", show_admissible=False)
+    env = ALFWorldEnv(pool=pool, action_format="index", max_steps=50)
+    obs, info = await env.reset(seed=0)
+    listed = obs[-1]["content"].split("Admissible commands:\n", 1)[1].splitlines()
+    assert listed[0].startswith("1 ") and [line.split(" ", 1)[1] for line in listed] == env._admissible
+    n = len(listed)
+    for hostile in ("0", str(n + 1), "07", "1.5", "-1", " 1 1", "go to desk 1", "99999999999999"):
+        obs, reward, terminated, truncated, step = await env.step(act(hostile))
+        assert (step["format_ok"], step["action_valid"]) == (True, False), hostile
+        assert step["anchor"] == info["anchor"] and "Nothing happens" in obs[0]["content"]
+    # the expert answers numbers, and its numbers win the game through the same path
+    total = 0.0
+    while True:
+        answer = env.expert_action()
+        assert answer.removeprefix("<action>").removesuffix("</action>").isdigit()
+        obs, reward, terminated, truncated, step = await env.step(answer)
+        total += reward
+        if terminated or truncated:
+            break
+    assert terminated and step["success"] is True and total == 1.0
+    await env.close()
