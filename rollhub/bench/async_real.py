@@ -64,6 +64,9 @@ class AsyncRealConfig:
     redundant_groups: int = 1
     redundant_trajectories: int = 1
     alfworld_max_steps: int = 10
+    # index: the tiny model answers the number of an admissible command (it garbles spelled-out
+    # ones), so after its SFT the episodes really move through the game
+    alfworld_action_format: str = "index"
     swe_max_steps: int = 4
     swe_containers: int = 8  # rollout.env_concurrency for SWE: containers at once on this host
     max_new_tokens: int = 32
@@ -81,6 +84,8 @@ class AsyncRealConfig:
         bad = set(self.schedules) - {"lockstep", "env-async", "async", "async+red"}
         if bad:
             raise ValueError(f"unknown schedules {sorted(bad)}")
+        if self.alfworld_action_format not in ("text", "index"):
+            raise ValueError(f"alfworld_action_format must be text or index, got {self.alfworld_action_format!r}")
         if self.steps <= self.warmup_steps or self.groups < 1 or self.group_size < 1:
             raise ValueError("steps must exceed warmup_steps; groups and group_size >= 1")
 
@@ -116,7 +121,8 @@ def env_overrides(cfg: AsyncRealConfig, env: str) -> list[str]:
     if env == "alfworld":
         return [
             "env.id=rollhub/ALFWorld-v0",
-            f"env.kwargs={{split: train, max_steps: {cfg.alfworld_max_steps}}}",
+            f"env.kwargs={{split: train, max_steps: {cfg.alfworld_max_steps}, "
+            f"action_format: {cfg.alfworld_action_format}}}",
             "eval.env.kwargs={split: valid_unseen}",
             "agent.history_window=2",
         ]

@@ -40,6 +40,10 @@ def test_config_refuses_unknown_envs_and_schedules():
     ]
     red = async_real.schedule_overrides(async_real.AsyncRealConfig(redundant_groups=2), "async+red")
     assert "rollout.redundant_groups=2" in red
+    with pytest.raises(ValueError, match="alfworld_action_format"):
+        async_real.AsyncRealConfig(alfworld_action_format="numbers").validate()
+    alfworld = async_real.env_overrides(async_real.AsyncRealConfig(), "alfworld")
+    assert any("action_format: index" in o for o in alfworld)
 
 
 def test_redundancy_bias_quick_shows_cancel_biased_and_carry_not(tmp_path: Path):
