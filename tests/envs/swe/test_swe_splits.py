@@ -47,7 +47,11 @@ def test_train_and_eval_splits_pass_and_eval_inherits_the_other_kwargs():
     config = _run_config({"split": "train", "max_steps": 7}, {"split": "eval"})
     check_run_envs(config)
     env = make_eval_env_factory(config)()
-    assert env.max_steps == 7 and {t.row["rollhub"]["package"] for t in env.tasks} == {"parse", "toolz"}
+    assert env.max_steps == 7 and {t.row["rollhub"]["package"] for t in env.tasks} == {
+        "parse",
+        "toolz",
+        "python-slugify",
+    }
 
 
 def test_a_shared_package_is_an_overlap_even_with_different_tasks(tmp_path):
