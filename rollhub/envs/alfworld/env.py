@@ -346,8 +346,8 @@ class ALFWorldEnv(Env):
         return "\n\nAdmissible commands: " + ", ".join(self._admissible) + "."
 
     def _command_at(self, answer: str) -> str:
-        """The admissible command an index answer names; anything else (a word, 0, 07, a number
-        past the list) comes back unchanged, and is then refused as inadmissible."""
+        """The admissible command an index answer names. Anything else (0, 07, a number past the
+        list, even a spelled-out admissible command) comes back marked, so it is refused."""
         text = answer.strip()
         if _INDEX.fullmatch(text) and int(text) <= len(self._admissible):
             return self._admissible[int(text) - 1]
