@@ -43,6 +43,7 @@ from typing import Any
 
 from rollhub.bench.report import print_table, save_json
 from rollhub.core.config import load_config
+from rollhub.envs.alfworld.env import ACTION_FORMATS
 
 logger = logging.getLogger(__name__)
 
@@ -84,8 +85,10 @@ class AsyncRealConfig:
         bad = set(self.schedules) - {"lockstep", "env-async", "async", "async+red"}
         if bad:
             raise ValueError(f"unknown schedules {sorted(bad)}")
-        if self.alfworld_action_format not in ("text", "index"):
-            raise ValueError(f"alfworld_action_format must be text or index, got {self.alfworld_action_format!r}")
+        if self.alfworld_action_format not in ACTION_FORMATS:
+            raise ValueError(
+                f"alfworld_action_format must be one of {ACTION_FORMATS}, got {self.alfworld_action_format!r}"
+            )
         if self.steps <= self.warmup_steps or self.groups < 1 or self.group_size < 1:
             raise ValueError("steps must exceed warmup_steps; groups and group_size >= 1")
 

@@ -48,7 +48,8 @@ class TinySize:
 
 TINY_SIZES: dict[str, TinySize] = {
     "5m": TinySize(256, 768, 4, 4, 2),
-    # the 5m width at twice the depth: more sequential steps for lookahead at ~1.9x the compute
+    # the 5m width at twice the depth (more sequential steps for lookahead); an RL step of the
+    # Sokoban main job costs 1.6x the 5m one (docs/sokoban-rl-log.md)
     "8m": TinySize(256, 768, 8, 4, 2),
     "30m": TinySize(512, 1536, 8, 8, 4),
 }

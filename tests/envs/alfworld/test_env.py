@@ -170,7 +170,8 @@ async def test_index_actions_pick_a_listed_command_and_refuse_anything_else(pool
     listed = obs[-1]["content"].split("Admissible commands:\n", 1)[1].splitlines()
     assert listed[0].startswith("1 ") and [line.split(" ", 1)[1] for line in listed] == env._admissible
     n = len(listed)
-    for hostile in ("0", str(n + 1), "07", "1.5", "-1", " 1 1", "go to desk 1", "99999999999999"):
+    # a spelled-out command is refused too, even one that is admissible right now
+    for hostile in ("0", str(n + 1), "07", "1.5", "-1", " 1 1", env._admissible[0], "99999999999999"):
         obs, reward, terminated, truncated, step = await env.step(act(hostile))
         assert (step["format_ok"], step["action_valid"]) == (True, False), hostile
         assert step["anchor"] == info["anchor"] and "Nothing happens" in obs[0]["content"]
