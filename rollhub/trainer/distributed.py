@@ -409,10 +409,16 @@ class RankGroup:
         load_training_state(self.policy.model, self.optimizer, model_state, optimizer_state)
 
     def stop(self) -> None:
-        """Release the followers (idempotent)."""
+        """Release the followers (idempotent).
+
+        The barrier after `stop` keeps any rank from tearing its connections down (destroying
+        the group, exiting) while another is still inside the last message: a follower that saw
+        its peer's sockets close mid-collective could die at exit instead of returning 0.
+        """
         if not self._stopped and dist.is_initialized():
             self._stopped = True
             self.announce("stop")
+            dist.barrier()
 
     # --- the followers -----------------------------------------------------------------------
     def serve(self, build: Callable[[dict[str, Any]], tuple[Any, Any, Any]]) -> None:
@@ -420,6 +426,7 @@ class RankGroup:
         while True:
             command, payload = self._receive()
             if command == "stop":
+                dist.barrier()  # rank 0's side is in `stop`
                 return
             if command == "start":
                 self.attach(*build(payload))
