@@ -90,8 +90,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
         from rollhub.trainer.distributed import train_on_ranks
 
         summary = train_on_ranks(config, resume=resume, progress=not args.no_progress)
-        if summary is None:  # a follower rank: rank 0 reports
-            return 0
+        if summary is None:  # a follower rank (torchrun): rank 0 reports
+            from rollhub.trainer.distributed import end_follower_process
+
+            end_follower_process(0)
     else:
         summary = asyncio.run(run_training(config, resume=resume, progress=not args.no_progress))
     print(

@@ -23,7 +23,7 @@ STEP_SCRIPT = textwrap.dedent(
     """
     import json, sys, torch
     torch.set_num_threads(1)
-    from rollhub.trainer.distributed import RankGroup, init_ranks
+    from rollhub.trainer.distributed import RankGroup, end_follower_process, init_ranks
     from rollhub.trainer.losses import LossConfig
     from rollhub.trainer.policy import Policy
     sys.path.insert(0, sys.argv[3])
@@ -41,8 +41,8 @@ STEP_SCRIPT = textwrap.dedent(
 
     if not context.is_leader:
         group.serve(build)
-        torch.distributed.destroy_process_group()  # as rollhub's ranks do: no collective thread left at exit
-        sys.exit(0)
+        torch.distributed.destroy_process_group()  # as rollhub's ranks end: no collective thread left,
+        end_follower_process(0)  # and no interpreter teardown of gloo's objects
     policy, optimizer, reference = build(None)
     group.attach(policy, optimizer, reference)
     group.start({})
