@@ -77,6 +77,13 @@ class AsyncRealConfig:
     # model writes well-formed actions and the envs really step / run tool calls; 0 = none
     sft_episodes: int = 12
     sft_epochs: float = 3.0
+    # a model folder every schedule starts from instead of the random tiny model, e.g. the SFT
+    # model of a `configs/alfworld_tiny.yaml` run: a policy that already answers in the env's
+    # format, so the envs really step (set sft_episodes=0 to use it as it is)
+    model: str = ""
+    # further `rollhub train` overrides for every run, e.g. the prompt layout that model was
+    # trained on: ["agent.history_window=1", "agent.system_prompt=''"]
+    run_overrides: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
         unknown = set(self.envs) - set(ENV_IDS)
@@ -91,6 +98,11 @@ class AsyncRealConfig:
             )
         if self.steps <= self.warmup_steps or self.groups < 1 or self.group_size < 1:
             raise ValueError("steps must exceed warmup_steps; groups and group_size >= 1")
+        if self.model and not (Path(self.model) / "config.json").is_file():
+            raise ValueError(f"model={self.model!r} is not a model folder (no config.json there)")
+        bad_overrides = [o for o in self.run_overrides if not isinstance(o, str) or "=" not in o]
+        if bad_overrides:
+            raise ValueError(f"run_overrides must be KEY=VALUE strings, got {bad_overrides!r}")
 
 
 QUICK = [
@@ -168,6 +180,7 @@ def run_one(
         "env.max_concurrent=64",
         *env_overrides(cfg, env),
         *schedule_overrides(cfg, schedule),
+        *cfg.run_overrides,
         *extra,
     ]
     config = load_config(RunConfig, None, overrides)
@@ -240,7 +253,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if out.exists():
         shutil.rmtree(out)  # the trainer refuses to overwrite a run folder
     out.mkdir(parents=True)
-    model_dir = init_tiny_model(out / "model", "5m", seed=0)
+    model_dir = Path(cfg.model).resolve() if cfg.model else init_tiny_model(out / "model", "5m", seed=0)
     started = time.perf_counter()
     results: dict[str, dict[str, list[dict[str, Any]]]] = {env: {s: [] for s in cfg.schedules} for env in cfg.envs}
     for env in cfg.envs:
@@ -289,7 +302,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 }
             )
     print_table(
-        f"async-real: tiny model, real envs, batch {cfg.groups}x{cfg.group_size}, {cfg.steps} steps "
+        f"async-real: {'model ' + cfg.model if cfg.model else 'tiny model'}, real envs, "
+        f"batch {cfg.groups}x{cfg.group_size}, {cfg.steps} steps "
         f"({cfg.warmup_steps} warm-up), alpha={cfg.alpha:g}, redundancy +{cfg.redundant_groups} groups "
         f"+{cfg.redundant_trajectories}/group",
         rows,

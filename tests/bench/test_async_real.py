@@ -46,6 +46,15 @@ def test_config_refuses_unknown_envs_and_schedules():
     assert any("action_format: index" in o for o in alfworld)
 
 
+def test_config_refuses_a_starting_model_that_is_not_a_model_folder_and_bad_overrides(tmp_path: Path):
+    with pytest.raises(ValueError, match="not a model folder"):
+        async_real.AsyncRealConfig(model=str(tmp_path)).validate()
+    (tmp_path / "config.json").write_text("{}")
+    async_real.AsyncRealConfig(model=str(tmp_path), run_overrides=["agent.history_window=1"]).validate()
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        async_real.AsyncRealConfig(run_overrides=["agent.history_window"]).validate()
+
+
 def test_redundancy_bias_quick_shows_cancel_biased_and_carry_not(tmp_path: Path):
     report = redundancy_bias.run(bench_args(tmp_path))
     rows = {row["mode"]: row for row in report["rows"]}
