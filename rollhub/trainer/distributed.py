@@ -411,9 +411,9 @@ class RankGroup:
     def stop(self) -> None:
         """Release the followers (idempotent).
 
-        The barrier after `stop` keeps any rank from tearing its connections down (destroying
-        the group, exiting) while another is still inside the last message: a follower that saw
-        its peer's sockets close mid-collective could die at exit instead of returning 0.
+        The barrier after `stop` makes the last message complete on every rank before any rank
+        destroys its group. (It did not, alone, end the rare exit abort of followers: that came
+        after their group was destroyed, see `end_follower_process`.)
         """
         if not self._stopped and dist.is_initialized():
             self._stopped = True
