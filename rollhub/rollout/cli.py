@@ -9,11 +9,13 @@ import argparse
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from rollhub.rollout.models import TINY_SIZES  # light: its torch/transformers imports are inside functions
+
     model = subparsers.add_parser("model", help="build or convert models for CPU runs")
     model_sub = model.add_subparsers(dest="model_command", metavar="ACTION")
     tiny = model_sub.add_parser("init-tiny", help="random-init Qwen3 model + local BPE tokenizer (ChatML)")
     tiny.add_argument("--out", required=True, help="output directory (HF checkpoint)")
-    tiny.add_argument("--size", default="5m", choices=["5m", "8m", "30m"], help="model size (default 5m)")
+    tiny.add_argument("--size", default="5m", choices=list(TINY_SIZES), help="model size (default 5m)")
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(func=_cmd_init_tiny)
     smol = model_sub.add_parser(

@@ -49,6 +49,18 @@ def test_init_tiny_is_deterministic_and_sized(tmp_path, tiny_model_dir):
     assert (deep["hidden_size"], deep["num_hidden_layers"]) == (256, 8)
 
 
+def test_the_recipe_accepts_every_tiny_size_and_no_other():
+    """model.init_tiny's allowed values are spelled in the config type; they must stay TINY_SIZES."""
+    import typing
+
+    from rollhub.rollout.models import TINY_SIZES
+    from rollhub.trainer.config import ModelConfig
+
+    hint = typing.get_type_hints(ModelConfig)["init_tiny"]
+    literal = next(arg for arg in typing.get_args(hint) if arg is not type(None))
+    assert set(typing.get_args(literal)) == set(TINY_SIZES)
+
+
 def test_user_errors_are_one_line(tmp_path, capsys):
     assert main(["rollout", "--env", "rollhub/NoSuchEnv-v0", "--out", str(tmp_path)]) == 2
     assert "unknown env id" in capsys.readouterr().err
