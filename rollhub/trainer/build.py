@@ -96,6 +96,7 @@ def build_policy(config: RunConfig, model_dir: Path) -> Policy:
         micro_batch_size=config.optim.micro_batch_size,
         gradient_checkpointing=config.model.gradient_checkpointing,
         fsdp=config.model.fsdp,
+        dtype=config.model.dtype,
     )
 
 
@@ -108,6 +109,7 @@ def build_reference(config: RunConfig, model_dir: Path, policy: Policy) -> Polic
         device=model_device(config),
         micro_batch_size=config.optim.micro_batch_size,
         temperature=policy.temperature,
+        dtype=config.model.dtype,
     )
 
 

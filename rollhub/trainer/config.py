@@ -61,6 +61,9 @@ class ModelConfig:
     # cpu (fp32); cuda on a machine without one is an error, never a silent CPU run
     device: str = "auto"
     threads: int = 1  # torch threads of the trainer (the engine has its own)
+    # the trainer's compute dtype (parameters and optimizer stay fp32): auto = bf16 autocast on CUDA,
+    # fp32 on the CPU; bfloat16 autocasts on the CPU too (AMX: ~1.3x per update, benchmarks/README.md)
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     # recompute each decoder layer in the backward pass instead of keeping its activations
     # (less memory, about one more forward of compute)
     gradient_checkpointing: bool = False
@@ -74,6 +77,8 @@ class ModelConfig:
         device = self.device
         if device not in ("auto", "cpu", "cuda") and not (device.startswith("cuda:") and device[5:].isdigit()):
             raise ValueError(f"model.device must be auto, cpu, cuda or cuda:N, got {device!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"model.dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
         if not self.path.strip():
             raise ValueError("model.path must name a checkpoint dir")
 
@@ -255,9 +260,14 @@ class SftConfig:
     # laid over env.kwargs for the demonstration envs (same env id): e.g. a training-only
     # difficulty floor for RL (`min_solution_steps`) that the demos should not share
     env_kwargs: dict[str, Any] = field(default_factory=dict)
+    # torch threads of the SFT phase; null = model.threads + engine.threads: no engine generates
+    # while SFT runs, so the trainer takes the engine's cores too
+    threads: int | None = None
 
     def validate(self) -> None:
         _at_least("sft.episodes", self.episodes, 1 if self.enabled else 0)
+        if self.threads is not None:
+            _at_least("sft.threads", self.threads, 1)
         if not isinstance(self.env_kwargs, dict):
             raise ValueError(f"sft.env_kwargs must be a mapping of env arguments, got {self.env_kwargs!r}")
         _positive("sft.epochs", self.epochs)
@@ -267,6 +277,13 @@ class SftConfig:
         _fraction("sft.noise", self.noise, high_open=True)
         if self.noise_kind not in ("random", "rejected"):
             raise ValueError(f"sft.noise_kind must be random or rejected, got {self.noise_kind!r}")
+
+    def torch_threads(self, run: RunConfig) -> int:
+        """The SFT phase's torch threads (see `threads`)."""
+        if self.threads is not None:
+            return self.threads
+        engine_threads = run.engine.threads if run.engine.backend == "inprocess" else 0
+        return run.model.threads + engine_threads
 
     @property
     def seeds(self) -> range:

@@ -144,6 +144,8 @@ async def fine_tune_on_demos(config: RunConfig, policy: Policy, log_dir: Path) -
     sft_log = MetricsLog(log_dir, tensorboard=False, filename="sft_metrics.jsonl")
     sft_log.truncate_after(-1)
     history = await asyncio.to_thread(
+        _with_threads,
+        config.sft.torch_threads(config),
         sft_epochs,
         policy,
         demos,
@@ -154,6 +156,16 @@ async def fine_tune_on_demos(config: RunConfig, policy: Policy, log_dir: Path) -
         on_step=sft_log.log,
     )
     return demos, history
+
+
+def _with_threads(threads: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)` with `threads` torch threads, the previous count restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        torch.set_num_threads(before)
 
 
 # --- 3. RL ------------------------------------------------------------------------------

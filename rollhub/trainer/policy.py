@@ -104,12 +104,17 @@ def collate(sequences: Sequence[Any], token_advantages: Sequence[Sequence[float]
     return TokenBatch(input_ids, attention, response, behaviour, advantages, versions)
 
 
-def default_device_and_dtype(device: str | None = None) -> tuple[str, torch.dtype]:
-    """cuda + bf16 when a GPU is present, else cpu + fp32."""
+def default_device_and_dtype(device: str | None = None, dtype: str | None = None) -> tuple[str, torch.dtype]:
+    """cuda + bf16 when a GPU is present, else cpu + fp32; `dtype` ("float32", "bfloat16";
+    None or "auto" = that default) overrides the compute dtype on either device."""
     if device is None or device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    return device, dtype
+    if dtype is None or dtype == "auto":
+        return device, torch.bfloat16 if device.startswith("cuda") else torch.float32
+    names = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    if dtype not in names:
+        raise ValueError(f"compute dtype must be auto, float32 or bfloat16, got {dtype!r}")
+    return device, names[dtype]
 
 
 def token_logprobs_from_logits(
@@ -169,13 +174,14 @@ class Policy:
         micro_batch_size: int = 8,
         gradient_checkpointing: bool = False,
         fsdp: bool = False,
+        dtype: str | None = None,
     ):
         from rollhub.rollout.models import load_model_and_tokenizer
 
         if temperature <= 0:
             raise ValueError("the trainer recomputes log_softmax(logits / T); temperature must be > 0")
         # `dtype` is the compute dtype; the parameters (the optimizer's master weights) are fp32
-        self.device, self.dtype = default_device_and_dtype(device)
+        self.device, self.dtype = default_device_and_dtype(device, dtype)
         self.model, self.tokenizer = load_model_and_tokenizer(model_path, dtype=torch.float32, device=self.device)
         self.model.train()
         self.temperature = temperature
@@ -213,11 +219,13 @@ class Policy:
             layer.forward = functools.partial(checkpoint, layer.forward, use_reentrant=False)
 
     def _autocast_forward(self) -> None:
-        """One GPU without FSDP: fp32 parameters, bf16 compute (autocast around decoder and head)."""
+        """Without FSDP: fp32 parameters, bf16 compute (autocast around decoder and head), on one
+        GPU or on the CPU (where AMX makes bf16 matrix products faster than fp32 ones)."""
         modules = [self.model]
         decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
-        head = self.model.get_output_embeddings()
-        modules += [m for m in (decoder, head) if m is not None]
+        # the head is left in fp32 (it runs on the response positions alone, see token_logprobs):
+        # bf16 logits would round every log-prob the importance ratios and the KL use by ~0.03 nat
+        modules += [decoder] if decoder is not None else []
         device_type = torch.device(self.device).type
         for module in modules:
             module.forward = torch.autocast(device_type, dtype=self.dtype)(module.forward)
@@ -283,7 +291,7 @@ class Policy:
             input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
         ).last_hidden_state
         rows, cols = response_positions(batch)
-        logits = head(hidden[:, :-1][rows, cols]).float() / self.temperature
+        logits = head(hidden[:, :-1][rows, cols].to(head.weight.dtype)).float() / self.temperature
         return _scattered(batch, logits, rows, cols, with_entropy=with_entropy, with_full=with_full)
 
     def _packed_token_logprobs(
@@ -314,7 +322,7 @@ class Policy:
             logits = out.logits[where].float() / self.temperature
         else:
             hidden = decoder(**packed_model_inputs(packed, decoder), use_cache=False).last_hidden_state
-            logits = head(hidden[where]).float() / self.temperature
+            logits = head(hidden[where].to(head.weight.dtype)).float() / self.temperature
         return _scattered(batch, logits, rows, cols, with_entropy=with_entropy, with_full=with_full)
 
     @torch.no_grad()

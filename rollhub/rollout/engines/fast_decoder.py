@@ -230,8 +230,15 @@ class FastDecoder:
         self._layers = layers
         self._embedding = self.model.model.embed_tokens.weight
         self._final_norm = self.model.model.norm.weight
-        self._head = self.model.lm_head.weight.t().contiguous()
-        self._head_bias = getattr(self.model.lm_head, "bias", None)
+        head = self.model.lm_head.weight
+        # a low-precision model on the CPU projects in fp32: the head runs on one position per
+        # row (cheap there), and bf16 logits would put ~0.03 nat of rounding into every
+        # behaviour log-prob the trainer's importance ratios divide by
+        if head.device.type == "cpu" and head.dtype != torch.float32:
+            head = head.float()
+        self._head = head.t().contiguous()
+        bias = getattr(self.model.lm_head, "bias", None)
+        self._head_bias = None if bias is None else bias.to(self._head.dtype)
 
     def _rotary_table(self) -> torch.Tensor:
         """cos + i sin per (position, rotary pair), from the model's own rotary module (fp32)."""
@@ -315,7 +322,7 @@ class FastDecoder:
             x = x + (F.silu(gate) * up) @ layer.down
         x = x[torch.arange(batch, device=device), last.to(device)]  # [B, hidden]
         x = F.rms_norm(x, (self.hidden_size,), self._final_norm, self.eps)
-        logits = x @ self._head
+        logits = x.to(self._head.dtype) @ self._head
         if self._head_bias is not None:
             logits = logits + self._head_bias
         return logits.float()
