@@ -10,6 +10,7 @@ Each turn's advantage is broadcast to that turn's response tokens in the packed 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -49,6 +50,10 @@ class AlgorithmConfig:
     drop_zero_advantage_sequences: bool = False  # skip sequences whose tokens all have A = 0 (no gradient, full cost)
     # a turn the env rejected gets min(A, invalid_action_penalty): never reinforced (see turn_advantages)
     cap_invalid_advantage: bool = True
+    # a turn whose own env reward falls short of turn_bar gets turn_bar_weight * (reward - turn_bar)
+    # added to its advantage, whatever the rest of its group did (see turn_advantages); 0 = off
+    turn_bar_weight: float = 0.0
+    turn_bar: float = 0.0
 
     def validate(self) -> None:
         # written `not (in range)` so that nan fails too (the loader refuses it; direct construction does not)
@@ -60,6 +65,12 @@ class AlgorithmConfig:
             raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
         if not (self.episode_weight >= 0 and self.omega >= 0):
             raise ValueError("algorithm.episode_weight and algorithm.omega must be >= 0")
+        if not (self.turn_bar_weight >= 0 and math.isfinite(self.turn_bar_weight)):
+            raise ValueError(
+                f"algorithm.turn_bar_weight must be a finite value >= 0 (0 = off), got {self.turn_bar_weight}"
+            )
+        if not math.isfinite(self.turn_bar):
+            raise ValueError(f"algorithm.turn_bar must be finite, got {self.turn_bar}")
 
 
 def trainable_trajectories(group: Group) -> list[Trajectory]:
@@ -97,6 +108,15 @@ def turn_advantages(trajectories: Sequence[Trajectory], algorithm: AlgorithmConf
     turns are usually rare, low-probability samples, whose log-prob gradient is the largest
     in the batch, so reinforcing them drives a small policy into bursts of format errors
     (the experiment log, docs/sokoban-rl-log.md, has the runs).
+
+    With `algorithm.turn_bar_weight` (w > 0), every turn whose own reward r is below
+    `algorithm.turn_bar` (b) also gets w * (r - b): REINFORCE on the turn's immediate reward
+    with the constant baseline b, counting only shortfalls. The group-relative estimators
+    see nothing where every sample of a group made the same move, and a confident policy's
+    remaining mistakes are exactly those (all samples take the same wrong turn); a dense
+    per-turn reward (e.g. Sokoban's `progress_reward`, b = its per-move value) still marks
+    them. Turns at or above the bar get nothing, so their sequences keep advantage 0 and
+    `drop_zero_advantage_sequences` still skips them.
     """
     rewards = [[turn.reward for turn in t.turns] for t in trajectories]
     penalties = [
@@ -126,6 +146,12 @@ def turn_advantages(trajectories: Sequence[Trajectory], algorithm: AlgorithmConf
         )
     else:
         raise ValueError(f"unknown advantage estimator {algorithm.estimator!r}")
+    if algorithm.turn_bar_weight > 0:
+        weight, bar = algorithm.turn_bar_weight, algorithm.turn_bar
+        advantages = [
+            [a + weight * min(0.0, reward - bar) for a, reward in zip(row, row_rewards)]
+            for row, row_rewards in zip(advantages, rewards)
+        ]
     if algorithm.cap_invalid_advantage:
         advantages = [
             [a if turn.action_valid else min(a, algorithm.invalid_action_penalty) for a, turn in zip(row, t.turns)]

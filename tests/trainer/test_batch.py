@@ -140,3 +140,37 @@ def test_zero_advantage_sequences_can_be_dropped():
     assert stats.dropped_sequences == 1 and len(kept) == 2  # the third trajectory carries no gradient
     assert kept.advantages[0][kept.response_mask[0] > 0].tolist()[:2] == pytest.approx([0.5, 0.5])
     assert kept.advantages[1][kept.response_mask[1] > 0].tolist()[:2] == pytest.approx([-0.5, -0.5])
+
+
+def test_turn_bar_marks_a_wrong_move_that_every_sample_of_the_group_made():
+    # both samples walk away from the goal (-0.3) and then step back (+0.3) along the same anchors:
+    # GiGPO compares equal returns only, so without the bar the group carries no signal at all
+    def walker():
+        return _trajectory([-0.3, 0.3], ["s", "t"])
+
+    common = dict(estimator="gigpo", omega=1.0, gamma=0.9, episode_weight=0.0, drop_zero_advantage_groups=True)
+    batch, stats = _batch([Group("g", "e", 0, [walker(), walker()])], **common)
+    assert batch is None and stats.zero_advantage_groups == 1
+    batch, _ = _batch([Group("g", "e", 0, [walker(), walker()])], turn_bar_weight=1.0, turn_bar=0.3, **common)
+    for row in range(2):
+        advantages = batch.advantages[row][batch.response_mask[row] > 0].tolist()
+        # the step away falls 0.6 short of the bar; the step back meets it and stays at 0
+        assert advantages == pytest.approx([-0.6, -0.6, 0.0, 0.0])
+
+
+def test_turn_bar_leaves_turns_at_or_above_it_and_adds_to_group_advantages():
+    winner, loser = _trajectory([0.3, 1.3], ["s", "t"]), _trajectory([-0.3, 0.0], ["s", "u"])
+    kwargs = dict(estimator="gigpo", omega=1.0, gamma=1.0, episode_weight=0.0)
+    plain = build_training_batch([Group("g", "e", 0, [winner, loser])], 0, AlgorithmConfig(**kwargs))[0]
+    barred = build_training_batch(
+        [Group("g", "e", 0, [winner, loser])], 0, AlgorithmConfig(turn_bar_weight=0.5, turn_bar=0.3, **kwargs)
+    )[0]
+    shift = (barred.advantages - plain.advantages)[barred.response_mask > 0].tolist()
+    # winner: both turns reach the bar; loser: -0.3 and 0.0 fall 0.6 and 0.3 short, weighted 0.5
+    assert shift == pytest.approx([0.0, 0.0, 0.0, 0.0, -0.3, -0.3, -0.15, -0.15])
+
+
+@pytest.mark.parametrize("weight", [-0.1, float("nan"), float("inf")])
+def test_turn_bar_weight_must_be_finite_and_non_negative(weight):
+    with pytest.raises(ValueError, match="turn_bar_weight"):
+        AlgorithmConfig(turn_bar_weight=weight).validate()

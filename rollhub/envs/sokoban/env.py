@@ -21,6 +21,10 @@ from rollhub.envs.sokoban.solver import push_distances, solve
 
 logger = logging.getLogger(__name__)
 
+#: observation layouts: the packed grid ("grid") or one token per cell ("cells", outer wall
+#: ring dropped), each optionally followed by the positions line (Board.describe_positions)
+OBSERVATIONS = ("grid", "grid+positions", "cells", "cells+positions")
+
 #: rooms drawn per reset before `min_solution_steps` is declared out of reach
 MIN_SOLUTION_TRIES = 1000
 
@@ -90,6 +94,9 @@ class SokobanEnv(Env):
             own signal (+k for an optimal move, -k for a move away from the goal, about
             -k * (max_steps + 1 - d) for pushing a box into a dead corner). 0 (default) = off.
         solvable_within_max_steps: only produce rooms solvable in max_steps moves.
+        observation: "grid" (the legend's symbols, one line a row), "cells" (a space before
+            every symbol so each cell is one token of a BPE tokenizer, outer wall ring left
+            out), and either with "+positions" (a line of box/target offsets and blocked moves).
         action_tag: the tag around a move (<action>up</action>); "" = the answer is the bare
             move word, one token for a small tokenizer instead of seven with the tags.
         end_on_deadlock: end the episode (terminated, not solved) as soon as a box stands
@@ -125,7 +132,7 @@ class SokobanEnv(Env):
         progress_reward: float = 0.0,
         solvable_within_max_steps: bool = True,
         max_reverse_states: int = 300_000,
-        observation: Literal["grid", "grid+positions"] = "grid",
+        observation: Literal["grid", "grid+positions", "cells", "cells+positions"] = "grid",
         action_tag: str = "action",
         end_on_deadlock: bool = False,
         min_solution_steps: int = 0,
@@ -147,8 +154,8 @@ class SokobanEnv(Env):
         self.search_depth = search_depth
         self.solvable_within_max_steps = solvable_within_max_steps
         self.max_reverse_states = max_reverse_states
-        if observation not in ("grid", "grid+positions"):
-            raise ValueError(f"observation must be 'grid' or 'grid+positions', got {observation!r}")
+        if observation not in OBSERVATIONS:
+            raise ValueError(f"observation must be one of {', '.join(OBSERVATIONS)}, got {observation!r}")
         self.observation = observation
         if not isinstance(action_tag, str) or any(c in action_tag for c in "<>/ "):
             raise ValueError(f"action_tag must be a tag name like 'action' or '' (bare moves), got {action_tag!r}")
@@ -303,9 +310,10 @@ class SokobanEnv(Env):
 
     def _show(self, board: Board) -> str:
         """The observation text: the grid, plus a positions line when configured."""
-        if self.observation == "grid+positions":
-            return f"{board.render()}\n{board.describe_positions()}"
-        return board.render()
+        grid = board.render_cells() if self.observation.startswith("cells") else board.render()
+        if self.observation.endswith("+positions"):
+            return f"{grid}\n{board.describe_positions()}"
+        return grid
 
     async def close(self) -> None:
         self._board = None

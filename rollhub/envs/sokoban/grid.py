@@ -63,6 +63,17 @@ class Board:
             "".join(SYMBOLS[c] for c in codes[r * self.width : (r + 1) * self.width]) for r in range(self.height)
         )
 
+    def render_cells(self) -> str:
+        """The grid inside its wall ring (every board has one: `from_text` and the generator
+        enforce it), with a space before each symbol, so that each cell is one token.
+
+        `render` packs runs of cells into BPE tokens of uneven width ("##__", "_#"), so the
+        cell above the player sits a different number of tokens back on every board; here it
+        is always one row's width back, which a small model's attention can learn once."""
+        codes = self.codes()
+        rows = [codes[r * self.width + 1 : (r + 1) * self.width - 1] for r in range(1, self.height - 1)]
+        return "\n".join("".join(" " + SYMBOLS[c] for c in row) for row in rows)
+
     def describe_positions(self) -> str:
         """One line of relative positions and blocked moves, for small models.
 

@@ -205,6 +205,21 @@ async def test_positions_observation_states_what_the_grid_shows():
         SokobanEnv(observation="pixels")
 
 
+async def test_cells_observation_is_one_tokenizer_token_per_cell_inside_the_wall_ring():
+    from rollhub.rollout.models import build_tokenizer
+
+    env = SokobanEnv(observation="cells+positions")
+    obs, _ = await env.reset(options={"board": LEVEL})
+    grid, line = obs[1]["content"].rsplit("\n", 1)
+    # the outer ring is all wall and left out; every inner cell is " " + its symbol
+    assert grid.split("\n") == [" _ _ _ _", " _ X O _", " _ P _ _"]
+    assert line == "box up 1 col 0; target from box row 0 right 1; blocked down"
+    tokens = build_tokenizer().tokenize(grid)
+    assert len(tokens) == 3 * 4 + 2  # 12 cells and 2 newlines: the cell above is always 5 tokens back
+    obs, _ = await SokobanEnv(observation="cells").reset(options={"board": LEVEL})
+    assert obs[1]["content"] == grid
+
+
 async def test_progress_reward_is_the_drop_in_solver_distance_and_telescopes():
     # LEVEL: the box is pushed right from (2,2) onto O by a player at (2,1): up-left first
     env = SokobanEnv(reward="sparse", progress_reward=0.5, max_steps=10)
