@@ -161,10 +161,8 @@ def test_turn_bar_marks_a_wrong_move_that_every_sample_of_the_group_made():
 def test_turn_bar_leaves_turns_at_or_above_it_and_adds_to_group_advantages():
     winner, loser = _trajectory([0.3, 1.3], ["s", "t"]), _trajectory([-0.3, 0.0], ["s", "u"])
     kwargs = dict(estimator="gigpo", omega=1.0, gamma=1.0, episode_weight=0.0)
-    plain = build_training_batch([Group("g", "e", 0, [winner, loser])], 0, AlgorithmConfig(**kwargs))[0]
-    barred = build_training_batch(
-        [Group("g", "e", 0, [winner, loser])], 0, AlgorithmConfig(turn_bar_weight=0.5, turn_bar=0.3, **kwargs)
-    )[0]
+    plain = _batch([Group("g", "e", 0, [winner, loser])], **kwargs)[0]
+    barred = _batch([Group("g", "e", 0, [winner, loser])], turn_bar_weight=0.5, turn_bar=0.3, **kwargs)[0]
     shift = (barred.advantages - plain.advantages)[barred.response_mask > 0].tolist()
     # winner: both turns reach the bar; loser: -0.3 and 0.0 fall 0.6 and 0.3 short, weighted 0.5
     assert shift == pytest.approx([0.0, 0.0, 0.0, 0.0, -0.3, -0.3, -0.15, -0.15])

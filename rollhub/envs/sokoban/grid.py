@@ -69,8 +69,7 @@ class Board:
 
         `render` packs runs of cells into BPE tokens of uneven width ("##__", "_#"), so the
         cell above the player sits a different number of tokens back on every board; here it
-        is always one row's width back. (The 5M tiny model did not play better from it: it
-        reads the positions line, docs/sokoban-rl-log.md, session 11.)"""
+        is always one row's width back."""
         codes = self.codes()
         rows = [codes[r * self.width + 1 : (r + 1) * self.width - 1] for r in range(1, self.height - 1)]
         return "\n".join("".join(" " + SYMBOLS[c] for c in row) for row in rows)
