@@ -51,6 +51,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "rollhub.bench.grad_snr:run",
         "cosine between policy gradients of disjoint batches from a run's logged groups: signal or noise?",
     ),
+    "run-signal": (
+        "rollhub.bench.run_signal:run",
+        "a run's groups by window: all succeed / mixed / all fail, mistakes its group estimator cannot see, clip, KL",
+    ),
     "fit-latency": (
         "rollhub.bench.fit_latency_model:run",
         "fit the SIMULATED latency-model engine to the real HFEngine and validate it",
