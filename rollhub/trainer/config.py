@@ -352,6 +352,9 @@ class EvalConfig:
     # episodes per held-out seed; the success rate is their mean (at T > 0 one draw per
     # seed adds sampling noise to every reading)
     samples_per_seed: int = 1
+    # true (with temperature > 0): the warm-start and the final policy are also played once per
+    # held-out seed greedily, so a gain at T = 1 can be told apart from a sharper argmax
+    greedy: bool = False
     env: EvalEnvConfig = field(default_factory=EvalEnvConfig)  # default: the training env
     select: SelectConfig = field(default_factory=SelectConfig)  # best checkpoint by validation seeds
 
@@ -366,6 +369,17 @@ class EvalConfig:
         _at_least("eval.seed_offset", self.seed_offset, 0)
         _at_least("eval.temperature", self.temperature, 0)
         _at_least("eval.every", self.every, 0)
+        if not isinstance(self.greedy, bool):
+            raise ValueError(f"eval.greedy must be true or false, got {self.greedy!r}")
+
+    @property
+    def greedy_reading(self) -> bool:
+        """A second, greedy reading at the warm-start and the end (at T = 0 the main one is greedy)."""
+        return self.greedy and self.temperature > 0 and self.episodes > 0
+
+    @property
+    def greedy_label(self) -> str:
+        return f"{self.episodes} held-out seeds x 1 greedy"
 
     @property
     def label(self) -> str:

@@ -126,8 +126,10 @@ async def evaluate_model_dir(config: RunConfig, model_dir: Path) -> EvalResult:
         await engine.close()
 
 
-async def evaluate_held_out(engine: Any, tokenizer: Any, config: RunConfig) -> EvalResult:
-    """A RunConfig's held-out evaluation (`eval.env`, by default its env; agent; `eval:`) with `engine`."""
+async def evaluate_held_out(engine: Any, tokenizer: Any, config: RunConfig, *, greedy: bool = False) -> EvalResult:
+    """A RunConfig's held-out evaluation (`eval.env`, by default its env; agent; `eval:`) with `engine`.
+
+    greedy: one episode per seed at temperature 0 instead of eval.temperature x samples_per_seed."""
     from rollhub.trainer.build import make_eval_env_factory
 
     return await evaluate_policy(
@@ -136,8 +138,8 @@ async def evaluate_held_out(engine: Any, tokenizer: Any, config: RunConfig) -> E
         make_eval_env_factory(config),
         config.agent,
         config.eval.seeds,
-        temperature=config.eval.temperature,
+        temperature=0.0 if greedy else config.eval.temperature,
         max_concurrent=config.env.max_concurrent,
         env_id=config.eval_env_id,
-        samples_per_seed=config.eval.samples_per_seed,
+        samples_per_seed=1 if greedy else config.eval.samples_per_seed,
     )

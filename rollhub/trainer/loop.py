@@ -665,13 +665,14 @@ async def restore(run: Run, checkpoint: Path, *, print_fn: Callable[[str], None]
         run.state.warmstart_success = json.loads(warm.read_text()).get("success_rate", run.state.warmstart_success)
 
 
-async def evaluate(run: Run, label: str) -> EvalResult:
-    """Success on the held-out seeds with the current weights (timed under `eval_{label}_s`)."""
+async def evaluate(run: Run, label: str, *, greedy: bool = False) -> EvalResult:
+    """Success on the held-out seeds with the current weights (timed under `eval_{label}_s`);
+    greedy: one episode per seed at T = 0 (eval.greedy)."""
     config = run.config
     started = time.perf_counter()
     if run.engine.weight_version != run.state.version:  # cluster.backend=ray pushes to remote engines only
         await run.engine.update_weights(run.policy.engine_state_dict(), run.state.version)
-    result = await evaluate_held_out(run.engine, run.policy.tokenizer, config)
+    result = await evaluate_held_out(run.engine, run.policy.tokenizer, config, greedy=greedy)
     key = f"eval_{label}_s"
     run.phases[key] = run.phases.get(key, 0.0) + time.perf_counter() - started
     return result
@@ -711,11 +712,25 @@ async def finish(run: Run, selector: CheckpointSelector | None) -> tuple[EvalRes
 
 async def evaluate_warm_start(run: Run, *, print_fn: Callable[[str], None]) -> EvalResult:
     result = await evaluate(run, "warmstart")
+    greedy = await evaluate(run, "warmstart_greedy", greedy=True) if run.config.eval.greedy_reading else None
     run.state.warmstart_success = result.success_rate
-    (run.run_dir / WARMSTART_FILE).write_text(json.dumps(result.metrics(prefix="")))
-    run.metrics_log.log(0, {**result.metrics(), "policy/version": 0})
+    record = result.metrics(prefix="") | _greedy_metrics(greedy, prefix="")
+    (run.run_dir / WARMSTART_FILE).write_text(json.dumps(record))
+    run.metrics_log.log(0, {**result.metrics(), **_greedy_metrics(greedy), "policy/version": 0})
     print_fn(f"warm-start success on {run.config.eval.label}: {100 * result.success_rate:.1f}%")
+    if greedy is not None:
+        print_fn(f"warm-start success on {run.config.eval.greedy_label}: {100 * greedy.success_rate:.1f}%")
     return result
+
+
+def _greedy_metrics(greedy: EvalResult | None, prefix: str = "eval/") -> dict[str, float]:
+    return {} if greedy is None else {f"{prefix}greedy_success_rate": greedy.success_rate}
+
+
+def _warmstart_greedy(run_dir: Path) -> float | None:
+    """The warm-start's greedy reading, also after a resume (it lives in warmstart.json)."""
+    warm = run_dir / WARMSTART_FILE
+    return json.loads(warm.read_text()).get("greedy_success_rate") if warm.exists() else None
 
 
 async def reinforce(run: Run, *, progress: bool, selector: CheckpointSelector | None = None) -> None:
@@ -785,8 +800,9 @@ def report(
     print_fn: Callable[[str], None],
     last: EvalResult | None = None,
     selected_step: int | None = None,
+    final_greedy: EvalResult | None = None,
 ) -> TrainingSummary:
-    """summary.json, the learning curve and the before/after line."""
+    """summary.json, the learning curve and the before/after lines."""
     config, state = run.config, run.state
     wall = run.wall_s()  # a resumed run counts its earlier processes too
     before = state.warmstart_success if warmstart is None else warmstart.success_rate
@@ -801,6 +817,8 @@ def report(
         "steps": state.version,
         "selected_step": selected_step,  # eval.select: the step whose weights are final_model
         "last_step_success_rate": (last or final).success_rate,
+        "warmstart_greedy_success_rate": _warmstart_greedy(run.run_dir) if final_greedy is not None else None,
+        "final_greedy_success_rate": None if final_greedy is None else final_greedy.success_rate,
         "wall_s": wall,
         "phases_s": run.phases,
     }
@@ -813,6 +831,10 @@ def report(
         )
     else:
         print_fn(f"final success: {100 * final.success_rate:.1f}% ({state.version} RL steps, {wall / 60:.1f} min)")
+    if final_greedy is not None:
+        greedy_before = summary["warmstart_greedy_success_rate"]
+        start = "" if greedy_before is None else f"warm-start {100 * greedy_before:.1f}%  ->  "
+        print_fn(f"greedy success ({config.eval.greedy_label}): {start}final {100 * final_greedy.success_rate:.1f}%")
     if selected_step is not None:
         select = config.eval.select
         print_fn(
@@ -912,8 +934,14 @@ async def run_training(
         await reinforce(run, progress=progress, selector=selector)
         # 4. final evaluation on the same held-out seeds (of the policy eval.select picked, if on)
         final, last, selected_step = await finish(run, selector)
-        metrics_log.log(run.state.version, {**final.metrics(), "policy/version": run.state.version})
+        # the engine holds the final policy's weights (the picked one's with eval.select)
+        final_greedy = await evaluate(run, "final_greedy", greedy=True) if config.eval.greedy_reading else None
+        metrics_log.log(
+            run.state.version, {**final.metrics(), **_greedy_metrics(final_greedy), "policy/version": run.state.version}
+        )
     finally:
         await run.engine.close()
         metrics_log.close()
-    return report(run, warmstart, final, print_fn=print_fn, last=last, selected_step=selected_step)
+    return report(
+        run, warmstart, final, print_fn=print_fn, last=last, selected_step=selected_step, final_greedy=final_greedy
+    )

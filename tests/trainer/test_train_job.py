@@ -314,3 +314,28 @@ def test_eval_samples_per_seed_plays_every_seed_that_many_times(tiny_model_dir, 
 
     with pytest.raises(UserError, match="eval: samples_per_seed must be >= 1"):
         load_config(RunConfig, recipe, ["eval.samples_per_seed=0"])
+
+
+def test_eval_greedy_adds_a_greedy_reading_of_the_warm_start_and_the_final_policy(tiny_model_dir, tmp_path, capsys):
+    from rollhub.trainer.evaluate import evaluate_model_dir
+
+    eval_section = {"episodes": 3, "samples_per_seed": 2, "temperature": 1.0, "greedy": True}
+    recipe = _recipe(tmp_path, tiny_model_dir, eval=eval_section)
+    assert main(["train", str(recipe), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "warm-start success on 3 held-out seeds x 1 greedy" in out and "greedy success (3 held-out" in out
+    run = tmp_path / "run"
+    summary = json.loads((run / "summary.json").read_text())
+    warm = json.loads((run / "warmstart.json").read_text())
+    assert summary["warmstart_greedy_success_rate"] == warm["greedy_success_rate"]
+    # the reading is the final policy played greedily, one episode a seed: the same number as
+    # evaluating final_model/ at T = 0 apart from the job
+    config = load_config(RunConfig, recipe, ["eval.temperature=0", "eval.samples_per_seed=1"])
+    alone = asyncio.run(evaluate_model_dir(config, run / "final_model"))
+    assert len(alone.trajectories) == 3
+    assert summary["final_greedy_success_rate"] == alone.success_rate
+    final_row = [r for r in read_jsonl(run / "metrics.jsonl") if "eval/greedy_success_rate" in r][-1]
+    assert final_row["eval/greedy_success_rate"] == alone.success_rate
+    # at T = 0 the main reading is already greedy: no second one
+    assert not load_config(RunConfig, recipe, ["eval.temperature=0"]).eval.greedy_reading
+    assert not load_config(RunConfig, recipe, ["eval.greedy=false"]).eval.greedy_reading
