@@ -93,6 +93,13 @@ class SokobanEnv(Env):
             they got without changing which policy is optimal, and gives every move its
             own signal (+k for an optimal move, -k for a move away from the goal, about
             -k * (max_steps + 1 - d) for pushing a box into a dead corner). 0 (default) = off.
+        progress_clip: clip each move's shaping to [-progress_reward, +progress_reward], so a
+            push into a dead position costs what any move away costs. Unclipped, a dead push
+            from distance d costs k * (max_steps + 1 - d): in the two-box room (20 moves) that
+            is ~10x a move away, and RL learned to stop pushing, trading deadlocks for running
+            out of moves (issue 22). With `end_on_deadlock` the success the episode forfeits
+            still counts through the return. No longer potential-based (a dead push is not
+            priced by a potential), which is the point.
         solvable_within_max_steps: only produce rooms solvable in max_steps moves.
         observation: "grid" (the legend's symbols, one line a row), "cells" (a space before
             every symbol so each cell is one token of a BPE tokenizer, outer wall ring left
@@ -130,6 +137,7 @@ class SokobanEnv(Env):
         solved_reward: float | None = None,
         invalid_reward: float | None = None,
         progress_reward: float = 0.0,
+        progress_clip: bool = False,
         solvable_within_max_steps: bool = True,
         max_reverse_states: int = 300_000,
         observation: Literal["grid", "grid+positions", "cells", "cells+positions"] = "grid",
@@ -181,6 +189,9 @@ class SokobanEnv(Env):
         if progress_reward < 0:
             raise ValueError(f"progress_reward must be >= 0 (0 = off), got {progress_reward}")
         self.progress_reward = float(progress_reward)
+        if not isinstance(progress_clip, bool):
+            raise ValueError(f"progress_clip must be true or false, got {progress_clip!r}")
+        self.progress_clip = progress_clip
         self.rewards = SokobanRewards(
             **{k: (getattr(preset, k) if v is None else float(v)) for k, v in overrides.items()}
         )
@@ -273,7 +284,10 @@ class SokobanEnv(Env):
         deadlocked = self.end_on_deadlock and not terminated and is_deadlocked(new_board, self._live_cells)
         terminated = terminated or deadlocked
         if self.progress_reward:
-            reward += self.progress_reward * (self.distance_to_go(board) - self.distance_to_go(new_board))
+            drop = self.distance_to_go(board) - self.distance_to_go(new_board)
+            if self.progress_clip:
+                drop = max(-1, min(1, drop))
+            reward += self.progress_reward * drop
         self._advance_plan(board, move, new_board)
         self._board = new_board
         truncated = not terminated and self._steps >= self.max_steps

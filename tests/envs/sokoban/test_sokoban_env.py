@@ -239,6 +239,11 @@ async def test_progress_reward_is_the_drop_in_solver_distance_and_telescopes():
     assert info["success"]
     # telescoping: sum of shaping = k * (d(s_0) - d(s_T)) = 0.5 * 3, plus the sparse 1.0 for solving
     assert total == pytest.approx(1.0 + 0.5 * start)
+    # clipping leaves a walk away priced as before (a walk changes d by at most one)
+    clipped = SokobanEnv(reward="sparse", progress_reward=0.5, progress_clip=True, max_steps=10)
+    await clipped.reset(options={"board": LEVEL})
+    _, r_right, *_ = await clipped.step("<action>right</action>")
+    assert r_right == pytest.approx(-0.5)
 
 
 async def test_progress_reward_prices_a_dead_box_as_max_steps_plus_one():
@@ -250,5 +255,13 @@ async def test_progress_reward_prices_a_dead_box_as_max_steps_plus_one():
         "<action>up</action>"
     )  # the box goes against the top wall; the target is two rows down
     assert reward == pytest.approx(before - 11)  # dead: no plan, distance max_steps + 1
+    clipped = SokobanEnv(reward="sparse", progress_reward=1.0, progress_clip=True, max_steps=10)
+    await clipped.reset(options={"board": level})
+    _, reward, *_ = await clipped.step("<action>up</action>")
+    assert reward == pytest.approx(-1.0)  # clipped: a dead push costs one move away
+    _, r_left, *_ = await clipped.step("<action>left</action>")  # not ended (no end_on_deadlock): still dead
+    assert r_left == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="progress_clip"):
+        SokobanEnv(progress_reward=1.0, progress_clip="yes")
     with pytest.raises(ValueError, match="progress_reward"):
         SokobanEnv(progress_reward=-1.0)
