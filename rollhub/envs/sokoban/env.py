@@ -286,6 +286,8 @@ class SokobanEnv(Env):
         if self.progress_reward:
             drop = self.distance_to_go(board) - self.distance_to_go(new_board)
             if self.progress_clip:
+                # both sides bind: d of a live position is not capped, so a dead push from a
+                # position more than max_steps + 2 moves out has drop > 1
                 drop = max(-1, min(1, drop))
             reward += self.progress_reward * drop
         self._advance_plan(board, move, new_board)

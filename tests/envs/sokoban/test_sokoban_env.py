@@ -255,6 +255,7 @@ async def test_progress_reward_prices_a_dead_box_as_max_steps_plus_one():
         "<action>up</action>"
     )  # the box goes against the top wall; the target is two rows down
     assert reward == pytest.approx(before - 11)  # dead: no plan, distance max_steps + 1
+    assert before - 11 < -1  # so the clipped reading below differs from the unclipped one
     clipped = SokobanEnv(reward="sparse", progress_reward=1.0, progress_clip=True, max_steps=10)
     await clipped.reset(options={"board": level})
     _, reward, *_ = await clipped.step("<action>up</action>")
