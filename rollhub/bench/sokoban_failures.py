@@ -136,7 +136,8 @@ async def analyse_episode(
 
     The env is the real SokobanEnv, so answers are parsed and moves applied exactly as in the
     episode. Distance-to-go comes from the solver directly (None = dead) rather than from
-    `env.distance_to_go`, whose dead value max_steps + 1 is also a possible live plan length.
+    `env.distance_to_go`, which caps live plans at max_steps (the env's shaping needs that, this
+    table wants the true lengths).
     `ended_early`: the agent loop stopped the episode for a model failure (not the env).
     """
     from rollhub.envs.sokoban.solver import push_distances, solve

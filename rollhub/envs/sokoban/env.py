@@ -86,20 +86,25 @@ class SokobanEnv(Env):
             (step_reward, box_on_target_reward, box_off_target_reward, solved_reward,
             invalid_reward).
         progress_reward: potential-based shaping (Ng, Harada & Russell 1999) with the
-            solver's distance-to-go d(s) (moves of an optimal plan; a dead position counts
-            as max_steps + 1, one more than any live room needs): each valid move also
+            solver's distance-to-go d(s) (moves of an optimal plan, capped at max_steps: a
+            position further out cannot be solved within the episode; a dead position counts
+            as max_steps + 1, so it always prices below every live one): each valid move also
             earns progress_reward * (d(s) - d(s')). Over an episode it telescopes to
             progress_reward * (d(s_0) - d(s_T)), so it ranks failed episodes by how close
             they got without changing which policy is optimal, and gives every move its
             own signal (+k for an optimal move, -k for a move away from the goal, about
             -k * (max_steps + 1 - d) for pushing a box into a dead corner). 0 (default) = off.
-        progress_clip: clip each move's shaping to [-progress_reward, +progress_reward], so a
-            push into a dead position costs what any move away costs. Unclipped, a dead push
-            from distance d costs k * (max_steps + 1 - d): in the two-box room (20 moves) that
-            is ~10x a move away, and RL learned to stop pushing, trading deadlocks for running
-            out of moves (issue 22). With `end_on_deadlock` the success the episode forfeits
-            still counts through the return. No longer potential-based (a dead push is not
-            priced by a potential), which is the point.
+            Without the cap a dead push from a live position more than max_steps + 2 moves out
+            would have earned a reward.
+        progress_clip: a push into a dead position costs -progress_reward, what any move away
+            costs. Unpriced, a dead push from distance d costs k * (max_steps + 1 - d): in the
+            two-box room (20 moves) that is ~10x a move away, and RL learned to stop pushing,
+            trading deadlocks for running out of moves (issue 22). With `end_on_deadlock` the
+            success the episode forfeits still counts through the return. Only dead pushes are
+            repriced: dead positions are absorbing, so no loop passes through one and moves
+            between live positions keep the potential's zero sum around every loop. (Clipping
+            every move to [-k, k] instead, as first built, paid +2k a lap around a loop whose
+            push costs 3 moves, possible in 23% of one-box and 53% of two-box rooms.)
         solvable_within_max_steps: only produce rooms solvable in max_steps moves.
         observation: "grid" (the legend's symbols, one line a row), "cells" (a space before
             every symbol so each cell is one token of a BPE tokenizer, outer wall ring left
@@ -284,12 +289,11 @@ class SokobanEnv(Env):
         deadlocked = self.end_on_deadlock and not terminated and is_deadlocked(new_board, self._live_cells)
         terminated = terminated or deadlocked
         if self.progress_reward:
-            drop = self.distance_to_go(board) - self.distance_to_go(new_board)
-            if self.progress_clip:
-                # both sides bind: d of a live position is not capped, so a dead push from a
-                # position more than max_steps + 2 moves out has drop > 1
-                drop = max(-1, min(1, drop))
-            reward += self.progress_reward * drop
+            before, after = self.distance_to_go(board), self.distance_to_go(new_board)
+            dead = self.max_steps + 1
+            if self.progress_clip and after == dead and before < dead:
+                after = before + 1  # a push into a dead position is priced as one move away
+            reward += self.progress_reward * (before - after)
         self._advance_plan(board, move, new_board)
         self._board = new_board
         truncated = not terminated and self._steps >= self.max_steps
@@ -306,13 +310,14 @@ class SokobanEnv(Env):
         return [{"role": "user", "content": self._show(new_board)}], float(reward), terminated, truncated, info
 
     def distance_to_go(self, board: Board) -> int:
-        """Moves of an optimal plan from `board` (0 when solved, max_steps + 1 when dead)."""
+        """Moves of an optimal plan from `board`: 0 when solved, at most max_steps while live
+        (no further position can be solved within the episode), max_steps + 1 when dead."""
         if board.solved:
             return 0
         key = board.anchor()
         if key not in self._distances:  # one solve per position and episode
             plan = solve(board)
-            self._distances[key] = len(plan) if plan else self.max_steps + 1
+            self._distances[key] = min(len(plan), self.max_steps) if plan else self.max_steps + 1
         return self._distances[key]
 
     def _reject(self, board: Board, reason: str, *, format_ok: bool) -> StepResult:

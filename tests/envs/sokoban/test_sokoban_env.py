@@ -266,3 +266,63 @@ async def test_progress_reward_prices_a_dead_box_as_max_steps_plus_one():
         SokobanEnv(progress_reward=1.0, progress_clip="yes")
     with pytest.raises(ValueError, match="progress_reward"):
         SokobanEnv(progress_reward=-1.0)
+
+
+@pytest.mark.parametrize("clip", [False, True])
+async def test_a_dead_push_never_earns_a_reward_even_from_far_out(clip):
+    # the box needs 7 moves, the episode allows 3: uncapped, d = 7 against dead = 4 paid +3
+    level = "\n".join(["######", "#____#", "#__X_#", "#O_P_#", "######"])
+    env = SokobanEnv(reward="sparse", progress_reward=1.0, progress_clip=clip, max_steps=3)
+    await env.reset(options={"board": level})
+    assert env.distance_to_go(env.board) == 3  # capped: no plan this long fits the episode
+    _, reward, *_ = await env.step("<action>up</action>")  # box against the top wall: dead
+    assert reward == pytest.approx(-1.0)
+
+
+async def test_clipped_shaping_pays_nothing_for_a_loop():
+    # pushing the box up costs 3 moves (the player must walk round to push it back down);
+    # clipping that push to -k, as first built, paid +2k for every lap of the loop below
+    level = "\n".join(["######", "##___#", "#____#", "#__X_#", "#O_P_#", "######"])
+    lap = ["up", "right", "up", "up", "left", "down", "left", "down", "down", "right"]
+    env = SokobanEnv(reward="sparse", progress_reward=1.0, progress_clip=True, action_tag="", max_steps=40)
+    await env.reset(options={"board": level})
+    start = env.board.anchor()
+    for _ in range(3):
+        rewards = [(await env.step(move))[1] for move in lap]
+        assert env.board.anchor() == start
+        assert rewards[0] == pytest.approx(-3.0)  # a live push keeps the potential's price
+        assert sum(rewards) == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("num_boxes,max_steps", [(1, 10), (2, 20)])
+@pytest.mark.parametrize("clip", [False, True])
+async def test_random_play_never_out_earns_solving(num_boxes, max_steps, clip):
+    # adversarial check on the shaping: whatever the moves, an episode's total shaping is at
+    # most k * d(s_0), reached only by solving, and every push into a dead position costs >= k
+    rng = np.random.default_rng(0)
+    env = SokobanEnv(
+        num_boxes=num_boxes,
+        max_steps=max_steps,
+        reward="sparse",
+        progress_reward=1.0,
+        progress_clip=clip,
+        end_on_deadlock=True,
+        action_tag="",
+    )
+    deaths = 0
+    for seed in range(40 if num_boxes == 1 else 10):
+        await env.reset(seed=seed)
+        best = env.distance_to_go(env.board)
+        total = 0.0
+        while True:
+            _, reward, terminated, truncated, info = await env.step(str(rng.choice(["up", "down", "left", "right"])))
+            shaping = reward - (1.0 if info["success"] else 0.0) if info["action_valid"] else 0.0
+            total += shaping
+            if info.get("deadlock"):
+                deaths += 1
+                assert shaping <= -1.0 + 1e-9
+            if terminated or truncated:
+                break
+        assert total <= best + 1e-9
+        assert info["success"] or total <= best - 1 + 1e-9
+    assert deaths > 0  # the dead-push check above ran
