@@ -55,6 +55,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "rollhub.bench.run_signal:run",
         "a run's groups by window: all succeed / mixed / all fail, mistakes its group estimator cannot see, clip, KL",
     ),
+    "shaping-loops": (
+        "rollhub.bench.shaping_loops:run",
+        "exact search of Sokoban rooms' state graphs for loops a recipe's shaped reward pays (farmable reward)",
+    ),
     "fit-latency": (
         "rollhub.bench.fit_latency_model:run",
         "fit the SIMULATED latency-model engine to the real HFEngine and validate it",
