@@ -16,7 +16,7 @@ Pricings (all with the recipe's rooms and preset):
   recipe           the recipe's env as configured;
   potential        `progress_clip` off: k (d(s) - d(s')) on every valid move;
   dead-clip        `progress_clip` on: as potential, but a push into a dead position costs -k;
-  clip-every-move  session 14's first clip, every move's shaping clipped to [-k, k] (kept as
+  clip-every-move  the first clip (issue 22 log), every move's shaping clipped to [-k, k] (kept as
                    the counter-example: a push that adds j >= 2 moves costs only -k, and each
                    lap that undoes it pays (j - 1) k).
 
@@ -198,7 +198,7 @@ def price_edges(env: Any, graph: StateGraph, pricing: str, k: float) -> tuple[np
             continue
         before, after = graph.boards[s], graph.boards[t]
         if pricing == "clip-every-move":
-            # session 14's pricing: the preset's terms plus the potential step clipped to [-k, k]
+            # the first clip's pricing: the preset's terms plus the potential step clipped to [-k, k]
             base = env.move_reward(before, after) - env.progress_reward * (distance[s] - distance[t])
             reward[i] = base + k * float(np.clip(distance[s] - distance[t], -1.0, 1.0))
         else:
@@ -207,12 +207,12 @@ def price_edges(env: Any, graph: StateGraph, pricing: str, k: float) -> tuple[np
     return reward, residual
 
 
-def _pricing_env(make: Any, env_id: str, kwargs: dict[str, Any], pricing: str, k: float) -> Any:
-    kwargs = dict(kwargs)
-    if pricing != "recipe":
-        kwargs["progress_reward"] = k
-        kwargs["progress_clip"] = pricing == "dead-clip"
-    return make(env_id, **kwargs)
+def pricing_kwargs(kwargs: dict[str, Any], pricing: str, k: float) -> dict[str, Any]:
+    """The env arguments a pricing is measured with: the recipe's, or its shaping set to k with
+    the dead-push clip on (dead-clip) or off (potential; clip-every-move reprices on top)."""
+    if pricing == "recipe":
+        return dict(kwargs)
+    return {**kwargs, "progress_reward": k, "progress_clip": pricing == "dead-clip"}
 
 
 async def _room(env: Any, seed: int, cfg: ShapingLoopsConfig, pricing: str, k: float) -> dict[str, Any]:
@@ -279,7 +279,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         seeds = range(cfg.seed_offset, cfg.seed_offset + cfg.rooms)
         bar = tqdm(total=len(seeds) * len(cfg.pricing_list), desc=Path(recipe_path).stem, disable=not cfg.progress)
         for pricing in cfg.pricing_list:
-            env = _pricing_env(make, env_id, kwargs, pricing, k)
+            env_kwargs = pricing_kwargs(kwargs, pricing, k)
+            env = make(env_id, **env_kwargs)
             rooms = []
             for seed in seeds:
                 rooms.append(asyncio.run(_room(env, seed, cfg, pricing, k)))
@@ -288,7 +289,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             summary["k"] = k
             rows.append(summary)
             details[f"{recipe_path}:{pricing}"] = {
-                "env": {"id": env_id, "kwargs": _pricing_kwargs(kwargs, pricing, k)},
+                "env": {"id": env_id, "kwargs": env_kwargs},
                 "rooms": rooms,
             }
         bar.close()
@@ -304,14 +305,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     save_plot(out / "shaping_loops.png", _draw, rows)
     print(f"wrote {out / 'result.json'} and {out / 'shaping_loops.png'}")
     return result
-
-
-def _pricing_kwargs(kwargs: dict[str, Any], pricing: str, k: float) -> dict[str, Any]:
-    if pricing == "recipe":
-        return dict(kwargs)
-    note = {"clip-every-move": "session 14's clip, priced by the bench"}.get(pricing)
-    priced = {**kwargs, "progress_reward": k, "progress_clip": pricing == "dead-clip"}
-    return {**priced, "note": note} if note else priced
 
 
 def _draw(ax: Any, rows: list[dict[str, Any]]) -> None:

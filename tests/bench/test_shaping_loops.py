@@ -1,5 +1,5 @@
 """`rollhub bench shaping-loops`: the exact loop search on hand-made graphs, on a hand-drawn
-room with a known farmable loop under session 14's clip, on rewards built to be farmable,
+room with a known farmable loop under the first (per-move) clip, on rewards built to be farmable,
 and the whole bench on the main recipe's rooms."""
 
 import asyncio
@@ -12,7 +12,7 @@ from rollhub.bench.shaping_loops import paying_loop, price_edges, state_graph
 from rollhub.cli import main
 from rollhub.envs.sokoban.env import SokobanEnv
 
-# pushing the box up costs 3 moves; session 14's clip priced that push at -k, so each 10-move
+# pushing the box up costs 3 moves; the first, per-move clip priced that push at -k, so each 10-move
 # lap that pushes it back down paid +2k (tests/envs/sokoban/test_sokoban_env.py plays it)
 LOOP_ROOM = "\n".join(["######", "##___#", "#____#", "#__X_#", "#O_P_#", "######"])
 # two boxes, one already on its target: pushing it off and back on is a loop of the room
@@ -65,7 +65,7 @@ async def _room(progress_clip: bool, level: str = LOOP_ROOM, **kwargs):
     return env, state_graph(env, env.board, max_states=10_000)
 
 
-def test_session_14_clip_pays_a_loop_in_the_hand_drawn_room_and_the_env_pricing_does_not():
+def test_the_per_move_clip_pays_a_loop_in_the_hand_drawn_room_and_the_env_pricing_does_not():
     env, graph = asyncio.run(_room(progress_clip=True))
     assert graph.complete and len(graph.boards) > 10
     reward, residual = price_edges(env, graph, "clip-every-move", 1.0)
