@@ -15,7 +15,13 @@ reports per window what a group-relative estimator could learn from:
                                    to 0 and that answer's net gradient there is exactly 0:
                                    the estimator cannot see these mistakes at all;
 
-and, from the step metrics of the same window: zero-advantage group share, PPO ratio clip
+With hard-seed replay (`rollout.replay`) a room's seed comes back; the first group of a seed is
+a fresh room and later ones are replays, so the window also reports the replayed share, the
+all-fail share among fresh rooms alone (what the policy does on rooms it meets for the first
+time, comparable with a run without replay), and how many replays of rooms whose first group
+all failed had at least one success (whether replay turned an all-fail room into a signal).
+
+And, from the step metrics of the same window: zero-advantage group share, PPO ratio clip
 fraction, capped importance-weight fraction, and the KL to the warm-start. Issue 22's item 3
 (why RL stalls near the imitation ceiling) asked for exactly these numbers; this makes them one
 command for any run instead of a throw-away script.
@@ -119,11 +125,28 @@ def shortfall_turns(group: list[dict[str, Any]], bar: float) -> tuple[int, int]:
     return total, agreed
 
 
+def replay_marks(groups: list[list[dict[str, Any]]]) -> tuple[list[bool], list[bool]]:
+    """Per group in training order: (is a replay, is a replay of a room whose first group all
+    failed). A group is a replay when an earlier group had the same seed; groups without a seed
+    are fresh (replay keys rooms by seed)."""
+    first_outcome: dict[Any, str] = {}
+    replayed, of_all_fail = [], []
+    for group in groups:
+        seed = group[0].get("seed") if group else None
+        again = seed is not None and seed in first_outcome
+        replayed.append(again)
+        of_all_fail.append(again and first_outcome[seed] == "all_fail")
+        if seed is not None and not again:
+            first_outcome[seed] = group_outcome(group)
+    return replayed, of_all_fail
+
+
 def window_rows(
     groups: list[list[dict[str, Any]]], steps: list[dict[str, Any]], windows: int, bar: float
 ) -> list[dict[str, Any]]:
     rows = []
     n_groups, n_steps = len(groups), len(steps)
+    replayed, of_all_fail = replay_marks(groups)
     for w in range(windows):
         part = groups[n_groups * w // windows : n_groups * (w + 1) // windows]
         kinds = collections.Counter(group_outcome(g) for g in part)
@@ -140,6 +163,18 @@ def window_rows(
         }
         for kind in OUTCOME_KINDS:
             row[kind] = kinds[kind] / len(part) if part else float("nan")
+        lo, hi = n_groups * w // windows, n_groups * (w + 1) // windows
+        fresh = [g for g, again in zip(part, replayed[lo:hi]) if not again]
+        row["replayed groups"] = 1 - len(fresh) / len(part) if part else float("nan")
+        if len(fresh) < len(part):  # a run with replay: the fresh rooms alone, and the replays of all-fail rooms
+            row["all fail, fresh rooms"] = (
+                sum(group_outcome(g) == "all_fail" for g in fresh) / len(fresh) if fresh else float("nan")
+            )
+            again = [g for g, mark in zip(part, of_all_fail[lo:hi]) if mark]
+            row["replays of all-fail rooms"] = len(again)
+            row["... with a success"] = (
+                sum(group_outcome(g) != "all_fail" for g in again) / len(again) if again else float("nan")
+            )
         row["shortfall turns"] = short
         row["shortfall where the group agreed"] = agreed / short if short else float("nan")
         for key, name in STEP_METRICS.items():

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from rollhub.bench.run_signal import group_outcome, shortfall_turns
+from rollhub.bench.run_signal import group_outcome, replay_marks, shortfall_turns, window_rows
 from rollhub.cli import main
 
 
@@ -13,8 +13,11 @@ def _turn(anchor, answer, reward):
     return {"anchor": {"__bytes__": anchor}, "response_text": answer, "reward": reward}
 
 
-def _trajectory(group, success, turns):
-    return {"group_id": group, "success": success, "turns": turns}
+def _trajectory(group, success, turns, seed=None):
+    trajectory = {"group_id": group, "success": success, "turns": turns}
+    if seed is not None:
+        trajectory["seed"] = seed
+    return trajectory
 
 
 def _write_run(path, trajectories, steps=(), config=None):
@@ -75,6 +78,35 @@ def test_windows_split_groups_in_training_order_and_average_step_metrics(tmp_pat
     assert first["zero-adv groups"] == 0.0 and second["zero-adv groups"] == 1.0
     assert first["train success"] == 0.0 and second["train success"] == 1.0
     assert (out / "run_signal.png").stat().st_size > 0
+
+
+def _group(name, seed, wins):
+    return [_trajectory(name, win, [_turn("A", "up", 1.3 if win else -0.3)], seed=seed) for win in wins]
+
+
+def test_replays_are_told_from_fresh_rooms_by_seed_and_all_fail_rooms_followed():
+    groups = [
+        _group("a", 7, [False, False]),  # fresh, all fail
+        _group("b", 8, [True, False]),  # fresh, mixed
+        _group("c", 7, [True, False]),  # replay of the all-fail room 7, now solved once
+        _group("d", 8, [False, False]),  # replay of the mixed room 8
+        _group("e", 7, [False, False]),  # replay of room 7, all fail again
+        _group("f", None, [False, False]),  # no seed: fresh
+    ]
+    assert replay_marks(groups) == ([False, False, True, True, True, False], [False, False, True, False, True, False])
+    first, second = window_rows(groups, [], windows=2, bar=0.3)
+    assert first["replayed groups"] == pytest.approx(1 / 3)
+    assert first["all fail, fresh rooms"] == 0.5  # a fail, b mixed; the replay c is left out
+    assert (first["replays of all-fail rooms"], first["... with a success"]) == (1, 1.0)
+    assert second["replayed groups"] == pytest.approx(2 / 3)
+    assert second["all fail, fresh rooms"] == 1.0  # only f is fresh
+    assert (second["replays of all-fail rooms"], second["... with a success"]) == (1, 0.0)
+
+
+def test_a_run_without_replay_reports_no_replay_columns():
+    groups = [_group("a", 1, [False, False]), _group("b", 2, [True, True])]
+    (row,) = window_rows(groups, [], windows=1, bar=0.3)
+    assert row["replayed groups"] == 0.0 and "all fail, fresh rooms" not in row
 
 
 @pytest.mark.parametrize(
