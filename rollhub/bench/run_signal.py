@@ -148,7 +148,8 @@ def window_rows(
     n_groups, n_steps = len(groups), len(steps)
     replayed, of_all_fail = replay_marks(groups)
     for w in range(windows):
-        part = groups[n_groups * w // windows : n_groups * (w + 1) // windows]
+        lo, hi = n_groups * w // windows, n_groups * (w + 1) // windows
+        part = groups[lo:hi]
         kinds = collections.Counter(group_outcome(g) for g in part)
         short = agreed = 0
         for group in part:
@@ -163,7 +164,6 @@ def window_rows(
         }
         for kind in OUTCOME_KINDS:
             row[kind] = kinds[kind] / len(part) if part else float("nan")
-        lo, hi = n_groups * w // windows, n_groups * (w + 1) // windows
         fresh = [g for g, again in zip(part, replayed[lo:hi]) if not again]
         row["replayed groups"] = 1 - len(fresh) / len(part) if part else float("nan")
         if len(fresh) < len(part):  # a run with replay: the fresh rooms alone, and the replays of all-fail rooms
