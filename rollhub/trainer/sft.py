@@ -129,7 +129,29 @@ def sft_epochs(
 
     `epochs` may be fractional: 0.5 trains on half the shuffled sequences once. Returns
     one metrics dict per optimizer step.
+
+    The demos are fitted at temperature 1, whatever temperature RL later samples at: the
+    warm-start is then the same model for every sampling temperature, and a higher RL
+    temperature (more exploration) does not also make the SFT model sharper at T = 1.
     """
+    rl_temperature, policy.temperature = policy.temperature, 1.0
+    try:
+        return _fit_demos(policy, trajectories, epochs, lr, batch_size, weight_decay, max_grad_norm, seed, on_step)
+    finally:
+        policy.temperature = rl_temperature
+
+
+def _fit_demos(
+    policy: Policy,
+    trajectories: Sequence[Any],
+    epochs: float,
+    lr: float,
+    batch_size: int,
+    weight_decay: float,
+    max_grad_norm: float,
+    seed: int,
+    on_step: Callable[[int, dict[str, float]], None] | None,
+) -> list[dict[str, float]]:
     sequences = [s for t in trajectories for s in _label_sequences(t)]
     if not sequences:
         raise ValueError("no demonstration sequences to train on")

@@ -148,3 +148,14 @@ def test_expert_demos_keep_the_response_budget_rl_samples_with(tiny_model_dir):
     assert short.success and full.success
     assert all(len(t.response_ids) == 1 and t.response_text in ("up", "down", "left", "right") for t in short.turns)
     assert all(t.response_ids[-1] == tokenizer.eos_token_id and len(t.response_ids) == 2 for t in full.turns)
+
+
+def test_sft_fits_demos_at_temperature_one_and_restores_the_rl_temperature(tiny_model_dir):
+    """A hotter RL temperature must not change the warm-start: the demo loss is the T = 1 loss."""
+    demos = _demos(Policy(tiny_model_dir).tokenizer, 4)
+    losses = {}
+    for temperature in (1.0, 1.7):
+        policy = Policy(tiny_model_dir, micro_batch_size=8, temperature=temperature)
+        losses[temperature] = sft_epochs(policy, demos, epochs=1.0, lr=1e-12, batch_size=4)[0]["sft/loss"]
+        assert policy.temperature == temperature  # RL scores at its own temperature afterwards
+    assert abs(losses[1.7] - losses[1.0]) < 1e-6 * max(1.0, losses[1.0])
