@@ -224,6 +224,33 @@ def _bucket(d0: int) -> str:
     return f"{D0_BUCKETS[-1][1] + 1}+"
 
 
+def room_outcomes(episodes: list[EpisodeAnalysis]) -> dict[str, Any]:
+    """Each room (seed) by its samples: all solved, mixed or all failed, which is what a training
+    group of that room would carry (only a mixed room gives GiGPO an outcome signal), and where
+    the all-failed rooms first go wrong. RL removes mixed rooms first; the all-failed ones are
+    rooms the policy gets wrong every time, so their first error says what RL has to change."""
+    by_seed: dict[int, list[EpisodeAnalysis]] = {}
+    for e in episodes:
+        by_seed.setdefault(e.seed, []).append(e)
+    solved = {seed: [e.outcome == "solved" for e in group] for seed, group in by_seed.items()}
+    all_failed = [seed for seed, wins in solved.items() if not any(wins)]
+    firsts = [f for seed in all_failed for e in by_seed[seed] if (f := e.first_error) is not None]
+    rooms = len(by_seed)
+    return {
+        "rooms": rooms,
+        "samples_per_room": max((len(g) for g in by_seed.values()), default=0),
+        "all_solved": sum(all(w) for w in solved.values()) / rooms if rooms else float("nan"),
+        "mixed": sum(any(w) and not all(w) for w in solved.values()) / rooms if rooms else float("nan"),
+        "all_failed": len(all_failed) / rooms if rooms else float("nan"),
+        "all_failed_rooms": {
+            "n": len(all_failed),
+            "mean_d0": _mean([by_seed[seed][0].d0 for seed in all_failed]),
+            "first_error_mean_step": _mean([f.step for f in firsts]),
+            "first_error_kind_shares": {k: _mean([f.kind == k for f in firsts]) for k in WASTE_KINDS},
+        },
+    }
+
+
 def summarise(episodes: list[EpisodeAnalysis]) -> dict[str, Any]:
     """Success, outcome shares, wasted moves, first errors and P(optimal) by board kind."""
     n = len(episodes)
@@ -247,6 +274,7 @@ def summarise(episodes: list[EpisodeAnalysis]) -> dict[str, Any]:
         "episodes": n,
         "success": _mean([e.outcome == "solved" for e in episodes]),
         "success_by_d0": by_bucket,
+        "rooms": room_outcomes(episodes),
         "outcome_shares": {o: (sum(e.outcome == o for e in episodes) / n if n else 0.0) for o in OUTCOMES},
         "outcome_counts": {o: sum(e.outcome == o for e in episodes) for o in OUTCOMES},
         "wasted_per_failed_episode": wasted_failed,
@@ -278,6 +306,17 @@ def _table_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = [{"metric": "success", "value": summary["success"], "n": summary["episodes"]}]
     for label, entry in summary["success_by_d0"].items():
         rows.append({"metric": f"success d0 {label}", "value": entry["success"], "n": entry["n"]})
+    rooms = summary["rooms"]
+    for key in ("all_solved", "mixed", "all_failed"):
+        rows.append({"metric": f"rooms {key.replace('_', ' ')}", "value": rooms[key], "n": rooms["rooms"]})
+    hard = rooms["all_failed_rooms"]
+    rows.append({"metric": "all-failed rooms: d0", "value": hard["mean_d0"], "n": hard["n"]})
+    rows.append(
+        {"metric": "all-failed rooms: first error step", "value": hard["first_error_mean_step"], "n": hard["n"]}
+    )
+    for kind in ("invalid", "away"):
+        share = hard["first_error_kind_shares"][kind]
+        rows.append({"metric": f"all-failed rooms: first error {kind}", "value": share, "n": hard["n"]})
     for outcome, share in summary["outcome_shares"].items():
         rows.append({"metric": f"share {outcome}", "value": share, "n": summary["outcome_counts"][outcome]})
     failed = summary["episodes"] - summary["outcome_counts"]["solved"]

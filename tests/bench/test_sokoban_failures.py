@@ -127,3 +127,31 @@ def test_bench_on_a_tiny_model(tmp_path):
 def test_bench_refuses_a_missing_model(tmp_path, capsys):
     assert main(["bench", "sokoban-failures", "--set", f"models={tmp_path / 'nope'}", "--set", "progress=false"]) != 0
     assert "not a model folder" in capsys.readouterr().err
+
+
+def test_rooms_are_sorted_by_their_samples_and_all_failed_rooms_by_first_error():
+    from rollhub.bench.sokoban_failures import EpisodeAnalysis, Move, room_outcomes
+
+    def episode(seed, solved, d0=6, first=None):
+        moves = [Move(step=0, kind="optimal", on_path=True, on_solver_plan=True, after_rejected=False)]
+        if first:
+            moves.append(Move(step=first[0], kind=first[1], on_path=True, on_solver_plan=True, after_rejected=False))
+        waste = dict.fromkeys(("invalid", "format", "away", "equal"), 0)
+        return EpisodeAnalysis(seed, "solved" if solved else "horizon_live", d0, 10, waste, moves)
+
+    episodes = [
+        *[episode(1, True) for _ in range(4)],  # all solved
+        episode(2, True),
+        episode(2, False, first=(1, "invalid")),  # mixed
+        episode(3, False, d0=8, first=(1, "away")),
+        episode(3, False, d0=8, first=(3, "away")),  # all failed
+        episode(4, False, d0=6, first=(1, "invalid")),  # all failed, one sample
+    ]
+    rooms = room_outcomes(episodes)
+    assert rooms["rooms"] == 4 and rooms["samples_per_room"] == 4
+    assert (rooms["all_solved"], rooms["mixed"], rooms["all_failed"]) == (0.25, 0.25, 0.5)
+    hard = rooms["all_failed_rooms"]
+    assert hard["n"] == 2 and hard["mean_d0"] == 7.0  # one d0 per room, not per episode
+    # the mixed room's invalid first error is not an all-failed room's
+    assert hard["first_error_kind_shares"]["away"] == pytest.approx(2 / 3)
+    assert hard["first_error_mean_step"] == pytest.approx(5 / 3)
