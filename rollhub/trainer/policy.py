@@ -21,8 +21,9 @@ pass instead of keeping its activations.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -203,6 +204,18 @@ class Policy:
         if layers is None:
             raise RuntimeError(f"{type(self.model).__name__} has no model.layers (decoder layers) to wrap")
         return layers
+
+    @contextlib.contextmanager
+    def at_temperature(self, temperature: float) -> Iterator[None]:
+        """Score at `temperature` inside the block, at the policy's own temperature after it (SFT
+        fits demos at 1 whatever temperature RL samples and scores at)."""
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        before, self.temperature = self.temperature, temperature
+        try:
+            yield
+        finally:
+            self.temperature = before
 
     def _checkpoint_layers(self) -> None:
         """Activation checkpointing per decoder layer: keep only its input, recompute it in backward.

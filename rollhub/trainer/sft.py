@@ -134,24 +134,6 @@ def sft_epochs(
     warm-start is then the same model for every sampling temperature, and a higher RL
     temperature (more exploration) does not also make the SFT model sharper at T = 1.
     """
-    rl_temperature, policy.temperature = policy.temperature, 1.0
-    try:
-        return _fit_demos(policy, trajectories, epochs, lr, batch_size, weight_decay, max_grad_norm, seed, on_step)
-    finally:
-        policy.temperature = rl_temperature
-
-
-def _fit_demos(
-    policy: Policy,
-    trajectories: Sequence[Any],
-    epochs: float,
-    lr: float,
-    batch_size: int,
-    weight_decay: float,
-    max_grad_norm: float,
-    seed: int,
-    on_step: Callable[[int, dict[str, float]], None] | None,
-) -> list[dict[str, float]]:
     sequences = [s for t in trajectories for s in _label_sequences(t)]
     if not sequences:
         raise ValueError("no demonstration sequences to train on")
@@ -183,7 +165,8 @@ def _fit_demos(
         normaliser = BatchNormaliser.from_mask(batch.response_mask)
         for micro in range(0, len(batch), policy.micro_batch_size):
             part = batch.slice(micro, min(micro + policy.micro_batch_size, len(batch))).to(policy.device)
-            logp, _ = policy.token_logprobs(part)
+            with policy.at_temperature(1.0):
+                logp, _ = policy.token_logprobs(part)
             loss = -aggregate(logp, part.response_mask, "token-mean", normaliser)
             loss.backward()
             loss_total += float(loss.detach())
