@@ -234,6 +234,10 @@ class TrainConfig:
     keep_checkpoints: int = 2
     log_trajectories: bool = True  # write trajectories.jsonl for `rollhub view`
     max_wall_s: float | None = None  # stop RL early (cleanly, after a step) when exceeded
+    # the whole job's budget (SFT, evaluations, RL and the final readings, across resumes): RL
+    # stops after the step that leaves less than the final readings will take (measured on the
+    # warm-start), so RL gets what SFT left and a slower machine does not overrun the budget
+    max_job_wall_s: float | None = None
 
     def validate(self) -> None:
         _at_least("train.steps", self.steps, 0)  # 0 = warm-start and evaluation only
@@ -241,6 +245,8 @@ class TrainConfig:
         _at_least("train.keep_checkpoints", self.keep_checkpoints, 0)  # 0 = keep them all
         if self.max_wall_s is not None:
             _positive("train.max_wall_s", self.max_wall_s)
+        if self.max_job_wall_s is not None:
+            _positive("train.max_job_wall_s", self.max_job_wall_s)
 
 
 @dataclass

@@ -181,6 +181,7 @@ class LoopState:
     groups_trained: int = 0
     warmstart_success: float | None = None
     wall_s: float = 0.0  # job wall time up to the last checkpoint, across resumes
+    final_reserve_s: float = 0.0  # what the final readings will cost (train.max_job_wall_s), from the warm-start's
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -272,8 +273,12 @@ async def rl_loop(
     update: Callable[..., dict[str, Any]] = ppo_update,
     seeds: SeedSource | None = None,
     reset_reference: Callable[[], None] | None = None,
+    deadline: float | None = None,
 ) -> None:
     """RL steps from `state.version` to `config.train.steps` (see module docstring).
+
+    `deadline` (a `time.perf_counter()` reading; train.max_job_wall_s): RL stops cleanly after
+    the step that passes it.
 
     `validate(step)` scores the policy on the validation seeds when eval.select is due
     (rollhub.trainer.selection) and returns its metrics ({} when not due).
@@ -403,6 +408,13 @@ async def rl_loop(
             if config.train.max_wall_s is not None and now - started > config.train.max_wall_s:
                 logger.warning(
                     "stopping RL after %d steps: train.max_wall_s=%s reached", state.version, config.train.max_wall_s
+                )
+                break
+            if deadline is not None and time.perf_counter() > deadline:
+                logger.warning(
+                    "stopping RL after %d steps: what is left of train.max_job_wall_s=%s is the final readings'",
+                    state.version,
+                    config.train.max_job_wall_s,
                 )
                 break
     finally:
@@ -747,6 +759,15 @@ async def reinforce(run: Run, *, progress: bool, selector: CheckpointSelector | 
     )
     if config.cluster.backend == "ray" and run.state.version:  # fresh remote engines load the base weights
         await rollout.update_weights(run.policy.engine_state_dict(), run.state.version)
+    deadline = job_deadline(run)
+    if deadline is not None and time.perf_counter() > deadline:
+        logger.warning(
+            "no RL: the warm-start used up train.max_job_wall_s=%s (%.0f s so far)",
+            config.train.max_job_wall_s,
+            run.wall_s(),
+        )
+        await rollout.close()
+        return
     stop = asyncio.Event()
     producer = None if run.buffer is None else asyncio.ensure_future(rollout.run(stop))
     started = time.perf_counter()
@@ -780,6 +801,7 @@ async def reinforce(run: Run, *, progress: bool, selector: CheckpointSelector | 
                 update=run.ranks.ppo_update if run.ranks is not None else ppo_update,
                 seeds=run.seeds,
                 reset_reference=_reference_resetter(run),
+                deadline=deadline,
             )
         finally:
             stop.set()
@@ -790,6 +812,26 @@ async def reinforce(run: Run, *, progress: bool, selector: CheckpointSelector | 
     every = config.train.checkpoint_every
     if run.state.version and (not every or run.state.version % every):
         run.save(run.state)
+
+
+def final_reserve_s(phases: dict[str, float]) -> float:
+    """What the final readings will cost, from the warm-start's: the held-out reading twice (the
+    last step and, with eval.select, the picked one), one validation reading and the greedy one.
+    A trained policy solves rooms in fewer turns than its warm-start, so this errs long."""
+    return (
+        2 * phases.get("eval_warmstart_s", 0.0)
+        + phases.get("eval_warmstart_greedy_s", 0.0)
+        + phases.get("select_s", 0.0)
+    )
+
+
+def job_deadline(run: Run) -> float | None:
+    """The `time.perf_counter()` reading after which RL must stop for the job to end within
+    train.max_job_wall_s (earlier processes of a resumed run count too); None without one."""
+    budget = run.config.train.max_job_wall_s
+    if budget is None:
+        return None
+    return run.started + budget - run.prior_wall_s - run.state.final_reserve_s
 
 
 def report(
@@ -930,6 +972,7 @@ async def run_training(
             warmstart = await evaluate_warm_start(run, print_fn=print_fn)
             if selector is not None:  # the warm-start is a candidate too: RL that only hurts hands it back
                 metrics_log.log(0, await validate(run, selector, 0, force=True))
+            run.state.final_reserve_s = final_reserve_s(run.phases)
         # 3. RL
         await reinforce(run, progress=progress, selector=selector)
         # 4. final evaluation on the same held-out seeds (of the policy eval.select picked, if on)

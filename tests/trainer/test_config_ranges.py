@@ -128,6 +128,7 @@ def test_the_float_walk_finds_the_fields_of_every_section():
         ("train.checkpoint_every=-1", "train.checkpoint_every must be >= 0"),
         ("train.keep_checkpoints=-1", "train.keep_checkpoints must be >= 0"),
         ("train.max_wall_s=0", "train.max_wall_s must be > 0"),
+        ("train.max_job_wall_s=-60", "train.max_job_wall_s must be > 0"),
         ("sft.episodes=0", "sft.episodes must be >= 1"),
         ("sft.epochs=0", "sft.epochs must be > 0"),
         ("sft.lr=-1e-3", "sft.lr must be > 0"),

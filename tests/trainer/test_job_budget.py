@@ -1,0 +1,61 @@
+"""train.max_job_wall_s: the whole job, not RL alone, fits the budget; RL gets what SFT left."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from trainer_testing import tiny_recipe as _recipe
+
+from rollhub.cli import main
+from rollhub.trainer.loop import LoopState, final_reserve_s, job_deadline
+from rollhub.trainer.metrics import read_jsonl
+
+
+def test_the_reserve_is_the_final_readings_measured_on_the_warm_start():
+    phases = {"sft_s": 300.0, "eval_warmstart_s": 7.0, "eval_warmstart_greedy_s": 2.0, "select_s": 8.0}
+    # held-out twice (last step, picked step), greedy once, one validation reading; SFT is not in it
+    assert final_reserve_s(phases) == pytest.approx(24.0)
+    assert final_reserve_s({}) == 0.0
+
+
+def test_the_deadline_counts_earlier_processes_and_keeps_the_reserve_free():
+    run = SimpleNamespace(
+        config=SimpleNamespace(train=SimpleNamespace(max_job_wall_s=600.0)),
+        started=1000.0,
+        prior_wall_s=200.0,  # a resumed run: an earlier process already spent 200 s of the budget
+        state=LoopState(final_reserve_s=30.0),
+    )
+    assert job_deadline(run) == pytest.approx(1000.0 + 600.0 - 200.0 - 30.0)
+    run.config.train.max_job_wall_s = None
+    assert job_deadline(run) is None
+    # the reserve travels in the checkpointed loop state, so a resumed process keeps it free too
+    assert LoopState(**LoopState(final_reserve_s=30.0).as_dict()).final_reserve_s == 30.0
+
+
+def test_rl_stops_so_that_the_whole_job_ends_within_its_budget(tiny_model_dir, tmp_path, capsys):
+    budget = 15.0
+    # train.max_wall_s is only a backstop at 3x the budget: if the job budget were ignored, RL
+    # alone would run 45 s and the job would end far past 15 s
+    recipe = _recipe(
+        tmp_path,
+        tiny_model_dir,
+        sft={"enabled": True, "episodes": 2, "batch_size": 4},
+        train={"steps": 100_000, "checkpoint_every": 0, "max_wall_s": 3 * budget, "max_job_wall_s": budget},
+    )
+    assert main(["train", str(recipe), "--no-progress"]) == 0
+    assert "final success" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert 0 < summary["steps"] < 100_000
+    step_s = max(r["time/step_s"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "time/step_s" in r)
+    # one step may start just before the deadline; 2 s more for the readings' noise
+    assert summary["wall_s"] <= budget + step_s + 2.0, summary
+    assert summary["phases_s"]["sft_s"] > 0
+
+
+def test_a_budget_the_warm_start_used_up_skips_rl_and_still_reads_the_final(tiny_model_dir, tmp_path, capsys):
+    recipe = _recipe(tmp_path, tiny_model_dir, train={"steps": 50, "checkpoint_every": 0, "max_job_wall_s": 0.01})
+    assert main(["train", str(recipe), "--no-progress"]) == 0
+    assert "final success" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 0
+    assert (tmp_path / "run" / "final_model" / "config.json").is_file()
