@@ -277,8 +277,8 @@ async def rl_loop(
 ) -> None:
     """RL steps from `state.version` to `config.train.steps` (see module docstring).
 
-    `deadline` (a `time.perf_counter()` reading; train.max_job_wall_s): RL stops cleanly after
-    the step that passes it.
+    `deadline` (a `time.perf_counter()` reading; train.max_job_wall_s): RL stops cleanly when
+    another step as long as the last one would end past it.
 
     `validate(step)` scores the policy on the validation seeds when eval.select is due
     (rollhub.trainer.selection) and returns its metrics ({} when not due).
@@ -410,7 +410,7 @@ async def rl_loop(
                     "stopping RL after %d steps: train.max_wall_s=%s reached", state.version, config.train.max_wall_s
                 )
                 break
-            if deadline is not None and time.perf_counter() > deadline:
+            if deadline is not None and time.perf_counter() + step_wall > deadline:
                 logger.warning(
                     "stopping RL after %d steps: what is left of train.max_job_wall_s=%s is the final readings'",
                     state.version,
