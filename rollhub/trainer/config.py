@@ -235,8 +235,8 @@ class TrainConfig:
     log_trajectories: bool = True  # write trajectories.jsonl for `rollhub view`
     max_wall_s: float | None = None  # stop RL early (cleanly, after a step) when exceeded
     # the whole job's budget (SFT, evaluations, RL and the final readings, across resumes): RL
-    # stops after the step that leaves less than the final readings will take (measured on the
-    # warm-start), so RL gets what SFT left and a slower machine does not overrun the budget
+    # stops when one more step like the last would leave less than the final readings will take
+    # (measured on the warm-start), so RL gets what SFT left and a slower machine does not overrun
     max_job_wall_s: float | None = None
 
     def validate(self) -> None:

@@ -748,6 +748,14 @@ def _warmstart_greedy(run_dir: Path) -> float | None:
 async def reinforce(run: Run, *, progress: bool, selector: CheckpointSelector | None = None) -> None:
     """The RL phase: start the rollout source, run `rl_loop`, stop everything it started."""
     config = run.config
+    deadline = job_deadline(run)
+    if deadline is not None and time.perf_counter() > deadline:  # before any rollout worker starts
+        logger.warning(
+            "no RL: the warm-start used up train.max_job_wall_s=%s (%.0f s so far)",
+            config.train.max_job_wall_s,
+            run.wall_s(),
+        )
+        return
     rollout = build_rollout(
         config,
         run.engine,
@@ -759,15 +767,6 @@ async def reinforce(run: Run, *, progress: bool, selector: CheckpointSelector | 
     )
     if config.cluster.backend == "ray" and run.state.version:  # fresh remote engines load the base weights
         await rollout.update_weights(run.policy.engine_state_dict(), run.state.version)
-    deadline = job_deadline(run)
-    if deadline is not None and time.perf_counter() > deadline:
-        logger.warning(
-            "no RL: the warm-start used up train.max_job_wall_s=%s (%.0f s so far)",
-            config.train.max_job_wall_s,
-            run.wall_s(),
-        )
-        await rollout.close()
-        return
     stop = asyncio.Event()
     producer = None if run.buffer is None else asyncio.ensure_future(rollout.run(stop))
     started = time.perf_counter()
