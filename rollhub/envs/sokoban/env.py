@@ -125,6 +125,16 @@ class SokobanEnv(Env):
             builds no longer room); 0 (default) = off. Evaluate without it (`eval.env.kwargs:
             {min_solution_steps: 0}`), or the reading is on a harder distribution than the env's.
             Hand-made boards (`options={"board": ...}`) are played as they are.
+        solution_start: share of resets that start partway along the room's optimal plan
+            (a start-state curriculum: Backplay, Resnick et al. 2018; reverse curriculum,
+            Florensa et al. 2017). Such a reset plays the first k moves of the plan for the
+            agent, k uniform in 1..n-1 for an n-move plan, and the agent then has the whole
+            `max_steps` from there. A room no sample of a group ever solves gives GRPO / GiGPO
+            no signal; from a start a few moves short of the goal some samples do, and the
+            skill of finishing carries back to earlier starts. The draw comes from the seeded
+            generator after the room, so a seed still gives one start, the same for every
+            sample of a group; 0 (default) = off and draws nothing, so rooms are unchanged.
+            For training only: evaluate with `eval.env.kwargs: {solution_start: 0}`.
     Options of reset: {"board": text} plays a hand-made level drawn with the legend's symbols.
     """
 
@@ -150,6 +160,7 @@ class SokobanEnv(Env):
         action_tag: str = "action",
         end_on_deadlock: bool = False,
         min_solution_steps: int = 0,
+        solution_start: float = 0.0,
     ):
         if not isinstance(dim, int) and len(dim) != 2:
             raise ValueError(f"dim must be one int or (rows, cols), got {dim!r}")
@@ -184,6 +195,11 @@ class SokobanEnv(Env):
                 f"got {min_solution_steps}"
             )
         self.min_solution_steps = min_solution_steps
+        if isinstance(solution_start, bool) or not isinstance(solution_start, (int, float)):
+            raise ValueError(f"solution_start must be a number in [0, 1], got {solution_start!r}")
+        if not 0.0 <= solution_start <= 1.0:
+            raise ValueError(f"solution_start must be in [0, 1] (0 = off), got {solution_start}")
+        self.solution_start = float(solution_start)
         preset = SokobanRewards.preset(reward)
         overrides = {
             "step": step_reward,
@@ -223,6 +239,8 @@ class SokobanEnv(Env):
             self._board, self._construction_plan = Board.from_text(board_text), []
         else:
             self._generate()
+            if self.solution_start:
+                self._start_along_plan()
         self._steps = 0
         self._done = False
         self._plan, self._plan_anchor = [], None
@@ -259,6 +277,23 @@ class SokobanEnv(Env):
             f"(dim {self.dim}, {self.num_boxes} boxes, max_steps {self.max_steps}, search_depth {self.search_depth}); "
             "lower min_solution_steps or raise search_depth"
         )
+
+    def _start_along_plan(self) -> None:
+        """With probability `solution_start`, play the first k moves of an optimal plan (k in
+        1..n-1), so the episode starts short of the goal but never on it."""
+        board = self._require_board()
+        if self._rng.random() >= self.solution_start:
+            return
+        plan = solve(board) or self._construction_plan
+        if len(plan) < 2:
+            return
+        k = int(self._rng.integers(1, len(plan)))
+        for move in plan[:k]:
+            moved, why = board.try_move(move)
+            if moved is None:  # both plans are played forward from this very board
+                raise RoomGenerationError(f"the room's own plan does not replay: {why}")
+            board = moved
+        self._board, self._construction_plan = board, list(plan[k:])
 
     async def step(self, action: str) -> StepResult:
         board = self._require_board()
