@@ -1,0 +1,75 @@
+"""SokobanEnv(solution_start=p): a share p of resets start partway along the room's optimal
+plan, never on the goal; the seed alone decides the start (so a group's samples share it); off
+draws nothing, so every seed keeps its room; evaluation can switch it off."""
+
+from __future__ import annotations
+
+import pytest
+
+import rollhub.envs as envs
+from rollhub.envs.sokoban.env import SokobanEnv
+from rollhub.envs.sokoban.solver import solve
+
+TWO_BOX = "rollhub/Sokoban-6x6-2b-v0"
+
+
+async def _starts(env: SokobanEnv, seeds: range) -> list[tuple[bytes, int]]:
+    """(anchor, shortest-plan length) of the first position per seed."""
+    out = []
+    for seed in seeds:
+        await env.reset(seed=seed)
+        out.append((env.board.anchor(), len(solve(env.board))))
+    return out
+
+
+async def test_moved_starts_lie_on_the_plan_short_of_the_goal():
+    plain = await _starts(envs.make(TWO_BOX), range(40))
+    curriculum = await _starts(envs.make(TWO_BOX, solution_start=0.5), range(40))
+    moved = 0
+    for (room, n), (start, k) in zip(plain, curriculum, strict=True):
+        if start != room:
+            moved += 1
+            assert 1 <= k < n  # strictly closer along an optimal plan, never already solved
+    assert 8 <= moved <= 32  # about half of 40 (binomial, p = 0.5: outside this ~1e-4)
+
+
+async def test_share_one_moves_every_room_with_a_plan_of_two_or_more():
+    plain = await _starts(SokobanEnv(), range(30))
+    always = await _starts(SokobanEnv(solution_start=1.0), range(30))
+    for (room, n), (start, k) in zip(plain, always, strict=True):
+        assert (start != room) == (n >= 2)
+        assert k < n or n < 2
+
+
+async def test_the_seed_alone_decides_the_start():
+    a, b = SokobanEnv(solution_start=0.5), SokobanEnv(solution_start=0.5)
+    for seed in (0, 7, 31, 123):
+        await a.reset(seed=seed)
+        await b.reset(seed=999)  # another room in between
+        await b.reset(seed=seed)
+        assert a.board.anchor() == b.board.anchor()
+
+
+async def test_off_keeps_every_room_and_the_expert_solves_moved_starts():
+    off = await _starts(SokobanEnv(solution_start=0.0), range(20))
+    assert off == await _starts(SokobanEnv(), range(20))
+    env = envs.make(TWO_BOX, solution_start=1.0)
+    for seed in range(6):
+        await env.reset(seed=seed)
+        for _ in range(env.max_steps):
+            *_, terminated, truncated, info = await env.step(env.expert_action())
+            if terminated or truncated:
+                break
+        assert info["success"], seed
+
+
+async def test_hand_made_boards_are_played_as_given():
+    env = SokobanEnv(solution_start=1.0)
+    await env.reset(options={"board": "######\n#PX_O#\n######"})
+    assert env.distance_to_go(env.board) == 2
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, True, "half", None])
+def test_invalid_shares_are_refused(bad):
+    with pytest.raises(ValueError, match="solution_start must be"):
+        SokobanEnv(solution_start=bad)
