@@ -127,14 +127,18 @@ class SokobanEnv(Env):
             Hand-made boards (`options={"board": ...}`) are played as they are.
         solution_start: share of resets that start partway along the room's optimal plan
             (a start-state curriculum: Backplay, Resnick et al. 2018; reverse curriculum,
-            Florensa et al. 2017). Such a reset plays the first k moves of the plan for the
-            agent, k uniform in 1..n-1 for an n-move plan, and the agent then has the whole
-            `max_steps` from there. A room no sample of a group ever solves gives GRPO / GiGPO
-            no signal; from a start a few moves short of the goal some samples do, and the
-            skill of finishing carries back to earlier starts. The draw comes from the seeded
-            generator after the room, so a seed still gives one start, the same for every
-            sample of a group; 0 (default) = off and draws nothing, so rooms are unchanged.
-            For training only: evaluate with `eval.env.kwargs: {solution_start: 0}`.
+            Florensa et al. 2017). A room no sample of a group ever solves gives GRPO / GiGPO
+            no signal; from a start closer to the goal some samples do. Such a reset plays the
+            plan's first moves for the agent, which then has the whole `max_steps` from there.
+            The draws come from the seeded generator after the room, so a seed still gives one
+            start, the same for every sample of a group; 0 (default) = off and draws nothing,
+            so rooms are unchanged. Training only: evaluate with `eval.env.kwargs:
+            {solution_start: 0}`.
+        solution_start_distance: (lo, hi), where a moved start lies: d moves from the goal,
+            d uniform in lo..min(hi, n - 1) for an n-move plan; a room of n <= lo moves stays
+            as it is. The default (1, max_steps) cuts the plan anywhere short of the goal, which
+            in the two-box room put most moved starts 1-4 moves out, where every sample
+            succeeds (no signal either); a band where groups are mixed spends the batch there.
     Options of reset: {"board": text} plays a hand-made level drawn with the legend's symbols.
     """
 
@@ -161,6 +165,7 @@ class SokobanEnv(Env):
         end_on_deadlock: bool = False,
         min_solution_steps: int = 0,
         solution_start: float = 0.0,
+        solution_start_distance: tuple[int, int] | list[int] | None = None,
     ):
         if not isinstance(dim, int) and len(dim) != 2:
             raise ValueError(f"dim must be one int or (rows, cols), got {dim!r}")
@@ -200,6 +205,15 @@ class SokobanEnv(Env):
         if not 0.0 <= solution_start <= 1.0:
             raise ValueError(f"solution_start must be in [0, 1] (0 = off), got {solution_start}")
         self.solution_start = float(solution_start)
+        band = (1, max_steps) if solution_start_distance is None else solution_start_distance
+        if (
+            not isinstance(band, (list, tuple))
+            or len(band) != 2
+            or any(isinstance(v, bool) or not isinstance(v, int) for v in band)
+            or not 1 <= band[0] <= band[1]
+        ):
+            raise ValueError(f"solution_start_distance must be two ints 1 <= lo <= hi, got {solution_start_distance!r}")
+        self.solution_start_distance = (int(band[0]), int(band[1]))
         preset = SokobanRewards.preset(reward)
         overrides = {
             "step": step_reward,
@@ -279,15 +293,16 @@ class SokobanEnv(Env):
         )
 
     def _start_along_plan(self) -> None:
-        """With probability `solution_start`, play the first k moves of an optimal plan (k in
-        1..n-1), so the episode starts short of the goal but never on it."""
+        """With probability `solution_start`, play an optimal plan's first moves, so the episode
+        starts d moves from the goal, d in `solution_start_distance` and never 0."""
         board = self._require_board()
         if self._rng.random() >= self.solution_start:
             return
         plan = solve(board) or self._construction_plan
-        if len(plan) < 2:
+        lo, hi = self.solution_start_distance
+        if len(plan) <= lo:
             return
-        k = int(self._rng.integers(1, len(plan)))
+        k = len(plan) - int(self._rng.integers(lo, min(hi, len(plan) - 1) + 1))
         for move in plan[:k]:
             moved, why = board.try_move(move)
             if moved is None:  # both plans are played forward from this very board
