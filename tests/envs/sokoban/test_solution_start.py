@@ -1,6 +1,6 @@
 """SokobanEnv(solution_start=p): a share p of resets start partway along the room's optimal
 plan, never on the goal; the seed alone decides the start (so a group's samples share it); off
-draws nothing, so every seed keeps its room; evaluation can switch it off."""
+draws nothing, so every seed keeps its room; a band puts moved starts at a distance from the goal."""
 
 from __future__ import annotations
 
@@ -41,6 +41,17 @@ async def test_share_one_moves_every_room_with_a_plan_of_two_or_more():
         assert k < n or n < 2
 
 
+async def test_a_band_puts_moved_starts_in_it_and_leaves_short_rooms():
+    plain = await _starts(envs.make(TWO_BOX), range(80))
+    banded = await _starts(envs.make(TWO_BOX, solution_start=1.0, solution_start_distance=[8, 12]), range(80))
+    for (room, n), (start, k) in zip(plain, banded, strict=True):
+        if n <= 8:
+            assert start == room  # already at or inside the band's near edge: played as drawn
+        else:
+            assert start != room and 8 <= k <= min(12, n - 1)
+    assert any(n > 12 for _, n in plain)  # the band's far edge was exercised
+
+
 async def test_the_seed_alone_decides_the_start():
     a, b = SokobanEnv(solution_start=0.5), SokobanEnv(solution_start=0.5)
     for seed in (0, 7, 31, 123):
@@ -73,3 +84,9 @@ async def test_hand_made_boards_are_played_as_given():
 def test_invalid_shares_are_refused(bad):
     with pytest.raises(ValueError, match="solution_start must be"):
         SokobanEnv(solution_start=bad)
+
+
+@pytest.mark.parametrize("bad", [[0, 5], [6, 5], [3], [1, 2, 3], "8-12", 8, [1.5, 4], [True, 4]])
+def test_invalid_bands_are_refused(bad):
+    with pytest.raises(ValueError, match="solution_start_distance must be"):
+        SokobanEnv(solution_start=0.5, solution_start_distance=bad)
