@@ -21,6 +21,11 @@ all-fail share among fresh rooms alone (what the policy does on rooms it meets f
 time, comparable with a run without replay), and how many replays of rooms whose first group
 all failed had at least one success (whether replay turned an all-fail room into a signal).
 
+On Sokoban runs a second table splits the groups by their start's distance from the goal (and
+by whether `solution_start` moved it): where the policy's frontier of mixed groups lies
+(rollhub/bench/start_distance.py). `--set by_start=last` reads only the last window, `none`
+skips it.
+
 And, from the step metrics of the same window: zero-advantage group share, PPO ratio clip
 fraction, capped importance-weight fraction, and the KL to the warm-start. Issue 22's item 3
 (why RL stalls near the imitation ceiling) asked for exactly these numbers; this makes them one
@@ -63,7 +68,11 @@ class RunSignalConfig:
         None  # shortfall threshold on a turn's own reward; null = the run's algorithm.turn_bar, else 0.3
     )
 
+    by_start: str = "all"  # Sokoban runs: outcomes by start distance over all groups, the last window, or none
+
     def validate(self) -> None:
+        if self.by_start not in BY_START:
+            raise ValueError(f"by_start must be one of {', '.join(BY_START)}, got {self.by_start!r}")
         if self.windows < 1:
             raise ValueError(f"windows must be >= 1, got {self.windows}")
         if self.bar is not None and not math.isfinite(self.bar):
@@ -71,6 +80,7 @@ class RunSignalConfig:
 
 
 QUICK: list[str] = []
+BY_START = ("all", "last", "none")
 
 
 def read_groups(path: Path) -> list[list[dict[str, Any]]]:
@@ -216,10 +226,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows = window_rows(groups, steps, cfg.windows, bar)
     print_table(f"training signal of {run_dir} by window (shortfall: a turn's reward < {bar:g})", rows)
     result = {"benchmark": "run-signal", "config": vars(cfg), "bar": bar, "rows": rows}
+    by_start = _by_start(run_dir, groups, cfg)
+    if by_start:
+        print_table(f"groups by their start's moves to the goal ({cfg.by_start} groups)", by_start)
+        result["by_start"] = by_start
     save_json(out / "result.json", result)
     save_plot(out / "run_signal.png", _draw, rows)
     print(f"wrote {out / 'result.json'} and {out / 'run_signal.png'}")
     return result
+
+
+def _by_start(run_dir: Path, groups: list[list[dict[str, Any]]], cfg: RunSignalConfig) -> list[dict[str, Any]]:
+    """The start-distance table of a Sokoban run, [] for other envs or `by_start=none`."""
+    config_file = run_dir / "config.json"
+    if cfg.by_start == "none" or not config_file.exists():
+        return []
+    from rollhub.bench.start_distance import distance_rows, is_sokoban  # imports this module
+
+    env = json.loads(config_file.read_text()).get("env", {})
+    env_id, env_kwargs = str(env.get("id", "")), dict(env.get("kwargs") or {})
+    if not is_sokoban(env_id):
+        return []
+    part = groups[len(groups) - len(groups) // cfg.windows :] if cfg.by_start == "last" else groups
+    return distance_rows(part, env_id, env_kwargs)
 
 
 def _draw(ax: Any, rows: list[dict[str, Any]]) -> None:

@@ -127,6 +127,16 @@ class Board:
         return board
 
     @classmethod
+    def from_anchor(cls, anchor: bytes) -> Board:
+        """The position an `anchor()` was taken of (a logged trajectory keeps every turn's)."""
+        if len(anchor) < 2 or len(anchor) != 2 + anchor[0] * anchor[1] or any(c not in SYMBOLS for c in anchor[2:]):
+            raise ValueError(f"not a Sokoban anchor: {anchor[:16].hex()}...")
+        height, width, codes = anchor[0], anchor[1], anchor[2:]
+        return cls.from_text(
+            "\n".join("".join(SYMBOLS[c] for c in codes[r * width : (r + 1) * width]) for r in range(height))
+        )
+
+    @classmethod
     def from_text(cls, text: str) -> Board:
         """Parse a rendered board (the SYMBOLS above); handy for tests and hand-made levels."""
         rows = [r for r in text.strip("\n").splitlines()]

@@ -1,0 +1,95 @@
+"""`rollhub bench run-signal`'s start-distance table on run folders logged from real Sokoban
+resets: each group's start is rebuilt from its first turn's anchor and solved, moved starts are
+told from rooms as drawn, and other envs get no table."""
+
+import asyncio
+import json
+
+import pytest
+
+import rollhub.envs as envs
+from rollhub.bench.start_distance import distance_rows
+from rollhub.cli import main
+from rollhub.envs.sokoban.grid import Board
+from rollhub.envs.sokoban.solver import solve
+
+ENV = "rollhub/Sokoban-v0"
+
+
+async def _start(seed, **kwargs):
+    env = envs.make(ENV, **kwargs)
+    await env.reset(seed=seed)
+    return env.board
+
+
+def _group(name, seed, board, wins):
+    turn = {"anchor": {"__bytes__": board.anchor().hex()}, "response_text": "up", "reward": 0.0}
+    return [{"group_id": name, "seed": seed, "success": w, "turns": [turn]} for w in wins]
+
+
+def test_an_anchor_rebuilds_its_board():
+    board = asyncio.run(_start(3))
+    assert Board.from_anchor(board.anchor()) == board
+    with pytest.raises(ValueError, match="not a Sokoban anchor"):
+        Board.from_anchor(b"\x06\x06\x01")
+
+
+def test_groups_are_counted_by_their_starts_distance_and_outcome():
+    boards = {seed: asyncio.run(_start(seed)) for seed in range(40)}
+    length = {seed: len(solve(b)) for seed, b in boards.items()}
+    a, b = sorted(boards, key=length.get)[0], sorted(boards, key=length.get)[-1]
+    assert length[a] < length[b]
+    groups = [
+        _group("g1", a, boards[a], [True, True]),
+        _group("g2", a, boards[a], [True, False]),
+        _group("g3", b, boards[b], [False, False]),
+    ]
+    near, far = distance_rows(groups, ENV, {})
+    assert (near["start"], near["moves to goal"], near["groups"]) == ("as drawn", length[a], 2)
+    assert (near["success"], near["all_succeed"], near["mixed"], near["all_fail"]) == (0.75, 0.5, 0.5, 0.0)
+    assert (far["moves to goal"], far["all_fail"], far["success"]) == (length[b], 1.0, 0.0)
+
+
+def test_moved_starts_are_told_from_rooms_as_drawn():
+    kwargs = {"solution_start": 1.0, "solution_start_distance": [1, 2]}
+    seed = next(s for s in range(40) if len(solve(asyncio.run(_start(s)))) >= 4)
+    drawn, moved = asyncio.run(_start(seed)), asyncio.run(_start(seed, **kwargs))
+    assert drawn != moved
+    groups = [_group("m", seed, moved, [True, True]), _group("d", seed, drawn, [False, False])]
+    rows = {row["start"]: row for row in distance_rows(groups, ENV, kwargs)}
+    assert rows["moved"]["moves to goal"] == len(solve(moved)) <= 2
+    assert rows["as drawn"]["moves to goal"] == len(solve(drawn))
+    assert rows["moved"]["all_succeed"] == 1.0 and rows["as drawn"]["all_fail"] == 1.0
+
+
+def _write(run, groups, env):
+    run.mkdir()
+    (run / "trajectories.jsonl").write_text("".join(json.dumps(t) + "\n" for g in groups for t in g))
+    (run / "config.json").write_text(json.dumps({"env": env}))
+
+
+@pytest.mark.parametrize("by_start, expect_table", [("all", True), ("last", True), ("none", False)])
+def test_run_signal_adds_the_table_on_sokoban_runs_only(tmp_path, by_start, expect_table):
+    board = asyncio.run(_start(1))
+    groups = [_group(f"g{i}", 1, board, [i % 2 == 0, True]) for i in range(4)]
+    for name, env in (("sokoban", {"id": ENV, "kwargs": {}}), ("other", {"id": "rollhub/Math-v0", "kwargs": {}})):
+        run, out = tmp_path / name, tmp_path / f"out-{name}"
+        _write(run, groups, env)
+        args = ["bench", "run-signal", "--out", str(out), "--set", f"run={run}", "--set", "windows=2"]
+        assert main([*args, "--set", f"by_start={by_start}"]) == 0
+        result = json.loads((out / "result.json").read_text())
+        has_table = "by_start" in result
+        assert has_table == (expect_table and name == "sokoban")
+        if has_table:
+            (row,) = result["by_start"]
+            assert row["groups"] == (4 if by_start == "all" else 2)
+
+
+def test_a_bad_by_start_is_a_one_line_error(tmp_path, capsys):
+    run = tmp_path / "run"
+    _write(run, [_group("g", 1, asyncio.run(_start(1)), [True])], {"id": ENV})
+    assert (
+        main(["bench", "run-signal", "--out", str(tmp_path / "o"), "--set", f"run={run}", "--set", "by_start=x"]) == 2
+    )
+    error = capsys.readouterr().err
+    assert "by_start must be one of" in error and "Traceback" not in error
