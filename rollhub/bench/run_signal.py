@@ -230,9 +230,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if by_start:
         print_table(f"groups by their start's moves to the goal ({cfg.by_start} groups)", by_start)
         result["by_start"] = by_start
+        save_plot(out / "by_start.png", _draw_by_start, by_start)
     save_json(out / "result.json", result)
     save_plot(out / "run_signal.png", _draw, rows)
-    print(f"wrote {out / 'result.json'} and {out / 'run_signal.png'}")
+    print(f"wrote {out / 'result.json'} and {out / 'run_signal.png'}" + (" and by_start.png" if by_start else ""))
     return result
 
 
@@ -265,3 +266,18 @@ def _draw(ax: Any, rows: list[dict[str, Any]]) -> None:
     ax.set_xlabel("window of the run (training order)")
     ax.set_ylabel("share")
     ax.legend(loc="lower left", fontsize=8)
+
+
+def _draw_by_start(ax: Any, rows: list[dict[str, Any]]) -> None:
+    """Episode success and the mixed-group share against the start's moves to the goal."""
+    for kind, colour in (("as drawn", "tab:blue"), ("moved", "tab:orange")):
+        part = [row for row in rows if row["start"] == kind]
+        if not part:
+            continue
+        moves = [row["moves to goal"] for row in part]
+        ax.plot(moves, [row["success"] for row in part], color=colour, marker="o", label=f"success, {kind}")
+        ax.plot(moves, [row["mixed"] for row in part], color=colour, linestyle="--", label=f"mixed groups, {kind}")
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("start's moves to the goal (shortest plan)")
+    ax.set_ylabel("share")
+    ax.legend(fontsize=8)

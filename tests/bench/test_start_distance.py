@@ -80,6 +80,7 @@ def test_run_signal_adds_the_table_on_sokoban_runs_only(tmp_path, by_start, expe
         result = json.loads((out / "result.json").read_text())
         has_table = "by_start" in result
         assert has_table == (expect_table and name == "sokoban")
+        assert (out / "by_start.png").exists() == has_table
         if has_table:
             (row,) = result["by_start"]
             assert row["groups"] == (4 if by_start == "all" else 2)
