@@ -176,7 +176,36 @@ def check_run_envs(config: RunConfig) -> None:
     eval_id = config.eval_env_id
     eval_kwargs = check_env_kwargs(eval_id, config.eval_env_kwargs)
     config.eval.env.id, config.eval.env.kwargs = eval_id, eval_kwargs
+    check_env_values(config.env.id, config.env.kwargs, "env.kwargs")
+    if config.sft.env_kwargs:
+        check_env_values(config.env.id, {**config.env.kwargs, **config.sft.env_kwargs}, "sft.env_kwargs")
+    check_env_values(eval_id, eval_kwargs, "eval.env.kwargs")
     check_eval_disjoint(config)
+
+
+def check_env_values(env_id: str, kwargs: dict[str, Any], where: str) -> None:
+    """Values the constructor refuses, as a one-line UserError before any model loads.
+
+    Only for env classes that say construction is cheap (`CHECK_BY_BUILDING`); others are
+    built where the run needs them. For the eval env, also refuses the class's
+    `TRAINING_ONLY_KWARGS` switched on (a start-state curriculum would make the reading easier
+    than the env's own distribution: an inflated number, not an error anyone would see).
+    """
+    from rollhub.envs.registry import make, spec
+
+    factory = spec(env_id).load_entry_point()
+    if where == "eval.env.kwargs":
+        for key in getattr(factory, "TRAINING_ONLY_KWARGS", ()):
+            if kwargs.get(key):
+                raise UserError(
+                    f"eval.env.kwargs.{key} is {kwargs[key]!r}: it makes episodes easier than {env_id}'s own, so "
+                    f"evaluation would read an inflated success; set eval.env.kwargs: {{{key}: 0}}"
+                )
+    if getattr(factory, "CHECK_BY_BUILDING", False):
+        try:
+            make(env_id, **kwargs)
+        except ValueError as error:
+            raise UserError(f"{where}: {error}") from None
 
 
 def env_task_set(env_id: str, kwargs: dict[str, Any]) -> dict[str, str] | None:

@@ -143,6 +143,12 @@ class SokobanEnv(Env):
     """
 
     action_tag = "action"
+    #: arguments that make episodes easier than the env's own distribution: evaluation must
+    #: leave them off (`check_run_envs` refuses a reading with them on)
+    TRAINING_ONLY_KWARGS = ("solution_start",)
+    #: construction is cheap and checks every value, so a run builds one env up front to turn a
+    #: bad value into a one-line error before any model loads
+    CHECK_BY_BUILDING = True
 
     def __init__(
         self,
