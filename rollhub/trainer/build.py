@@ -179,11 +179,11 @@ def check_run_envs(config: RunConfig) -> None:
     check_env_values(config.env.id, config.env.kwargs, "env.kwargs")
     if config.sft.env_kwargs:
         check_env_values(config.env.id, {**config.env.kwargs, **config.sft.env_kwargs}, "sft.env_kwargs")
-    check_env_values(eval_id, eval_kwargs, "eval.env.kwargs")
+    check_env_values(eval_id, eval_kwargs, "eval.env.kwargs", evaluation=True)
     check_eval_disjoint(config)
 
 
-def check_env_values(env_id: str, kwargs: dict[str, Any], where: str) -> None:
+def check_env_values(env_id: str, kwargs: dict[str, Any], where: str, *, evaluation: bool = False) -> None:
     """Values the constructor refuses, as a one-line UserError before any model loads.
 
     Only for env classes that say construction is cheap (`CHECK_BY_BUILDING`); others are
@@ -194,11 +194,11 @@ def check_env_values(env_id: str, kwargs: dict[str, Any], where: str) -> None:
     from rollhub.envs.registry import make, spec
 
     factory = spec(env_id).load_entry_point()
-    if where == "eval.env.kwargs":
+    if evaluation:
         for key in getattr(factory, "TRAINING_ONLY_KWARGS", ()):
             if kwargs.get(key):
                 raise UserError(
-                    f"eval.env.kwargs.{key} is {kwargs[key]!r}: it makes episodes easier than {env_id}'s own, so "
+                    f"{where}.{key} is {kwargs[key]!r}: it makes episodes easier than {env_id}'s own, so "
                     f"evaluation would read an inflated success; set eval.env.kwargs: {{{key}: 0}}"
                 )
     if getattr(factory, "CHECK_BY_BUILDING", False):
