@@ -244,7 +244,7 @@ class SokobanEnv(Env):
         self._plan: list[str] = []
         self._plan_anchor: bytes | None = None
         self._construction_plan: list[str] = []
-        self._distances: dict[bytes, int] = {}
+        self._plans: dict[bytes, list[str] | None] = {}  # optimal plan per position, this episode
         self._live_cells: dict[int, int] | None = None  # push_distances of the room (end_on_deadlock)
 
     # -- episode -------------------------------------------------------------------------
@@ -254,7 +254,7 @@ class SokobanEnv(Env):
         if seed is not None:
             self._rng = np.random.default_rng(seed)
         board_text = (options or {}).get("board")
-        self._distances = {}
+        self._plans = {}
         if board_text is not None:  # a hand-made level instead of a generated one
             self._board, self._construction_plan = Board.from_text(board_text), []
         else:
@@ -289,7 +289,7 @@ class SokobanEnv(Env):
                 max_solution_steps=self.max_steps if self.solvable_within_max_steps else None,
             )
             self._board, self._construction_plan = room.board, list(room.solution)
-            self._distances = {}
+            self._plans = {}
             if not self.min_solution_steps or self.distance_to_go(room.board) >= self.min_solution_steps:
                 return
         raise RoomGenerationError(
@@ -304,7 +304,7 @@ class SokobanEnv(Env):
         board = self._require_board()
         if self._rng.random() >= self.solution_start:
             return
-        plan = solve(board) or self._construction_plan
+        plan = self._optimal_plan(board) or self._construction_plan
         lo, hi = self.solution_start_distance
         if len(plan) <= lo:
             return
@@ -382,11 +382,24 @@ class SokobanEnv(Env):
         (no further position can be solved within the episode), `dead_distance` when dead."""
         if board.solved:
             return 0
+        plan = self._optimal_plan(board)
+        return min(len(plan), self.max_steps) if plan else self.dead_distance
+
+    def _optimal_plan(self, board: Board) -> list[str] | None:
+        """`solve(board)`, once per position and episode. Every suffix of an optimal plan is
+        optimal from the position it starts at, so one solve also answers for each position
+        along the plan: shaping and the expert then solve only where an episode leaves it
+        (a moved start is one such position: its room was solved to move it)."""
         key = board.anchor()
-        if key not in self._distances:  # one solve per position and episode
+        if key not in self._plans:
             plan = solve(board)
-            self._distances[key] = min(len(plan), self.max_steps) if plan else self.dead_distance
-        return self._distances[key]
+            self._plans[key] = plan
+            for i, move in enumerate(plan or []):
+                board, _ = board.try_move(move)
+                if board is None:  # cannot happen for the solver's own plan; stop caching, not the episode
+                    break
+                self._plans.setdefault(board.anchor(), plan[i + 1 :])
+        return self._plans[key]
 
     def _reject(self, board: Board, reason: str, *, format_ok: bool) -> StepResult:
         """Invalid move: state unchanged, penalty, and a one-line reason above the grid."""
@@ -413,7 +426,7 @@ class SokobanEnv(Env):
         """Next move of an optimal plan (re-planned if the episode left the plan)."""
         board = self._require_board()
         if self._plan_anchor != board.anchor() or not self._plan:
-            plan = solve(board)
+            plan = self._optimal_plan(board)
             if plan is None and self._steps == 0:  # solver over its state cap: the room's own solution
                 plan = self._construction_plan
             if not plan:  # a dead position (box stuck) has no plan; any move will do

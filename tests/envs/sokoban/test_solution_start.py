@@ -74,6 +74,33 @@ async def test_off_keeps_every_room_and_the_expert_solves_moved_starts():
         assert info["success"], seed
 
 
+async def test_a_moved_start_solves_the_room_once_and_prices_moves_along_the_plan(monkeypatch):
+    """Shaping and the expert reuse the plan the start was moved along: one solve per moved reset."""
+    import rollhub.envs.sokoban.env as env_module
+
+    calls = []
+
+    def counting_solve(board, **kwargs):
+        calls.append(board.anchor())
+        return solve(board, **kwargs)
+
+    monkeypatch.setattr(env_module, "solve", counting_solve)
+    env = envs.make(TWO_BOX, solution_start=1.0, progress_reward=0.3, reward="sparse")
+    for seed in range(8):
+        calls.clear()
+        await env.reset(seed=seed)
+        start = env.board
+        expected = len(solve(start))  # uncounted: the module's own name is patched, not this one
+        assert env.distance_to_go(start) == expected
+        reward = 0.0
+        for _ in range(expected):
+            _, r, terminated, _, info = await env.step(env.expert_action())
+            reward += r
+        assert terminated and info["success"]
+        assert len(calls) == 1, (seed, len(calls))  # the room as drawn; nothing after it
+        assert reward == pytest.approx(1.0 + 0.3 * expected)  # each optimal move priced one move closer
+
+
 async def test_hand_made_boards_are_played_as_given():
     env = SokobanEnv(solution_start=1.0)
     await env.reset(options={"board": "######\n#PX_O#\n######"})
