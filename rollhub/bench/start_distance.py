@@ -24,11 +24,18 @@ START_ARGS = ("solution_start", "solution_start_distance")
 
 
 def is_sokoban(env_id: str) -> bool:
-    """Whether `env_id` builds a SokobanEnv (the only env whose starts this can read)."""
+    """Whether `env_id` builds a SokobanEnv (the only env whose starts this can read).
+
+    A class entry point answers without building an env (an ALFWorld or SWE env's constructor
+    may load games or start containers); only a factory function is built to find out."""
     import rollhub.envs as envs
+    from rollhub.envs.registry import spec
     from rollhub.envs.sokoban.env import SokobanEnv
 
     try:
+        factory = spec(env_id).load_entry_point()
+        if isinstance(factory, type):
+            return issubclass(factory, SokobanEnv)
         return isinstance(envs.make(env_id), SokobanEnv)
     except Exception:  # an env that cannot be built here (a missing extra): not ours to read
         return False

@@ -8,8 +8,10 @@ import json
 import pytest
 
 import rollhub.envs as envs
-from rollhub.bench.start_distance import distance_rows
+from rollhub.bench.start_distance import distance_rows, is_sokoban
 from rollhub.cli import main
+from rollhub.envs import registry
+from rollhub.envs.sokoban.env import SokobanEnv
 from rollhub.envs.sokoban.grid import Board
 from rollhub.envs.sokoban.solver import solve
 
@@ -94,3 +96,26 @@ def test_a_bad_by_start_is_a_one_line_error(tmp_path, capsys):
     )
     error = capsys.readouterr().err
     assert "by_start must be one of" in error and "Traceback" not in error
+
+
+class _CostlySokoban(SokobanEnv):
+    def __init__(self, **kwargs):
+        raise AssertionError("built")  # stands for a constructor that loads games or starts containers
+
+
+class _CostlyOther:
+    def __init__(self, **kwargs):
+        raise AssertionError("built")
+
+
+def test_is_sokoban_reads_a_class_entry_point_without_building_it(monkeypatch):
+    for env_id, entry in (
+        ("test/CostlySokoban-v0", _CostlySokoban),
+        ("test/CostlyOther-v0", _CostlyOther),
+        ("test/SokobanFactory-v0", lambda **kw: SokobanEnv(**kw)),
+    ):
+        monkeypatch.setitem(registry._REGISTRY, env_id, registry.EnvSpec(id=env_id, entry_point=entry))
+    assert is_sokoban("test/CostlySokoban-v0")  # answered from the class: its constructor would raise
+    assert not is_sokoban("test/CostlyOther-v0")
+    assert is_sokoban("test/SokobanFactory-v0")  # a factory is built to find out
+    assert is_sokoban(ENV) and not is_sokoban("rollhub/Math-v0") and not is_sokoban("rollhub/NoSuch-v0")
