@@ -117,3 +117,26 @@ def test_invalid_shares_are_refused(bad):
 def test_invalid_bands_are_refused(bad):
     with pytest.raises(ValueError, match="solution_start_distance must be"):
         SokobanEnv(solution_start=0.5, solution_start_distance=bad)
+
+
+async def test_a_position_on_a_known_plan_keeps_its_distance_when_its_own_solve_would_give_up(monkeypatch):
+    """The plan cache's one behaviour change: a position whose own solve hits the solver's state
+    cap (None, read as dead) gets the distance of the plan it lies on, when one is known."""
+    import rollhub.envs.sokoban.env as env_module
+
+    env = SokobanEnv(progress_reward=0.3)
+    await env.reset(seed=3)
+    start = env.board
+    plan = solve(start)
+    assert plan and len(plan) >= 3
+    middle, _ = start.try_move(plan[0])
+    middle, _ = middle.try_move(plan[1])
+    real_solve = env_module.solve
+    monkeypatch.setattr(
+        env_module, "solve", lambda b, **kw: None if b.anchor() == middle.anchor() else real_solve(b, **kw)
+    )
+    assert env.distance_to_go(start) == min(len(plan), env.max_steps)
+    assert env.distance_to_go(middle) == min(len(plan) - 2, env.max_steps)  # from the start's plan, not "dead"
+    fresh = SokobanEnv(progress_reward=0.3)
+    await fresh.reset(seed=3)
+    assert fresh.distance_to_go(middle) == fresh.dead_distance  # asked first, it reads as the solver answers
