@@ -55,6 +55,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "rollhub.bench.run_signal:run",
         "a run's groups by window: all succeed / mixed / all fail, mistakes its group estimator cannot see, clip, KL",
     ),
+    "compare-runs": (
+        "rollhub.bench.compare_runs:run",
+        "finished training runs on the job's clock: held-out success by minute (SFT, then RL), warm-start, pick, gain",
+    ),
     "shaping-loops": (
         "rollhub.bench.shaping_loops:run",
         "exact search of Sokoban rooms' state graphs for loops a recipe's shaped reward pays (farmable reward)",
