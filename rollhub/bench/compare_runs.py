@@ -84,6 +84,17 @@ def _sft_size(sft: dict[str, Any]) -> str:
     )
 
 
+def _job_minutes(summary: dict[str, Any], sft_s: float, last_reading: float) -> float:
+    """The whole job's minutes, with SFT counted once even when its model was copied in.
+
+    An RL-only run (an `sft_done.json` beside a copied `sft_model/`) records no SFT time in its
+    own `wall_s`; the SFT it started from is added so that it reads like the whole job."""
+    if "wall_s" not in summary:
+        return last_reading  # unfinished: the last reading is as far as the job is known
+    own_sft_s = float((summary.get("phases_s") or {}).get("sft_s", 0.0))
+    return (float(summary["wall_s"]) - own_sft_s + sft_s) / 60.0
+
+
 def read_run(run_dir: Path, label: str, metric: str) -> dict[str, Any]:
     """One run's held-out curve on the job's clock, with its warm-start, final and SFT settings."""
     metrics = run_dir / "metrics.jsonl"
@@ -113,7 +124,7 @@ def read_run(run_dir: Path, label: str, metric: str) -> dict[str, Any]:
         "SFT min": sft_s / 60.0,
         "warm-start": readings[0][1] if readings[0][0] == 0 else float("nan"),
         "RL steps": summary.get("steps", max(clock)),
-        "job min": summary["wall_s"] / 60.0 if "wall_s" in summary else curve[-1]["minute"],
+        "job min": _job_minutes(summary, sft_s, curve[-1]["minute"]),
         "final (pick)": summary.get("final_success_rate", float("nan")),
         "picked step": summary.get("selected_step"),
         "last step": summary.get("last_step_success_rate", float("nan")),

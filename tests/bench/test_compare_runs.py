@@ -45,7 +45,14 @@ def test_readings_sit_at_the_minute_of_the_job_and_the_gain_is_final_minus_warm_
     assert entry["pick_minute"] == 6.0  # the picked step need not be a held-out reading
     row = entry["row"]
     assert row["warm-start"] == 0.5 and row["RL gain"] == pytest.approx(0.25)
-    assert (row["SFT demos x epochs"], row["job min"]) == ("8 x 2", 7.0)
+    assert (row["SFT demos x epochs"], row["job min"]) == ("8 x 2", 10.0)  # 180 s of SFT + 420 s
+
+
+def test_a_job_that_ran_its_own_sft_counts_it_once(tmp_path):
+    run = tmp_path / "run"
+    summary = {"final_success_rate": 0.6, "selected_step": 0, "wall_s": 420.0, "phases_s": {"sft_s": 180.0}}
+    _write_run(run, [{"step": 0, "eval/success_rate": 0.5}], sft_s=180.0, summary=summary)
+    assert read_run(run, "a", "eval/success_rate")["row"]["job min"] == 7.0
 
 
 def test_the_command_writes_a_table_and_a_plot_for_each_run(tmp_path):
