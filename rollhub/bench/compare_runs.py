@@ -77,11 +77,9 @@ def _sft_size(sft: dict[str, Any]) -> str:
     if not sft.get("enabled"):
         return "none"
     epochs = sft.get("epochs", "?")
-    return (
-        f"{sft.get('episodes', '?')} x {epochs:g}"
-        if isinstance(epochs, (int, float))
-        else f"{sft.get('episodes', '?')} x {epochs}"
-    )
+    if isinstance(epochs, (int, float)):
+        epochs = f"{epochs:g}"  # 5.0 reads as 5
+    return f"{sft.get('episodes', '?')} x {epochs}"
 
 
 def _job_minutes(summary: dict[str, Any], sft_s: float, last_reading: float) -> float:
