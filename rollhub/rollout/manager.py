@@ -331,6 +331,9 @@ class EnvManager(TaskOwner):
         if stats is not None:
             data["engine/mean_batch_size"] = getattr(stats, "mean_batch_size", 0.0)
             data["engine/requests_aborted"] = getattr(stats, "requests_aborted", 0)
+            finished = getattr(stats, "requests_finished", 0)
+            if finished and hasattr(stats, "shared_prompts"):  # prompts answered without a forward of their own
+                data["engine/shared_prompt_fraction"] = stats.shared_prompts / finished
         return data
 
     async def close(self) -> None:

@@ -487,8 +487,12 @@ def _rollout_metrics(rollout: RolloutSource, buffer: GroupBuffer | None) -> dict
         if key in summary:
             out[f"rollout/{key}"] = summary[key]
     out.update(
-        {k: v for k, v in summary.items() if k.startswith(("cluster/", "router/")) and isinstance(v, (int, float))}
-    )  # Ray backend
+        {
+            k: v
+            for k, v in summary.items()
+            if k.startswith(("cluster/", "router/", "engine/shared")) and isinstance(v, (int, float))
+        }
+    )  # Ray backend; the in-process engine's shared-prompt share
     if buffer is not None:
         for key, value in buffer.metrics().items():
             if isinstance(value, (int, float)):

@@ -217,3 +217,35 @@ def shared_prefixes(
     if not hosts:  # no response token anywhere: run the first row's first token so the graph exists
         hosts, keys[0], host[0] = [0], keys[0] or tuple(input_ids[0, :1].tolist()), 0
     return SharedPrefixes(hosts=hosts, host=host, needed=[len(keys[row]) for row in hosts])
+
+
+def prompt_split(
+    input_ids: torch.Tensor, response_mask: torch.Tensor, parts: int, generator: torch.Generator
+) -> list[torch.Tensor]:
+    """Rows split into at most `parts` shuffled mini-batches, rows with the same prompt kept together.
+
+    The prompt of a row is its tokens before its first response token. Packing runs a prompt
+    shared by several rows once per micro-batch (`SharedPrefixes`), so a random row split that
+    scatters a board's samples over the mini-batches forwards that board once per mini-batch;
+    kept together it is forwarded once per step. Groups are shuffled (by `generator`, so a
+    resumed run draws the same parts) and cut at group boundaries into parts of about equal rows.
+    """
+    first = response_mask.gt(0).float().argmax(-1).tolist()
+    keys = [tuple(input_ids[row, :start].tolist()) for row, start in enumerate(first)]
+    members: dict[tuple[int, ...], list[int]] = {}
+    for row, key in enumerate(keys):
+        members.setdefault(key, []).append(row)
+    groups = list(members.values())
+    order = torch.randperm(len(groups), generator=generator).tolist()
+    parts = max(1, min(parts, len(groups)))
+    target = len(keys) / parts
+    split: list[list[int]] = [[]]
+    placed = 0
+    for position, index in enumerate(order):
+        parts_left = parts - len(split)
+        full = placed >= len(split) * target or len(order) - position <= parts_left
+        if split[-1] and parts_left > 0 and full:
+            split.append([])
+        split[-1].extend(groups[index])
+        placed += len(groups[index])
+    return [torch.as_tensor(rows, dtype=torch.long) for rows in split]

@@ -21,7 +21,12 @@ from typing import Any
 import torch
 
 from rollhub.trainer.losses import BatchNormaliser, LossConfig, full_kl, policy_loss
-from rollhub.trainer.packing import plan_packed_micro_batches, plan_padded_micro_batches, sequence_lengths
+from rollhub.trainer.packing import (
+    plan_packed_micro_batches,
+    plan_padded_micro_batches,
+    prompt_split,
+    sequence_lengths,
+)
 from rollhub.trainer.policy import Policy, TokenBatch, response_positions
 
 logger = logging.getLogger(__name__)
@@ -227,7 +232,8 @@ def ppo_update(
     (e.g. one that all-reduces its counts); None counts each part locally.
 
     `pack_tokens` packs every forward pass of the step (proximal, reference, update) to that
-    many tokens per micro-batch (rollhub.trainer.packing). On that path the first mini-batch
+    many tokens per micro-batch (rollhub.trainer.packing), and the mini-batches keep the rows
+    of one prompt together (`prompt_split`), so a shared prompt runs once. On that path the first mini-batch
     also serves as its own proximal pass: it runs before any optimizer step, so its detached
     forward IS pi_prox for its rows (kept for later epochs); the no-grad pass covers only the
     other rows. The padded path keeps the separate pass over every row (results unchanged).
@@ -262,7 +268,10 @@ def ppo_update(
         return out
     generator = torch.Generator().manual_seed(seed)
     parts = min(minibatches, len(batch))
-    orders = [torch.randperm(len(batch), generator=generator).tensor_split(parts) for _ in range(epochs)]
+    if pack_tokens is not None:  # a prompt's rows in one mini-batch: packing forwards it once
+        orders = [prompt_split(batch.input_ids, batch.response_mask, parts, generator) for _ in range(epochs)]
+    else:
+        orders = [torch.randperm(len(batch), generator=generator).tensor_split(parts) for _ in range(epochs)]
     clock = time.perf_counter()
     # with "behaviour" the decoupled weight min(prox/mu, C) is 1 and the clip is plain PPO's
     share_first = behaviour is None and pack_tokens is not None

@@ -20,6 +20,7 @@ from rollhub.trainer.packing import (
     packed_model_inputs,
     plan_packed_micro_batches,
     plan_padded_micro_batches,
+    prompt_split,
     shared_prefixes,
 )
 from rollhub.trainer.policy import Policy, TokenBatch, collate
@@ -230,9 +231,8 @@ def test_shared_prefixes_groups_rows_that_need_the_same_tokens():
     assert shared.needed == [4, 4]
 
 
-def test_one_token_answers_to_one_prompt_share_the_forward_exactly(tiny_model_dir, batch):
-    """Group samples of one board (the recipe's Markov layout): packed runs the prompt once, same log-probs
-    and gradient as padded rows that each run it."""
+def _one_token_answers(batch: TokenBatch) -> TokenBatch:
+    """Three prompts of `batch`, four one-token answers each (the recipe's Markov layout)."""
     rows = []
     for row in range(3):  # three prompts, four one-token answers each
         n = int(batch.attention_mask[row].sum()) - 1
@@ -247,7 +247,14 @@ def test_one_token_answers_to_one_prompt_share_the_forward_exactly(tiny_model_di
         attention[i, : len(r)] = 1
         response[i, len(r) - 1] = 1
     advantages = response * torch.linspace(-1, 1, len(rows)).unsqueeze(1)
-    shared_batch = TokenBatch(input_ids, attention, response, -2.0 * response, advantages, torch.zeros_like(input_ids))
+    return TokenBatch(input_ids, attention, response, -2.0 * response, advantages, torch.zeros_like(input_ids))
+
+
+def test_one_token_answers_to_one_prompt_share_the_forward_exactly(tiny_model_dir, batch):
+    """Group samples of one board: packed runs the prompt once, same log-probs and gradient as
+    padded rows that each run it."""
+    shared_batch = _one_token_answers(batch)
+    input_ids, attention, response = shared_batch.input_ids, shared_batch.attention_mask, shared_batch.response_mask
     assert len(shared_prefixes(input_ids, attention, response).hosts) == 3
     grads, logps = [], []
     for pack_tokens in (None, 4096):
@@ -258,3 +265,55 @@ def test_one_token_answers_to_one_prompt_share_the_forward_exactly(tiny_model_di
         grads.append(_grad(policy))
     assert (logps[0] - logps[1]).abs().max() < 1e-5
     assert (grads[0] - grads[1]).abs().max() < 1e-5 * float(grads[0].abs().max())
+
+
+def test_prompt_split_keeps_a_prompts_rows_together_and_balances_the_parts():
+    generator = torch.Generator().manual_seed(3)
+    prompts = torch.randint(0, 4, (60, 2))  # 16 possible prompts, repeated
+    input_ids = torch.cat([prompts, torch.randint(0, 9, (60, 1))], dim=1)
+    response = torch.zeros(60, 3)
+    response[:, 2] = 1
+    groups = {tuple(row[:2].tolist()) for row in input_ids}
+    for parts in (1, 4, 7):
+        split = prompt_split(input_ids, response, parts, generator)
+        assert len(split) == min(parts, len(groups))
+        assert sorted(torch.cat(split).tolist()) == list(range(60))  # every row once
+        owner = {}
+        for number, rows in enumerate(split):
+            for row in rows.tolist():
+                assert owner.setdefault(tuple(input_ids[row, :2].tolist()), number) == number
+        sizes = [len(rows) for rows in split]
+        assert max(sizes) - min(sizes) <= 2 * max(
+            sum(1 for r in input_ids if tuple(r[:2].tolist()) == g) for g in groups
+        )
+
+    def draw(generator: torch.Generator) -> list[list[int]]:
+        return [rows.tolist() for rows in prompt_split(input_ids, response, 4, generator)]
+
+    seeded = torch.Generator().manual_seed(9)
+    first = draw(seeded)
+    assert first == draw(torch.Generator().manual_seed(9))  # a resumed run draws the same parts
+    assert draw(seeded) != first  # and each epoch its own
+
+
+def test_packed_mini_batches_forward_each_prompt_once_per_step(tiny_model_dir, batch, monkeypatch):
+    """3 prompts x 4 answers in 3 mini-batches: a random row split would forward most prompts in
+    several mini-batches; the prompt split forwards each once."""
+    import rollhub.trainer.packing as packing
+
+    shared_batch = _one_token_answers(batch)
+    hosts = []
+
+    def counting(*args, original=packing.shared_prefixes):
+        result = original(*args)
+        hosts.append(len(result.hosts))
+        return result
+
+    monkeypatch.setattr(packing, "shared_prefixes", counting)
+    policy = Policy(tiny_model_dir, device="cpu", micro_batch_size=4)
+    optimizer = torch.optim.SGD(policy.model.parameters(), lr=0.01)
+    out = ppo_update(
+        policy, optimizer, shared_batch, LossConfig(proximal="behaviour"), minibatches=3, seed=1, pack_tokens=4096
+    )
+    assert out["optimizer_steps"] == 3
+    assert hosts == [1, 1, 1]

@@ -69,6 +69,7 @@ class EngineStats:
     decode_steps: int = 0
     requests_finished: int = 0
     requests_aborted: int = 0
+    shared_prompts: int = 0  # prompts that took a repeated prompt's KV and logits instead of a forward
     busy_s: float = 0.0  # wall time spent in model calls
     batch_size_sum: int = 0
 
@@ -530,38 +531,78 @@ class HFEngine(InferenceEngine):
     def _prefill_slots(self, requests: list[_Request], version: int) -> None:
         """Prefill newcomers into the rows after the running batch, reusing cached prefixes.
 
-        Row r's suffix (the prompt past its cached prefix) is left-aligned at the prefix's end;
-        rows are right-padded to the longest suffix. If that padding would run past the
-        model's last position, the newcomers are prefilled one at a time instead.
+        A prompt seen whole before under these weights (`PrefixCache.lookup_exact`), or twice
+        among the newcomers, runs no forward of its own: its KV is copied into its row and its
+        first token is sampled from the same logits with its own generator, so the samples stay
+        independent draws from the same distribution. The rest run as one batch: row r's suffix
+        (the prompt past its cached prefix) is left-aligned at the prefix's end; rows are
+        right-padded to the longest suffix. If that padding would run past the model's last
+        position, they are prefilled one at a time instead.
         """
-        plans = []
+        computed: list[_Request] = []
+        shared: list[tuple[_Request, Any]] = []  # (request, index into computed or cached KV + logits)
+        first_of: dict[tuple[int, ...], int] = {}
         for request in requests:
+            key = tuple(request.prompt_ids)
+            exact = self.prefix_cache.lookup_exact(request.prompt_ids)
+            if exact is not None:
+                shared.append((request, exact))
+            elif key in first_of:
+                shared.append((request, first_of[key]))
+            else:
+                first_of[key] = len(computed)
+                computed.append(request)
+        plans = []
+        for request in computed:
             hit = self.prefix_cache.lookup(request.prompt_ids)
             plans.append((request, hit[0] if hit else 0, hit))
-        width = max(len(request.prompt_ids) - cached for request, cached, _ in plans)
-        span = max(cached for _, cached, _ in plans) + width
-        if span > self._decoder.max_positions and len(plans) > 1:
-            for request in requests:
-                self._prefill_slots([request], version)
-            return
+        span = max(len(request.prompt_ids) for request in requests)
+        if plans:
+            width = max(len(request.prompt_ids) - cached for request, cached, _ in plans)
+            span = max(span, max(cached for _, cached, _ in plans) + width)
+            if span > self._decoder.max_positions and len(requests) > 1:
+                for request in requests:
+                    self._prefill_slots([request], version)
+                return
         batch = self._batch
         first = len(batch)
-        self._slots.reserve(first + len(plans), span)
-        ids = torch.full((len(plans), width), self.pad_token_id, dtype=torch.long)
-        for row, (request, cached, hit) in enumerate(plans):
-            if hit is not None:
-                self._slots.write(first + row, hit[1], hit[2])
-            suffix = request.prompt_ids[cached:]
-            ids[row, : len(suffix)] = torch.tensor(suffix, dtype=torch.long)
-            self.stats.prefill_tokens += len(suffix)
+        self._slots.reserve(first + len(requests), span)
+        parts = []
+        if plans:
+            ids = torch.full((len(plans), width), self.pad_token_id, dtype=torch.long)
+            for row, (request, cached, hit) in enumerate(plans):
+                if hit is not None:
+                    self._slots.write(first + row, hit[1], hit[2])
+                suffix = request.prompt_ids[cached:]
+                ids[row, : len(suffix)] = torch.tensor(suffix, dtype=torch.long)
+                self.stats.prefill_tokens += len(suffix)
+            starts = torch.tensor([cached for _, cached, _ in plans], dtype=torch.long)
+            last = torch.tensor(
+                [len(request.prompt_ids) - cached - 1 for request, cached, _ in plans], dtype=torch.long
+            )
+            computed_logits = self._decoder.forward(self._slots, ids, first, starts, last, span).cpu()
+            parts.append(computed_logits)
+            for row, request in enumerate(computed):
+                length = len(request.prompt_ids)
+                if length <= self.prefix_cache.max_tokens:  # (0: caching off)
+                    kv = self._slots.read(first + row, length)
+                    self.prefix_cache.store(request.prompt_ids, *kv, computed_logits[row].clone())
+        for offset, (request, source) in enumerate(shared):
+            row = first + len(computed) + offset
+            if isinstance(source, int):
+                self._slots.move(first + source, row, len(request.prompt_ids))
+                parts.append(computed_logits[source : source + 1])
+            else:
+                self._slots.write(row, source[0], source[1])
+                parts.append(source[2].unsqueeze(0))
+            self.stats.shared_prompts += 1
+        ordered = computed + [request for request, _ in shared]
+        for request in ordered:
             request.weights_epoch = self._weights_epoch
-        starts = torch.tensor([cached for _, cached, _ in plans], dtype=torch.long)
-        last = torch.tensor([len(request.prompt_ids) - cached - 1 for request, cached, _ in plans], dtype=torch.long)
-        logits = self._decoder.forward(self._slots, ids, first, starts, last, span).cpu()
-        tokens = self._sample(requests, logits, version)
-        lengths = torch.tensor([len(request.prompt_ids) for request in requests], dtype=torch.long)
+        tokens = self._sample(ordered, torch.cat(parts), version)
+        lengths = torch.tensor([len(request.prompt_ids) for request in ordered], dtype=torch.long)
         batch.lengths = lengths if batch.lengths is None or not batch.requests else torch.cat([batch.lengths, lengths])
-        batch.requests.extend(requests)
+        batch.requests.extend(ordered)
         batch.next_tokens.extend(tokens)
 
     def _new_cache(self) -> Any:

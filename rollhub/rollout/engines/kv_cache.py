@@ -24,6 +24,12 @@ class PrefixCache:
     opening), so without this every turn re-prefills the full context, which dominates
     CPU time. Exact-prefix match, LRU eviction by total cached tokens; cleared on every
     weight update (the cached keys/values were computed by the old weights).
+
+    An entry stored with `logits` (the next-token logits after its last id) also answers a
+    prompt equal to it: `lookup_exact` gives its KV and those logits, so a repeated prompt
+    costs no forward at all. Markov agents repeat whole prompts all the time (the samples of
+    a group stand on the same board until their moves differ: 73% of the main job's prompts
+    within one policy version), and a one-token turn is nothing but that first distribution.
     """
 
     def __init__(self, max_tokens: int) -> None:
@@ -31,14 +37,25 @@ class PrefixCache:
         self._entries: collections.OrderedDict[tuple[int, ...], tuple[list[torch.Tensor], list[torch.Tensor]]] = (
             collections.OrderedDict()
         )
+        self._logits: dict[tuple[int, ...], torch.Tensor] = {}
         self.tokens = 0
         self.hits = 0
         self.hit_tokens = 0
+        self.exact_hits = 0
 
-    def store(self, ids: list[int], keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+    def store(
+        self,
+        ids: list[int],
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+        logits: torch.Tensor | None = None,
+    ) -> None:
+        """Keep the KV of `ids` (and, with `logits`, the next-token logits after them)."""
         if self.max_tokens <= 0 or len(ids) < 2 or len(ids) > self.max_tokens:
             return
         key = tuple(ids)
+        if logits is not None:
+            self._logits[key] = logits
         if key in self._entries:
             self._entries.move_to_end(key)
             return
@@ -46,7 +63,19 @@ class PrefixCache:
         self.tokens += len(key)
         while self.tokens > self.max_tokens:
             old, _ = self._entries.popitem(last=False)
+            self._logits.pop(old, None)
             self.tokens -= len(old)
+
+    def lookup_exact(self, prompt: list[int]) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor] | None:
+        """KV and next-token logits of exactly `prompt`, if stored with logits."""
+        key = tuple(prompt)
+        logits = self._logits.get(key)
+        if logits is None:
+            return None
+        self._entries.move_to_end(key)
+        self.exact_hits += 1
+        keys, values = self._entries[key]
+        return keys, values, logits
 
     def lookup(self, prompt: list[int]) -> tuple[int, list[torch.Tensor], list[torch.Tensor]] | None:
         """Longest cached prefix strictly shorter than `prompt` (>= 1 token left to prefill)."""
@@ -65,6 +94,7 @@ class PrefixCache:
 
     def clear(self) -> None:
         self._entries.clear()
+        self._logits.clear()
         self.tokens = 0
 
 
