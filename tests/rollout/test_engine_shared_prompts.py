@@ -98,3 +98,15 @@ async def test_weight_update_retires_the_shared_logits(engine: HFEngine, tiny_mo
         assert after.logprobs == pytest.approx(direct_logprobs(engine.model, PROMPT, after.token_ids), abs=1e-4)
     finally:
         await engine.update_weights(tiny_model_dir, version=0)  # the session model is shared
+
+
+async def test_share_prompts_off_runs_every_prompt(tiny_model_and_tokenizer):
+    model, tokenizer = tiny_model_and_tokenizer
+    engine = HFEngine(model, tokenizer, threads=1, max_batch_size=32, share_prompts=False)
+    try:
+        await asyncio.gather(*(engine.generate(PROMPT, SamplingParams(max_new_tokens=1, seed=k)) for k in range(6)))
+        await engine.generate(PROMPT, SamplingParams(max_new_tokens=1, seed=7))
+    finally:
+        await engine.close()
+    assert engine.stats.shared_prompts == 0 and engine.prefix_cache.exact_hits == 0
+    assert engine.stats.prefill_tokens >= 6 * len(PROMPT)  # (the 7th may reuse a shorter prefix)

@@ -28,6 +28,9 @@ class EngineConfig:
     # weights and compute of the in-process engine: auto = bf16 on CUDA, fp32 on the CPU; bfloat16 on
     # a CPU with AMX (Sapphire Rapids and later) prefills ~1.7x faster than fp32 (benchmarks/README.md)
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    # a prompt repeated under one weight version (the samples of a group on the same board) takes
+    # its twin's KV and first-token logits instead of a forward (exact; off = every prompt runs)
+    share_prompts: bool = True
     # --- backend: server ---
     # command template for launched servers: "rollhub" (rollhub serve), "sglang", or a command with
     # {python} {model} {host} {port} {replica} {threads} {max_batch_size} {seed} {device} {api_key};
@@ -126,6 +129,7 @@ def build_engine(
         "seed": config.seed,
         "device": device,
         "dtype": None if config.dtype == "auto" else config.dtype,
+        "share_prompts": config.share_prompts,
         **overrides,
     }
     return HFEngine(model, **arguments)

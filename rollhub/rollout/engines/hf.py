@@ -99,6 +99,9 @@ class HFEngine(InferenceEngine):
     tokenizer/model eos ids. `max_batch_size` caps concurrent requests in the batch;
     `prefix_cache_tokens` bounds the KV kept for prefix reuse (0 disables it).
 
+    `share_prompts` (fast path): a prompt repeated under the same weights runs no forward of
+    its own (see `_prefill_slots`); False runs every prompt, for comparisons.
+
     `fast_path` runs Llama-family models (Llama, Qwen2, Qwen3) through `FastDecoder` over
     a slot KV cache (see fast_decoder.py; same log-probs, less overhead per token); other
     models, or `fast_path=False`, use the transformers forward with a left-padded cache.
@@ -124,6 +127,7 @@ class HFEngine(InferenceEngine):
         prefix_cache_tokens: int = 32768,
         device: str = "cpu",
         fast_path: bool = True,
+        share_prompts: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
@@ -156,6 +160,7 @@ class HFEngine(InferenceEngine):
         self.weight_version = 0
         self.stats = EngineStats()
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        self.share_prompts = share_prompts
         self._weights_epoch = 0  # bumped by every weight load
         self._layer_class = growing_layer_class()
         reason = unsupported_reason(model) if fast_path else "fast_path=False"
@@ -544,10 +549,10 @@ class HFEngine(InferenceEngine):
         first_of: dict[tuple[int, ...], int] = {}
         for request in requests:
             key = tuple(request.prompt_ids)
-            exact = self.prefix_cache.lookup_exact(request.prompt_ids)
+            exact = self.prefix_cache.lookup_exact(request.prompt_ids) if self.share_prompts else None
             if exact is not None:
                 shared.append((request, exact))
-            elif key in first_of:
+            elif self.share_prompts and key in first_of:
                 shared.append((request, first_of[key]))
             else:
                 first_of[key] = len(computed)
@@ -584,7 +589,7 @@ class HFEngine(InferenceEngine):
             parts.append(computed_logits)
             for row, request in enumerate(computed):
                 length = len(request.prompt_ids)
-                if length <= self.prefix_cache.max_tokens:  # (0: caching off)
+                if self.share_prompts and length <= self.prefix_cache.max_tokens:  # (0: caching off)
                     kv = self._slots.read(first + row, length)
                     self.prefix_cache.store(request.prompt_ids, *kv, computed_logits[row].clone())
         for offset, (request, source) in enumerate(shared):
