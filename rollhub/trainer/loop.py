@@ -297,6 +297,7 @@ async def rl_loop(
     failed_batches = 0  # consecutive batches in which every trajectory failed (not checkpointed)
     compute = ComputeThread()  # one thread, one malloc arena (rollhub/trainer/worker.py)
     first_format_errors: float | None = None  # the collapse warning's baseline
+    empty_batches = 0  # batches with nothing to train on, since this process started
     started = time.perf_counter()
     step_started = time.perf_counter()
     try:
@@ -337,9 +338,11 @@ async def rl_loop(
                 )
                 step_metrics["lr"] = optimizer.param_groups[0]["lr"]
             else:
-                logger.warning(
+                # routine for a strong policy (every group all-success): warn once, count the rest
+                empty_batches += 1
+                (logger.warning if empty_batches == 1 else logger.debug)(
                     "step %d: nothing to train on in the batch (every group or sequence filtered out, "
-                    "e.g. all advantages 0); skipping the update",
+                    "e.g. all advantages 0); skipping the update (later ones: batch/empty_batches in the metrics)",
                     state.version + 1,
                 )
 
@@ -371,6 +374,7 @@ async def rl_loop(
                 "batch/excluded_trajectories": stats.excluded_trajectories,
                 "batch/groups_without_baseline": stats.groups_without_baseline,
                 "batch/consecutive_failed": failed_batches,
+                "batch/empty_batches": empty_batches,
                 "batch/zero_advantage_groups": stats.zero_advantage_groups,
                 "gigpo/singleton_anchor_fraction": stats.singleton_anchor_fraction,
                 "gigpo/mean_step_group_size": stats.mean_step_group_size,
