@@ -25,7 +25,8 @@ averages by default, and `Policy._wrap_fsdp2` sets the divide factor to 1.
 Every rank must run the same number of forward passes (FSDP2 all-gathers parameters in each
 one): shards are padded with empty rows (one token, no response) to the same row count, so
 the padded micro-batch plan has the same length everywhere. Packed micro-batches
-(`optim.pack_tokens`) plan by tokens and could differ per rank; they are refused with ranks.
+(`optim.pack_tokens`) plan by tokens and could differ per rank; with ranks a run falls back to
+padded micro-batches (with a warning).
 """
 
 from __future__ import annotations
@@ -559,8 +560,16 @@ def run_rank(config: Any, *, resume: bool, progress: bool = True, print_fn: Call
 
     from rollhub.trainer.loop import run_training
 
-    if config.optim.pack_tokens is not None:  # before the group starts: a clear error, not a hang
-        raise UserError("optim.pack_tokens is not supported with trainer ranks yet; set optim.pack_tokens: null")
+    if config.optim.pack_tokens is not None:  # a one-process recipe stays runnable on ranks
+        import dataclasses
+
+        if int(os.environ.get("RANK", "0")) == 0:
+            logger.warning(
+                "optim.pack_tokens=%d is not supported with trainer ranks yet: this run uses padded "
+                "micro-batches of optim.micro_batch_size rows (the same gradient, more compute)",
+                config.optim.pack_tokens,
+            )
+        config = dataclasses.replace(config, optim=dataclasses.replace(config.optim, pack_tokens=None))
     context = init_ranks(config.trainer.backend, config.trainer.collective_timeout_s, config.model.device)
     if config.trainer.world_size not in (1, context.world_size):
         raise UserError(
