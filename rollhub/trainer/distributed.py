@@ -560,17 +560,17 @@ def run_rank(config: Any, *, resume: bool, progress: bool = True, print_fn: Call
 
     from rollhub.trainer.loop import run_training
 
+    context = init_ranks(config.trainer.backend, config.trainer.collective_timeout_s, config.model.device)
     if config.optim.pack_tokens is not None:  # a one-process recipe stays runnable on ranks
         import dataclasses
 
-        if int(os.environ.get("RANK", "0")) == 0:
+        if context.rank == 0:
             logger.warning(
                 "optim.pack_tokens=%d is not supported with trainer ranks yet: this run uses padded "
                 "micro-batches of optim.micro_batch_size rows (the same gradient, more compute)",
                 config.optim.pack_tokens,
             )
         config = dataclasses.replace(config, optim=dataclasses.replace(config.optim, pack_tokens=None))
-    context = init_ranks(config.trainer.backend, config.trainer.collective_timeout_s, config.model.device)
     if config.trainer.world_size not in (1, context.world_size):
         raise UserError(
             f"trainer.world_size={config.trainer.world_size} but the launcher started {context.world_size} ranks; "

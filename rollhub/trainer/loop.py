@@ -494,9 +494,9 @@ def _rollout_metrics(rollout: RolloutSource, buffer: GroupBuffer | None) -> dict
         {
             k: v
             for k, v in summary.items()
-            if k.startswith(("cluster/", "router/", "engine/shared")) and isinstance(v, (int, float))
+            if k.startswith(("cluster/", "router/", "engine/")) and isinstance(v, (int, float))
         }
-    )  # Ray backend; the in-process engine's shared-prompt share
+    )  # Ray backend, and the in-process engine's counters
     if buffer is not None:
         for key, value in buffer.metrics().items():
             if isinstance(value, (int, float)):

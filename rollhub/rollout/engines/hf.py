@@ -549,7 +549,7 @@ class HFEngine(InferenceEngine):
         first_of: dict[tuple[int, ...], int] = {}
         for request in requests:
             key = tuple(request.prompt_ids)
-            exact = self.prefix_cache.lookup_exact(request.prompt_ids) if self.share_prompts else None
+            exact = self.prefix_cache.lookup_exact(key) if self.share_prompts else None
             if exact is not None:
                 shared.append((request, exact))
             elif self.share_prompts and key in first_of:

@@ -66,9 +66,11 @@ class PrefixCache:
             self._logits.pop(old, None)
             self.tokens -= len(old)
 
-    def lookup_exact(self, prompt: list[int]) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor] | None:
+    def lookup_exact(
+        self, prompt: list[int] | tuple[int, ...]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor] | None:
         """KV and next-token logits of exactly `prompt`, if stored with logits."""
-        key = tuple(prompt)
+        key = tuple(prompt)  # (no copy when given a tuple)
         logits = self._logits.get(key)
         if logits is None:
             return None
