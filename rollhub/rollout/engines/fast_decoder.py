@@ -174,13 +174,19 @@ class FastDecoder:
     def _current_signature(self) -> list[tuple[int, int]]:
         return [(p.data_ptr(), p._version) for p in self._parameters]
 
-    def refresh(self) -> None:
-        """Repack the weights if any parameter changed since the last pack (cheap when none did)."""
+    def refresh(self) -> bool:
+        """Repack the weights if any parameter changed since the last pack (cheap when none did).
+
+        Returns whether it repacked, so the caller can drop anything computed with the old
+        weights (cached prompt KV and logits).
+        """
         signature = self._current_signature()
-        if signature != self._signature:
-            with torch.inference_mode():
-                self._pack()
-            self._signature = signature
+        if signature == self._signature:
+            return False
+        with torch.inference_mode():
+            self._pack()
+        self._signature = signature
+        return True
 
     def _reorder_heads(self, weight: torch.Tensor, heads: int) -> torch.Tensor:
         """Rows of a q/k projection (or entries of its bias) with each head's dims paired."""

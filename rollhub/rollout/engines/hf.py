@@ -498,7 +498,11 @@ class HFEngine(InferenceEngine):
         """
         version = self.weight_version
         if self._decoder is not None:
-            self._decoder.refresh()  # repacks only if a weight changed since the last step
+            if self._decoder.refresh():  # a weight changed in place since the last step
+                # Cached prompts were computed with the old weights: sharing them would hand
+                # out stale log-probs, and a request's KV saved from now on must not enter the cache.
+                self.prefix_cache.clear()
+                self._weights_epoch += 1
             self._finished_in_step = 0
             if self._batch.requests:
                 self._decode_slots(version)
