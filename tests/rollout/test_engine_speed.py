@@ -85,21 +85,27 @@ async def test_one_token_turns_never_join_a_decode_step(tiny_model_and_tokenizer
         assert single.logprobs == pytest.approx(direct_logprobs(model, prompt(k, 6 + k), single.token_ids), abs=1e-4)
 
 
-async def test_in_place_weight_change_is_picked_up(tiny_model_dir):
-    """A parameter changed behind the engine's back (a shared model's optimizer step) is
-    repacked before the next step: the fast path never decodes with stale weights."""
+@pytest.mark.parametrize("fast_path", [True, False])
+async def test_in_place_weight_change_is_picked_up(tiny_model_dir, fast_path):
+    """A parameter changed behind the engine's back (a shared model's optimizer step) is seen
+    before the next step: neither path decodes with stale weights or reuses a prompt's KV and
+    logits cached under the old ones (the same prompt is sent again)."""
     from rollhub.rollout.models import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(tiny_model_dir)  # a private copy: it is modified
-    async with HFEngine(model, tokenizer) as engine:
+    async with HFEngine(model, tokenizer, fast_path=fast_path) as engine:
         sampling = SamplingParams(max_new_tokens=4, seed=3, stop_token_ids=NO_STOP)
         before = await engine.generate(prompt(1, 8), sampling)
         with torch.no_grad():
             model.model.layers[1].mlp.down_proj.weight.mul_(3.0)
             model.model.layers[0].self_attn.q_proj.weight.add_(0.05)
         after = await engine.generate(prompt(1, 8), sampling)
+        # the next turn of the first conversation: its prefix KV was cached under the old weights
+        turn = prompt(1, 8) + before.token_ids + prompt(2, 3)
+        next_turn = await engine.generate(turn, sampling)
     assert after.logprobs != pytest.approx(before.logprobs, abs=1e-3)
     assert after.logprobs == pytest.approx(direct_logprobs(model, prompt(1, 8), after.token_ids), abs=1e-4)
+    assert next_turn.logprobs == pytest.approx(direct_logprobs(model, turn, next_turn.token_ids), abs=1e-4)
 
 
 async def test_prefill_padding_past_the_last_position_is_split(tiny_model_and_tokenizer):

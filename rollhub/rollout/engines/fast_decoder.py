@@ -161,8 +161,6 @@ class FastDecoder:
         self.max_positions = int(getattr(config, "max_position_embeddings", 4096))
         parameter = next(model.parameters())
         self.dtype, self.device = parameter.dtype, parameter.device
-        self._parameters = list(model.parameters())
-        self._signature: list[tuple[int, int]] = []
         self._layers: list[_PackedLayer] = []
         half = self.head_dim // 2
         # query/key head dims reordered (0, d/2, 1, d/2+1, ...): each rotary pair becomes adjacent
@@ -171,22 +169,11 @@ class FastDecoder:
 
     # --- weights ---------------------------------------------------------------------
 
-    def _current_signature(self) -> list[tuple[int, int]]:
-        return [(p.data_ptr(), p._version) for p in self._parameters]
-
-    def refresh(self) -> bool:
-        """Repack the weights if any parameter changed since the last pack (cheap when none did).
-
-        Returns whether it repacked, so the caller can drop anything computed with the old
-        weights (cached prompt KV and logits).
-        """
-        signature = self._current_signature()
-        if signature == self._signature:
-            return False
+    def pack(self) -> None:
+        """Repack the weights from the model's parameters (the engine calls this whenever a
+        parameter changed, including in place, e.g. a shared model's optimizer step)."""
         with torch.inference_mode():
             self._pack()
-        self._signature = signature
-        return True
 
     def _reorder_heads(self, weight: torch.Tensor, heads: int) -> torch.Tensor:
         """Rows of a q/k projection (or entries of its bias) with each head's dims paired."""

@@ -161,7 +161,9 @@ class HFEngine(InferenceEngine):
         self.stats = EngineStats()
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self.share_prompts = share_prompts
-        self._weights_epoch = 0  # bumped by every weight load
+        self._weights_epoch = 0  # bumped by every weight change (`_follow_weights`)
+        self._parameters = list(model.parameters())
+        self._weights_seen: list[tuple[int, int]] = []  # (storage, version) per parameter; [] packs at the first step
         self._layer_class = growing_layer_class()
         reason = unsupported_reason(model) if fast_path else "fast_path=False"
         self._decoder = FastDecoder(model) if reason is None else None
@@ -488,6 +490,23 @@ class HFEngine(InferenceEngine):
 
     # --- model thread ----------------------------------------------------------------
 
+    def _follow_weights(self) -> None:
+        """Notice a parameter changed since the last step, in place or by `update_weights`.
+
+        A model shared with the trainer changes under the engine at every optimizer step. Then
+        the fast path repacks, cached prompt KV and logits are dropped (sharing or extending them
+        would hand out stale log-probs), and the KV of requests already running under the old
+        weights is kept out of the cache (`_weights_epoch`).
+        """
+        signature = [(parameter.data_ptr(), parameter._version) for parameter in self._parameters]
+        if signature == self._weights_seen:
+            return
+        self._weights_seen = signature
+        self.prefix_cache.clear()
+        self._weights_epoch += 1
+        if self._decoder is not None:
+            self._decoder.pack()
+
     @torch.inference_mode()
     def _step(self, newcomers: list[_Request]) -> None:
         """One decode step for the running batch, then prefill the newcomers into it.
@@ -497,12 +516,8 @@ class HFEngine(InferenceEngine):
         without ever being decoded with the batch.
         """
         version = self.weight_version
+        self._follow_weights()
         if self._decoder is not None:
-            if self._decoder.refresh():  # a weight changed in place since the last step
-                # Cached prompts were computed with the old weights: sharing them would hand
-                # out stale log-probs, and a request's KV saved from now on must not enter the cache.
-                self.prefix_cache.clear()
-                self._weights_epoch += 1
             self._finished_in_step = 0
             if self._batch.requests:
                 self._decode_slots(version)
