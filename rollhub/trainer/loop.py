@@ -986,9 +986,12 @@ async def run_training(
         final, last, selected_step = await finish(run, selector)
         # the engine holds the final policy's weights (the picked one's with eval.select)
         final_greedy = await evaluate(run, "final_greedy", greedy=True) if config.eval.greedy_reading else None
-        metrics_log.log(
-            run.state.version, {**final.metrics(), **_greedy_metrics(final_greedy), "policy/version": run.state.version}
-        )
+        if last is None:
+            record = {**final.metrics(), **_greedy_metrics(final_greedy)}
+        else:  # the curve's point at the last step is the last step's policy; the picked one is final/
+            picked = {**final.metrics(prefix="final/"), **_greedy_metrics(final_greedy, prefix="final/")}
+            record = {**last.metrics(), **picked, "final/selected_step": selected_step}
+        metrics_log.log(run.state.version, {**record, "policy/version": run.state.version})
     finally:
         await run.engine.close()
         metrics_log.close()

@@ -110,5 +110,11 @@ def test_an_earlier_pick_is_what_the_final_evaluation_plays(tiny_model_dir, tmp_
     assert not all(torch.equal(shipped[k], step3[k]) for k in shipped)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["selected_step"] == pick and summary["steps"] == 3
+    # the curve's last point is the last step's policy; the picked one is logged as final/
+    last_row = [r for r in read_jsonl(run / "metrics.jsonl") if "eval/success_rate" in r][-1]
+    assert last_row["step"] == 3
+    assert last_row["eval/success_rate"] == summary["last_step_success_rate"]
+    assert last_row["final/success_rate"] == summary["final_success_rate"]
+    assert last_row["final/selected_step"] == pick
     phases = summary["phases_s"]
     assert phases["eval_selected_s"] > 0 and phases["select_s"] > 0
