@@ -130,6 +130,21 @@ def plot_learning_curve(
     if not plotted:
         plt.close(fig)
         return None
+    # eval.select: the picked policy's held-out reading, at the step whose weights it has
+    picked = [
+        r for r in records if isinstance(r.get("final/success_rate"), (int, float)) and "final/selected_step" in r
+    ]
+    if picked:
+        record = picked[-1]
+        ax.scatter(
+            [record["final/selected_step"]],
+            [record["final/success_rate"]],
+            marker="*",
+            s=200,
+            zorder=3,
+            color="black",
+            label=f"final policy (picked at step {record['final/selected_step']})",
+        )
     ax.set_xlabel("trainer step")
     ax.set_ylabel("value")
     ax.set_title(title)

@@ -118,3 +118,25 @@ def test_an_earlier_pick_is_what_the_final_evaluation_plays(tiny_model_dir, tmp_
     assert last_row["final/selected_step"] == pick
     phases = summary["phases_s"]
     assert phases["eval_selected_s"] > 0 and phases["select_s"] > 0
+
+
+def test_the_learning_curve_marks_the_picked_policy_at_its_step(tmp_path, monkeypatch):
+    """With eval.select the curve ends on the last step's reading; the picked policy is a
+    separate point at the step whose weights it has, not drawn at all without a pick."""
+    import matplotlib.axes
+
+    from rollhub.trainer.metrics import plot_learning_curve
+
+    drawn: list[tuple[list, list]] = []
+    real_scatter = matplotlib.axes.Axes.scatter
+    monkeypatch.setattr(
+        matplotlib.axes.Axes,
+        "scatter",
+        lambda self, x, y, **kw: drawn.append((list(x), list(y))) or real_scatter(self, x, y, **kw),
+    )
+    curve = [{"step": 0, "eval/success_rate": 0.5}, {"step": 2, "eval/success_rate": 0.6}]
+    assert plot_learning_curve(curve, tmp_path / "plain.png") is not None
+    assert drawn == []
+    final = {"step": 2, "eval/success_rate": 0.6, "final/success_rate": 0.8, "final/selected_step": 1}
+    assert plot_learning_curve(curve[:1] + [final], tmp_path / "picked.png") is not None
+    assert drawn == [([1], [0.8])]
