@@ -100,6 +100,25 @@ async def test_weight_update_retires_the_shared_logits(engine: HFEngine, tiny_mo
         await engine.update_weights(tiny_model_dir, version=0)  # the session model is shared
 
 
+async def test_weight_update_drops_the_cache_once_and_at_once(engine: HFEngine, tiny_model_dir, tmp_path):
+    """update_weights drops the cache before it returns, and the next step does not drop it again."""
+    from rollhub.rollout.models import init_tiny_model
+
+    await engine.generate(PROMPT, SamplingParams(max_new_tokens=1, seed=0))
+    assert engine.prefix_cache.tokens > 0
+    epoch = engine._weights_epoch
+    other = init_tiny_model(tmp_path / "other", seed=2)
+    try:
+        await engine.update_weights(other, version=1)
+        assert engine.prefix_cache.tokens == 0  # nothing can read the old weights' KV after the update
+        assert engine._weights_epoch == epoch + 1
+        await engine.generate(PROMPT, SamplingParams(max_new_tokens=1, seed=1))
+        assert engine._weights_epoch == epoch + 1  # the step saw the update as already followed
+        assert engine.prefix_cache.tokens > 0  # and caches under the new weights again
+    finally:
+        await engine.update_weights(tiny_model_dir, version=0)  # the session model is shared
+
+
 async def test_share_prompts_off_runs_every_prompt(tiny_model_and_tokenizer):
     model, tokenizer = tiny_model_and_tokenizer
     engine = HFEngine(model, tokenizer, threads=1, max_batch_size=32, share_prompts=False)

@@ -777,8 +777,11 @@ class HFEngine(InferenceEngine):
                 raise ValueError(f"update_weights: {len(unknown)} unknown parameter names, e.g. {unknown[:3]}")
             for name, tensor in source.items():
                 own[name].copy_(tensor.detach().to(own[name].dtype))
-        self.prefix_cache.clear()
-        self._weights_epoch += 1
+        # One mechanism for every weight change: forget the last signature so that the cache is
+        # dropped and the fast path repacked now, even when only buffers changed (parameters
+        # alone make the signature), and the next step does not do it again.
+        self._weights_seen = []
+        self._follow_weights()
         self.weight_version = int(version)
         logger.info("engine weights updated to version %d (%d tensors)", version, len(source))
 
