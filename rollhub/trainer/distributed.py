@@ -25,8 +25,10 @@ averages by default, and `Policy._wrap_fsdp2` sets the divide factor to 1.
 Every rank must run the same number of forward passes (FSDP2 all-gathers parameters in each
 one): shards are padded with empty rows (one token, no response) to the same row count, so
 the padded micro-batch plan has the same length everywhere. Packed micro-batches
-(`optim.pack_tokens`) plan by tokens and could differ per rank; with ranks a run falls back to
-padded micro-batches (with a warning).
+(`optim.pack_tokens`) plan by tokens, so their count differs per rank: rank 0 plans every
+rank's micro-batches and pads the shorter plans with micro-batches of one empty row. The
+mini-batches are drawn as the one-process packed step draws them (`prompt_split`); the rows
+of one prompt can still land on two ranks, which then both run that prompt.
 """
 
 from __future__ import annotations
@@ -166,14 +168,25 @@ class ShardPart:
     reference: torch.Tensor | None  # sampled-token reference log-probs (k3 KL), or None
     normaliser: Any  # BatchNormaliser of the WHOLE mini-batch (all ranks)
     tokens: float  # this rank's response tokens (weights the metrics)
+    plan: list[list[int]] | None = None  # packed micro-batches, as many on every rank (pack_tokens)
 
 
-def plan_parts(batch: Any, *, minibatches: int, epochs: int, seed: int) -> list[torch.Tensor]:
+def plan_parts(
+    batch: Any, *, minibatches: int, epochs: int, seed: int, pack_tokens: int | None = None
+) -> list[torch.Tensor]:
     """The rows of each PPO mini-batch, in order: exactly the shuffle `ppo_update` draws."""
     if minibatches == 1 and epochs == 1:
         return [torch.arange(len(batch))]
     generator = torch.Generator().manual_seed(seed)
     parts = min(minibatches, len(batch))
+    if pack_tokens is not None:
+        from rollhub.trainer.packing import prompt_split
+
+        return [
+            torch.as_tensor(rows)
+            for _ in range(epochs)
+            for rows in prompt_split(batch.input_ids, batch.response_mask, parts, generator)
+        ]
     return [rows for _ in range(epochs) for rows in torch.randperm(len(batch), generator=generator).tensor_split(parts)]
 
 
@@ -184,9 +197,14 @@ def shard_parts(
     *,
     prox: torch.Tensor | None,
     reference: torch.Tensor | None,
+    pack_tokens: int | None = None,
 ) -> list[list[ShardPart]]:
-    """For each rank, its share of every mini-batch (token-balanced, padded to equal row counts)."""
+    """For each rank, its share of every mini-batch (token-balanced, padded to equal row counts).
+
+    With `pack_tokens` each share is padded instead to an equal count of packed micro-batches.
+    """
     from rollhub.trainer.losses import BatchNormaliser
+    from rollhub.trainer.packing import plan_packed_micro_batches, sequence_lengths
 
     lengths = batch.attention_mask.sum(-1).tolist()
     out: list[list[ShardPart]] = [[] for _ in range(world_size)]
@@ -195,8 +213,8 @@ def shard_parts(
         whole = batch.select(rows)
         normaliser = BatchNormaliser.from_mask(whole.response_mask)
         split = split_by_tokens([lengths[r] for r in rows], world_size)
-        common = max(max(len(s) for s in split), 1)
-        for rank, local in enumerate(split):
+        shares = []
+        for local in split:
             picked = [rows[i] for i in local]
             if picked:
                 part = batch.select(picked)
@@ -204,9 +222,21 @@ def shard_parts(
                 extra = [None if t is None else t[picked, :width] for t in (prox, reference)]
             else:
                 part, extra = _empty_rows(0), [None if t is None else t[:0, :1] for t in (prox, reference)]
-            part, (part_prox, part_ref) = _pad_to_rows(part, common, extra)
+            plan = None
+            if pack_tokens is not None:
+                plan = plan_packed_micro_batches(sequence_lengths(part.attention_mask), pack_tokens) if picked else []
+            shares.append((part, extra, plan))
+        if pack_tokens is None:
+            common = max(max(len(s) for s in split), 1)
+        else:
+            count = max(max(len(plan) for _, _, plan in shares), 1)
+        for rank, (part, extra, plan) in enumerate(shares):
+            rows_needed = common if plan is None else len(part) + count - len(plan)
+            if plan is not None:  # one empty row per missing micro-batch
+                plan = plan + [[len(part) + i] for i in range(count - len(plan))]
+            part, (part_prox, part_ref) = _pad_to_rows(part, rows_needed, extra)
             tokens = float(part.response_mask.sum())
-            out[rank].append(ShardPart(part, part_prox, part_ref, normaliser, tokens))
+            out[rank].append(ShardPart(part, part_prox, part_ref, normaliser, tokens, plan))
     return out
 
 
@@ -232,6 +262,7 @@ def run_parts(
     *,
     max_grad_norm: float | None,
     reference: Any,
+    pack_tokens: int | None = None,
 ) -> list[dict[str, float]]:
     """This rank's side of a step: one `policy_update` (one optimizer step) per mini-batch."""
     from rollhub.trainer.update import policy_update
@@ -248,6 +279,8 @@ def run_parts(
             reference_logprobs=part.reference,
             reference=reference,
             normaliser=part.normaliser,
+            pack_tokens=pack_tokens,
+            packed_plan=part.plan,
         )
         result["local_tokens"] = part.tokens
         results.append(result)
@@ -354,8 +387,6 @@ class RankGroup:
         pack_tokens: int | None = None,
     ) -> dict[str, float]:
         """`rollhub.trainer.update.ppo_update` over all ranks: same shuffle, same loss, same result."""
-        if pack_tokens is not None:
-            raise UserError("optim.pack_tokens is not supported with trainer ranks yet; set it to null")
         if minibatches < 1 or epochs < 1:
             raise ValueError("minibatches and epochs must be >= 1")
         if loss_config.kl_coef > 0 and reference is None:
@@ -369,11 +400,21 @@ class RankGroup:
             prox = None
         else:
             prox = self.proximal_logprobs(batch)
-        parts = plan_parts(batch, minibatches=minibatches, epochs=epochs, seed=seed)
-        shards = shard_parts(batch, parts, self.world_size, prox=prox, reference=reference_logprobs)
-        options = {"max_grad_norm": max_grad_norm, "loss_config": loss_config}
+        parts = plan_parts(batch, minibatches=minibatches, epochs=epochs, seed=seed, pack_tokens=pack_tokens)
+        shards = shard_parts(
+            batch, parts, self.world_size, prox=prox, reference=reference_logprobs, pack_tokens=pack_tokens
+        )
+        options = {"max_grad_norm": max_grad_norm, "loss_config": loss_config, "pack_tokens": pack_tokens}
         mine = self.announce("update", [(rank_parts, options) for rank_parts in shards])
-        local = run_parts(policy, optimizer, mine[0], loss_config, max_grad_norm=max_grad_norm, reference=reference)
+        local = run_parts(
+            policy,
+            optimizer,
+            mine[0],
+            loss_config,
+            max_grad_norm=max_grad_norm,
+            reference=reference,
+            pack_tokens=pack_tokens,
+        )
         gathered = self._gather(local)
         return combine_results(gathered, float(batch.response_mask.sum()))
 
@@ -441,6 +482,7 @@ class RankGroup:
                         options["loss_config"],
                         max_grad_norm=options["max_grad_norm"],
                         reference=self.reference,
+                        pack_tokens=options.get("pack_tokens"),
                     )
                 )
             elif command == "prox":
@@ -561,16 +603,6 @@ def run_rank(config: Any, *, resume: bool, progress: bool = True, print_fn: Call
     from rollhub.trainer.loop import run_training
 
     context = init_ranks(config.trainer.backend, config.trainer.collective_timeout_s, config.model.device)
-    if config.optim.pack_tokens is not None:  # a one-process recipe stays runnable on ranks
-        import dataclasses
-
-        if context.rank == 0:
-            logger.warning(
-                "optim.pack_tokens=%d is not supported with trainer ranks yet: this run uses padded "
-                "micro-batches of optim.micro_batch_size rows (the same gradient, more compute)",
-                config.optim.pack_tokens,
-            )
-        config = dataclasses.replace(config, optim=dataclasses.replace(config.optim, pack_tokens=None))
     if config.trainer.world_size not in (1, context.world_size):
         raise UserError(
             f"trainer.world_size={config.trainer.world_size} but the launcher started {context.world_size} ranks; "

@@ -198,9 +198,12 @@ def shared_prefixes(
     lengths = attention_mask.sum(-1).tolist()
     has_response = response_mask[:, 1:].gt(0)
     # hidden states are needed at positions 0 .. last predicting position (token t is predicted at t - 1)
-    last = torch.where(
-        has_response.any(-1), has_response.shape[1] - 1 - has_response.flip(-1).float().argmax(-1), -1
-    ).tolist()
+    if has_response.shape[1] == 0:  # one-token rows (a trainer rank's empty padding): nothing predicted
+        last = [-1] * len(lengths)
+    else:
+        last = torch.where(
+            has_response.any(-1), has_response.shape[1] - 1 - has_response.flip(-1).float().argmax(-1), -1
+        ).tolist()
     keys = []
     for row, (stop, length) in enumerate(zip(last, lengths)):
         needed = min(stop + 1, int(length)) if stop >= 0 else 0

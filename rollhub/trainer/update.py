@@ -46,6 +46,7 @@ def policy_update(
     pack_tokens: int | None = None,
     logprobs_out: torch.Tensor | None = None,
     logprobs_rows: torch.Tensor | None = None,
+    packed_plan: list[list[int]] | None = None,
 ) -> dict[str, float]:
     """Compute the loss over `batch` in micro-batches, accumulate gradients, step once.
 
@@ -64,6 +65,10 @@ def policy_update(
     `pack_tokens`: micro-batches are packed to that many tokens (rollhub.trainer.packing)
     instead of `policy.micro_batch_size` right-padded rows; the loss, its masks and the
     normaliser are the same, so the gradient is the same up to float rounding.
+
+    `packed_plan` (with `pack_tokens`): the micro-batches' rows, planned by the caller. Trainer
+    ranks pass one padded with empty rows to the count every rank runs, since FSDP2 gathers the
+    parameters in every forward and a rank that ran fewer would leave the others waiting.
 
     `logprobs_out` (with `logprobs_rows`, the rows of a larger batch that `batch` holds)
     receives the detached log-probs of this forward, i.e. pi at the weights before the step:
@@ -85,7 +90,11 @@ def policy_update(
         raise ValueError("loss.kl_estimator 'full' needs the reference policy")
     packed = pack_tokens is not None
     if packed:
-        plan = plan_packed_micro_batches(sequence_lengths(batch.attention_mask), pack_tokens)
+        plan = (
+            packed_plan
+            if packed_plan is not None
+            else plan_packed_micro_batches(sequence_lengths(batch.attention_mask), pack_tokens)
+        )
     else:
         plan = plan_padded_micro_batches(len(batch), policy.micro_batch_size)
     for group in plan:
