@@ -175,19 +175,12 @@ def plan_parts(
     batch: Any, *, minibatches: int, epochs: int, seed: int, pack_tokens: int | None = None
 ) -> list[torch.Tensor]:
     """The rows of each PPO mini-batch, in order: exactly the shuffle `ppo_update` draws."""
+    from rollhub.trainer.update import minibatch_orders
+
     if minibatches == 1 and epochs == 1:
         return [torch.arange(len(batch))]
-    generator = torch.Generator().manual_seed(seed)
-    parts = min(minibatches, len(batch))
-    if pack_tokens is not None:
-        from rollhub.trainer.packing import prompt_split
-
-        return [
-            torch.as_tensor(rows)
-            for _ in range(epochs)
-            for rows in prompt_split(batch.input_ids, batch.response_mask, parts, generator)
-        ]
-    return [rows for _ in range(epochs) for rows in torch.randperm(len(batch), generator=generator).tensor_split(parts)]
+    orders = minibatch_orders(batch, minibatches=minibatches, epochs=epochs, seed=seed, pack_tokens=pack_tokens)
+    return [torch.as_tensor(rows) for epoch in orders for rows in epoch]
 
 
 def shard_parts(

@@ -211,6 +211,20 @@ def _clip_and_norm(parameters, max_grad_norm: float | None) -> float:
     return float(torch.nn.utils.clip_grad_norm_(params, limit))
 
 
+def minibatch_orders(
+    batch: TokenBatch, *, minibatches: int, epochs: int, seed: int, pack_tokens: int | None = None
+) -> list[list[Any]]:
+    """Each epoch's mini-batch rows: the seeded shuffle of `ppo_update` (trainer ranks draw the same).
+
+    With `pack_tokens` a prompt's rows stay in one mini-batch, so packing forwards it once.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    parts = min(minibatches, len(batch))
+    if pack_tokens is not None:
+        return [list(prompt_split(batch.input_ids, batch.response_mask, parts, generator)) for _ in range(epochs)]
+    return [list(torch.randperm(len(batch), generator=generator).tensor_split(parts)) for _ in range(epochs)]
+
+
 def ppo_update(
     policy: Policy,
     optimizer: torch.optim.Optimizer,
@@ -275,12 +289,7 @@ def ppo_update(
         out["split/prox_s"] = 0.0
         out["split/reference_s"] += reference_s
         return out
-    generator = torch.Generator().manual_seed(seed)
-    parts = min(minibatches, len(batch))
-    if pack_tokens is not None:  # a prompt's rows in one mini-batch: packing forwards it once
-        orders = [prompt_split(batch.input_ids, batch.response_mask, parts, generator) for _ in range(epochs)]
-    else:
-        orders = [torch.randperm(len(batch), generator=generator).tensor_split(parts) for _ in range(epochs)]
+    orders = minibatch_orders(batch, minibatches=minibatches, epochs=epochs, seed=seed, pack_tokens=pack_tokens)
     clock = time.perf_counter()
     # with "behaviour" the decoupled weight min(prox/mu, C) is 1 and the clip is plain PPO's
     share_first = behaviour is None and pack_tokens is not None
