@@ -24,13 +24,15 @@ from /proc/self/statm every millisecond; the peak growth over the step is report
 (tracemalloc cannot see torch's allocator, and ru_maxrss would include model loading).
 
 1 vs 2 trainer ranks (`rank_comparison`, section `ranks`): the first layout's batch, the first
-proximal setting, padded micro-batches, one step at a time in each of the `rank_modes`
-(RANKSxTHREADS: one rank with one thread, one rank with two, two ranks with one each), each
-mode in its own processes, interleaved; tokens/s and per-rank peak memory. On one machine this
+proximal setting, one step at a time in each of the `rank_modes` (RANKSxTHREADS: one rank with
+one thread, one rank with two, two ranks with one each; RANKSxTHREADS@TOKENS packs micro-batches
+to TOKENS, e.g. 2x1@1024), each mode in its own processes, interleaved; tokens/s and per-rank
+peak memory. On one machine this
 shows the data-parallel split against threads on the same cores, not multi-node scaling.
 
 Options (`--set key=value`): recipe, model, groups, group_size, layouts, proximal, pack_tokens
-(budgets), rounds, memory, seed, sections (packing, ranks), rank_modes.
+(budgets), rounds, memory, seed, sections (packing, ranks), rank_modes, recipe_set (overrides of
+the recipe, e.g. "recipe_set=[model.dtype=float32]").
 """
 
 from __future__ import annotations
@@ -67,10 +69,12 @@ class TrainerBenchConfig:
     proximal: list[str] = field(default_factory=lambda: ["behaviour", "recompute"])
     pack_tokens: list[int] = field(default_factory=lambda: [1024, 2048])
     rounds: int = 3  # interleaved repetitions of every mode
+    recipe_set: list[str] = field(default_factory=list)  # KEY=VALUE overrides of the recipe, e.g. [model.dtype=float32]
     memory: bool = True  # padded vs packed: peak RSS growth per mode, one fresh process each
     seed: int = 0
     sections: list[str] = field(default_factory=lambda: list(SECTIONS))
-    rank_modes: list[str] = field(default_factory=lambda: ["1x1", "1x2", "2x1"])  # RANKSxTHREADS per rank
+    # RANKSxTHREADS per rank, @TOKENS: packed micro-batches (the recipe's optim.pack_tokens)
+    rank_modes: list[str] = field(default_factory=lambda: ["1x1", "1x2", "2x1", "1x2@1024", "2x1@1024"])
 
     def validate(self) -> None:
         if min(self.groups, self.group_size, self.rounds) < 1:
@@ -304,15 +308,19 @@ def _peak_memory_mb(recipe: str, overrides: list[str], batch_path: Path, proxima
 # --- 1 vs 2 trainer ranks -------------------------------------------------------------------
 
 
-def parse_rank_mode(mode: str) -> tuple[int, int]:
-    """`"RxT"` -> (R ranks, T threads per rank), e.g. "2x1"."""
+def parse_rank_mode(mode: str) -> tuple[int, int, int | None]:
+    """`"RxT"` -> (R ranks, T threads per rank, None), e.g. "2x1"; `"RxT@P"` packs to P tokens."""
+    shape, at, pack = mode.lower().partition("@")
     try:
-        ranks, threads = (int(part) for part in mode.lower().split("x"))
+        ranks, threads = (int(part) for part in shape.split("x"))
+        pack_tokens = int(pack) if at else None
     except ValueError:
-        raise ValueError(f"rank mode {mode!r} is not RANKSxTHREADS (e.g. 2x1)") from None
+        raise ValueError(f"rank mode {mode!r} is not RANKSxTHREADS or RANKSxTHREADS@TOKENS (e.g. 2x1@1024)") from None
     if ranks < 1 or threads < 1:
         raise ValueError(f"rank mode {mode!r} needs at least 1 rank and 1 thread")
-    return ranks, threads
+    if pack_tokens is not None and pack_tokens < 1:
+        raise ValueError(f"rank mode {mode!r}: the packing budget must be >= 1 token")
+    return ranks, threads, pack_tokens
 
 
 def _memory_kb() -> tuple[int, int]:
@@ -414,6 +422,7 @@ def _rank_worker(spec: dict[str, Any], conn: Any) -> None:
                 max_grad_norm=config.optim.max_grad_norm,
                 seed=STEP_SEED,
                 reference=reference,
+                pack_tokens=spec["pack_tokens"],
             )
             conn.send({"step_s": time.perf_counter() - started, "loss": float(out["loss"])})
         if group is not None:
@@ -430,10 +439,10 @@ def _rank_worker(spec: dict[str, Any], conn: Any) -> None:
 class _RankMode:
     """The processes of one rank mode, started once and driven step by step from the bench."""
 
-    def __init__(self, context: Any, spec: dict[str, Any], ranks: int, threads: int) -> None:
+    def __init__(self, context: Any, spec: dict[str, Any], ranks: int, threads: int, pack_tokens: int | None) -> None:
         from rollhub.trainer.distributed import free_port
 
-        self.ranks, self.threads = ranks, threads
+        self.ranks, self.threads, self.pack_tokens = ranks, threads, pack_tokens
         port = free_port() if ranks > 1 else 0
         self.conns, self.procs = [], []
         for rank in range(ranks):
@@ -444,6 +453,7 @@ class _RankMode:
                 "world": ranks,
                 "rank": rank,
                 "threads": threads,
+                "pack_tokens": pack_tokens,
                 "port": port,
             }
             proc = context.Process(target=_rank_worker, args=(rank_spec, child), daemon=True)
@@ -454,9 +464,9 @@ class _RankMode:
 
     @property
     def name(self) -> str:
-        return (
-            f"{self.ranks} rank{'s' if self.ranks > 1 else ''} x {self.threads} thread{'s' if self.threads > 1 else ''}"
-        )
+        ranks = f"{self.ranks} rank{'s' if self.ranks > 1 else ''}"
+        name = f"{ranks} x {self.threads} thread{'s' if self.threads > 1 else ''}"
+        return name if self.pack_tokens is None else f"{name}, packed {self.pack_tokens}"
 
     def _recv(self, conn: Any, timeout_s: float = 1800.0) -> Any:
         if not conn.poll(timeout_s):
@@ -498,14 +508,18 @@ def rank_comparison(
     single-process trainer (`ppo_update`, what `trainer.world_size: 1` runs); N ranks are
     `rollhub.trainer.distributed` as training runs them: gloo, FSDP2-sharded policy, rank 0
     splitting every mini-batch by tokens (`RankGroup.ppo_update`), the others in
-    `RankGroup.serve`. Padded micro-batches only (ranks refuse `optim.pack_tokens`).
+    `RankGroup.serve`. A mode with @TOKENS packs its micro-batches (`optim.pack_tokens`); on
+    ranks a prompt's rows then stay on one rank and shorter plans are padded.
 
     Every mode's processes start and build their model first; then one warm-up step and
     `cfg.rounds` timed steps per mode, one mode at a time in turn (the idle modes wait on a
     pipe or inside a gloo receive, using no CPU). The weights are not reset between steps:
     the step's work does not depend on their values, and every mode runs the same batch with
     the same number of optimizer steps. The warm-up step starts from the same weights in every
-    mode, so its loss must agree across modes (a check that the ranks run the same update).
+    mode, so its loss must agree across modes of one micro-batch layout (a check that the ranks
+    run the same update; packed mini-batches keep a prompt's rows together, so they are not the
+    padded ones). In bf16 (the recipe's `model.dtype`) packed rows meet other neighbours on each
+    rank and the loss agrees only to bf16's rounding; in float32 to 1e-4.
 
     Memory per rank: the kernel's peak RSS (VmHWM, reset after the model is built) over the
     steps, as growth and as the absolute peak; the job's total is the sum over its ranks.
@@ -546,6 +560,7 @@ def rank_comparison(
                 "mode": mode.name,
                 "ranks": mode.ranks,
                 "threads_per_rank": mode.threads,
+                "micro_batches": "padded" if mode.pack_tokens is None else f"packed {mode.pack_tokens}",
                 "step_s": step_s,
                 "step_s_all": [s["step_s"] for s in steps[mode.name]],
                 "tokens_per_s": real_tokens / step_s,
@@ -562,7 +577,6 @@ def rank_comparison(
         "status": "measured",
         "layout": cfg.layouts[0],
         "proximal": cfg.proximal[0],
-        "micro_batches": "padded",
         "real_tokens": real_tokens,
         "rows": rows,
         "memory_method": "per rank: VmHWM (kernel peak RSS) over the steps, reset by /proc/self/clear_refs "
@@ -630,6 +644,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     overrides = ["model.threads=1", f"rollout.group_size={cfg.group_size}", f"rollout.groups_per_batch={cfg.groups}"]
     if cfg.model:
         overrides.append(f"model.path={cfg.model}")
+    overrides += cfg.recipe_set
     config = load_config(RunConfig, cfg.recipe, overrides)
     model_dir = ensure_model(config)
     overrides.append(f"model.path={model_dir}")
@@ -696,8 +711,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ranks = results["ranks"]
     if ranks["status"] == "measured":
         print_table(
-            f"trainer step: ranks ({ranks['layout']}, proximal {ranks['proximal']}, padded; "
-            "median of interleaved rounds)",
+            f"trainer step: ranks ({ranks['layout']}, proximal {ranks['proximal']}; median of interleaved rounds)",
             ranks["rows"],
             [
                 "mode",

@@ -27,8 +27,8 @@ one): shards are padded with empty rows (one token, no response) to the same row
 the padded micro-batch plan has the same length everywhere. Packed micro-batches
 (`optim.pack_tokens`) plan by tokens, so their count differs per rank: rank 0 plans every
 rank's micro-batches and pads the shorter plans with micro-batches of one empty row. The
-mini-batches are drawn as the one-process packed step draws them (`prompt_split`); the rows
-of one prompt can still land on two ranks, which then both run that prompt.
+mini-batches are drawn as the one-process packed step draws them (`prompt_split`), and a
+prompt's rows stay on one rank (`split_by_prompt`), so no two ranks run the same prompt.
 """
 
 from __future__ import annotations
@@ -121,6 +121,24 @@ def split_by_tokens(lengths: Sequence[int], parts: int) -> list[list[int]]:
     return [sorted(rows) for rows in assigned]
 
 
+def split_by_prompt(batch: Any, parts: int) -> list[list[int]]:
+    """Row indices for each rank with a prompt's rows kept on one rank (the packed update).
+
+    Packing runs a prompt shared by several rows once (`packing.shared_prefixes`); split over
+    two ranks, both would run it. Prompt groups are balanced by the tokens their packed forward
+    runs (the shared prefix once, plus what each row adds), longest first, as `split_by_tokens`.
+    """
+    from rollhub.trainer.packing import prompt_groups, shared_prefixes
+
+    groups = prompt_groups(batch.input_ids, batch.response_mask)
+    costs = []
+    for rows in groups:
+        index = torch.as_tensor(rows)
+        shared = shared_prefixes(batch.input_ids[index], batch.attention_mask[index], batch.response_mask[index])
+        costs.append(sum(shared.needed))
+    return [sorted(row for group in share for row in groups[group]) for share in split_by_tokens(costs, parts)]
+
+
 def _empty_rows(count: int) -> Any:
     """`count` one-token rows with no response: they add forward passes but no loss and no gradient."""
     from rollhub.trainer.policy import TokenBatch
@@ -205,7 +223,10 @@ def shard_parts(
         rows = rows.tolist()
         whole = batch.select(rows)
         normaliser = BatchNormaliser.from_mask(whole.response_mask)
-        split = split_by_tokens([lengths[r] for r in rows], world_size)
+        if pack_tokens is None:
+            split = split_by_tokens([lengths[r] for r in rows], world_size)
+        else:
+            split = split_by_prompt(whole, world_size)
         shares = []
         for local in split:
             picked = [rows[i] for i in local]

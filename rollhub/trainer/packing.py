@@ -222,6 +222,15 @@ def shared_prefixes(
     return SharedPrefixes(hosts=hosts, host=host, needed=[len(keys[row]) for row in hosts])
 
 
+def prompt_groups(input_ids: torch.Tensor, response_mask: torch.Tensor) -> list[list[int]]:
+    """Rows that share a prompt (their tokens before the first response token), in first-row order."""
+    first = response_mask.gt(0).float().argmax(-1).tolist()
+    members: dict[tuple[int, ...], list[int]] = {}
+    for row, start in enumerate(first):
+        members.setdefault(tuple(input_ids[row, :start].tolist()), []).append(row)
+    return list(members.values())
+
+
 def prompt_split(
     input_ids: torch.Tensor, response_mask: torch.Tensor, parts: int, generator: torch.Generator
 ) -> list[torch.Tensor]:
@@ -233,15 +242,10 @@ def prompt_split(
     kept together it is forwarded once per step. Groups are shuffled (by `generator`, so a
     resumed run draws the same parts) and cut at group boundaries into parts of about equal rows.
     """
-    first = response_mask.gt(0).float().argmax(-1).tolist()
-    keys = [tuple(input_ids[row, :start].tolist()) for row, start in enumerate(first)]
-    members: dict[tuple[int, ...], list[int]] = {}
-    for row, key in enumerate(keys):
-        members.setdefault(key, []).append(row)
-    groups = list(members.values())
+    groups = prompt_groups(input_ids, response_mask)
     order = torch.randperm(len(groups), generator=generator).tolist()
     parts = max(1, min(parts, len(groups)))
-    target = len(keys) / parts
+    target = len(input_ids) / parts
     split: list[list[int]] = [[]]
     placed = 0
     for position, index in enumerate(order):

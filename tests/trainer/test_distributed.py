@@ -47,7 +47,8 @@ STEP_SCRIPT = textwrap.dedent(
     group.attach(policy, optimizer, reference)
     group.start({})
     loss = LossConfig(kl_coef=case["kl"], kl_estimator="full", aggregation=case["aggregation"])
-    metrics = group.ppo_update(policy, optimizer, make_batch(), loss, minibatches=case["minibatches"], seed=3,
+    metrics = group.ppo_update(policy, optimizer, make_batch(samples=case.get("samples", 1)), loss,
+                               minibatches=case["minibatches"], seed=3,
                                reference=reference, pack_tokens=case.get("pack"))
     if case.get("reset"):  # every rank's KL anchor becomes the policy, then a second step against it
         group.reset_reference()
@@ -61,15 +62,19 @@ STEP_SCRIPT = textwrap.dedent(
 )
 
 
-def make_batch(rows: int = 7, seed: int = 0):
-    """Sequences of very different lengths (prompt + response), advantages of both signs."""
+def make_batch(rows: int = 7, seed: int = 0, samples: int = 1):
+    """Sequences of very different lengths (prompt + response), advantages of both signs.
+
+    `samples` > 1: each prompt is answered that many times in a row (a group's samples).
+    """
     from rollhub.rollout.types import PackedSequence
     from rollhub.trainer.policy import collate
 
     rng = random.Random(seed)
     sequences, advantages = [], []
-    for _ in range(rows):
-        prompt = [rng.randrange(3, 200) for _ in range(rng.randrange(2, 30))]
+    for row in range(rows):
+        if row % samples == 0:
+            prompt = [rng.randrange(3, 200) for _ in range(rng.randrange(2, 30))]
         response = [rng.randrange(3, 200) for _ in range(rng.randrange(1, 6))]
         seq = PackedSequence()
         seq.extend(prompt, mask=False, turn_index=-1)
@@ -111,7 +116,7 @@ def _one_process_step(model_dir, case: dict) -> tuple[dict, dict]:
     metrics = ppo_update(
         policy,
         optimizer,
-        make_batch(),
+        make_batch(samples=case.get("samples", 1)),
         loss,
         minibatches=case["minibatches"],
         seed=3,
@@ -140,8 +145,8 @@ def _one_process_step(model_dir, case: dict) -> tuple[dict, dict]:
         ),
         # loss.reference_reset_every: the followers' anchors must move too (a stale one adds a KL gradient)
         {"minibatches": 1, "kl": 0.5, "aggregation": "token-mean", "micro": 2, "lr": 1e-3, "atol": 1e-4, "reset": True},
-        # packed micro-batches of <= 40 tokens: the ranks' plans differ in length (one rank packs
-        # 33 tokens into one, the other 44 into two) and the shorter is padded, or FSDP2 would hang
+        # packed micro-batches of <= 40 tokens: the ranks' plans differ in length (one rank's share
+        # of the second mini-batch is empty) and the shorter is padded, or FSDP2 would hang
         {
             "minibatches": 2,
             "kl": 0.1,
@@ -150,6 +155,7 @@ def _one_process_step(model_dir, case: dict) -> tuple[dict, dict]:
             "lr": 1e-3,
             "atol": 1e-4,
             "pack": 40,
+            "samples": 2,  # prompts answered twice: each prompt's rows go to one rank
         },
     ],
     ids=["one-step", "two-minibatches-prox-kl", "kl-anchor-reset", "packed-two-minibatches-kl"],
@@ -269,6 +275,26 @@ def test_shards_cover_every_row_once_with_equal_row_counts_and_the_global_normal
         assert sum(part.tokens for part in mine) == whole.num_tokens  # padding rows carry no response token
         real = sum(int((part.batch.attention_mask.sum(-1) > 1).sum()) for part in mine)
         assert real == len(rows)
+
+
+def test_packed_shards_keep_each_prompts_rows_on_one_rank():
+    """Packing runs a prompt shared by a group's samples once; split over two ranks, both would run it."""
+    from rollhub.trainer.distributed import plan_parts, shard_parts
+
+    def prompts(batch) -> list[tuple[int, ...]]:
+        first = batch.response_mask.gt(0).float().argmax(-1).tolist()
+        real = batch.attention_mask.sum(-1).gt(1).tolist()
+        return [tuple(batch.input_ids[r, :start].tolist()) for r, start in enumerate(first) if real[r]]
+
+    batch = make_batch(rows=24, samples=4)
+    parts = plan_parts(batch, minibatches=2, epochs=2, seed=5, pack_tokens=64)
+    shards = shard_parts(batch, parts, 2, prox=None, reference=None, pack_tokens=64)
+    for index, rows in enumerate(parts):
+        mine = [prompts(shards[rank][index].batch) for rank in range(2)]
+        assert not set(mine[0]) & set(mine[1])  # no prompt on both ranks
+        assert sorted(mine[0] + mine[1]) == sorted(prompts(batch.select(rows.tolist())))  # every row once
+        assert mine[0] and mine[1]  # both ranks got work
+        assert len(shards[0][index].plan) == len(shards[1][index].plan)  # as many forwards on each rank
 
 
 def test_metrics_merge_when_a_rank_held_only_padding_rows():

@@ -48,28 +48,38 @@ def test_recorded_batch_comes_from_the_rollout_code(tiny_model_dir):
 
 @pytest.mark.slow  # ~50 s on the shared 2-core machine: four spawned processes each load torch
 def test_bench_trainer_ranks_run_the_same_step_and_report_memory_per_rank(tmp_path, tiny_model_dir):
-    """Quick ranks section: 1 rank (single process) and 2 gloo ranks on the same recorded batch."""
+    """Quick ranks section: 1 rank (single process) and 2 gloo ranks, both packed, on the same recorded batch."""
     from rollhub.bench.trainer import run
 
-    overrides = ["sections=[ranks]", "rank_modes=[1x1,2x1]", "groups=4", f"model={tiny_model_dir}"]
+    overrides = [
+        "sections=[ranks]",
+        "rank_modes=[1x1@1024,2x1@1024]",
+        "recipe_set=[model.dtype=float32]",
+        "groups=4",
+        f"model={tiny_model_dir}",
+    ]
     results = run(argparse.Namespace(out=str(tmp_path), quick=True, overrides=overrides))
     ranks = results["ranks"]
-    assert ranks["status"] == "measured" and ranks["micro_batches"] == "padded"
+    assert ranks["status"] == "measured"
     one, two = ranks["rows"]
+    assert one["micro_batches"] == two["micro_batches"] == "packed 1024"
     assert (one["ranks"], one["threads_per_rank"], two["ranks"], two["threads_per_rank"]) == (1, 1, 2, 1)
     for row in (one, two):
         assert row["step_s"] > 0 and row["tokens_per_s"] == pytest.approx(ranks["real_tokens"] / row["step_s"])
         assert len(row["memory_per_rank"]) == row["ranks"]
         assert all(r["peak_mb"] >= r["rss_mb"] > 0 and r["growth_mb"] >= 0 for r in row["memory_per_rank"])
     assert two["peak_rss_mb_total"] == pytest.approx(sum(r["peak_mb"] for r in two["memory_per_rank"]))
-    # the warm-up step starts from the same weights: the split step computes the same loss
+    # the warm-up step starts from the same weights: the split, packed step computes the same loss
+    # (float32: in bf16 a packed row's neighbours differ per rank, and so does the rounding)
     assert two["first_step_loss"] == pytest.approx(one["first_step_loss"], rel=1e-4, abs=1e-6)
-    assert json.loads((tmp_path / "trainer.json").read_text())["ranks"]["rows"][1]["mode"] == "2 ranks x 1 thread"
+    saved = json.loads((tmp_path / "trainer.json").read_text())["ranks"]["rows"]
+    assert saved[1]["mode"] == "2 ranks x 1 thread, packed 1024"
 
 
 def test_rank_modes_are_validated():
-    assert parse_rank_mode("2x1") == (2, 1) and parse_rank_mode("1X2") == (1, 2)
-    for bad in ("2", "ax1", "0x1", "1x0", "1x1x1"):
+    assert parse_rank_mode("2x1") == (2, 1, None) and parse_rank_mode("1X2") == (1, 2, None)
+    assert parse_rank_mode("2x1@1024") == (2, 1, 1024)
+    for bad in ("2", "ax1", "0x1", "1x0", "1x1x1", "2x1@", "2x1@0", "2x1@big"):
         with pytest.raises(ValueError, match="rank mode"):
             TrainerBenchConfig(rank_modes=[bad]).validate()
     with pytest.raises(ValueError, match="sections"):
