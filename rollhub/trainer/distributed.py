@@ -127,6 +127,9 @@ def split_by_prompt(batch: Any, parts: int) -> list[list[int]]:
     Packing runs a prompt shared by several rows once (`packing.shared_prefixes`); split over
     two ranks, both would run it. Prompt groups are balanced by the tokens their packed forward
     runs (the shared prefix once, plus what each row adds), longest first, as `split_by_tokens`.
+    When whole groups cannot be balanced (fewer groups than ranks, or one group costing more
+    than a rank's fair share, e.g. few prompts with many long answers), rows are split one by
+    one instead: an idle rank costs more than a prompt run twice.
     """
     from rollhub.trainer.packing import prompt_groups, shared_prefixes
 
@@ -136,6 +139,8 @@ def split_by_prompt(batch: Any, parts: int) -> list[list[int]]:
         index = torch.as_tensor(rows)
         shared = shared_prefixes(batch.input_ids[index], batch.attention_mask[index], batch.response_mask[index])
         costs.append(sum(shared.needed))
+    if len(groups) < parts or max(costs) > sum(costs) / parts:
+        return split_by_tokens(batch.attention_mask.sum(-1).tolist(), parts)
     return [sorted(row for group in share for row in groups[group]) for share in split_by_tokens(costs, parts)]
 
 

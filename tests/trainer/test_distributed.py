@@ -297,6 +297,23 @@ def test_packed_shards_keep_each_prompts_rows_on_one_rank():
         assert len(shards[0][index].plan) == len(shards[1][index].plan)  # as many forwards on each rank
 
 
+def test_packed_shards_split_a_prompt_rather_than_leave_a_rank_idle():
+    """One prompt answered 6 times and two ranks: both ranks get rows (an idle rank costs more)."""
+    from rollhub.trainer.distributed import split_by_prompt
+
+    batch = make_batch(rows=6, samples=6)
+    shares = split_by_prompt(batch, 2)
+    assert all(shares) and sorted(shares[0] + shares[1]) == list(range(6))
+    balanced = make_batch(rows=8, samples=2)  # four prompts of similar cost: whole prompts per rank
+    first = balanced.response_mask.gt(0).float().argmax(-1).tolist()
+    keys = [tuple(balanced.input_ids[r, :start].tolist()) for r, start in enumerate(first)]
+    ranks_of = {}
+    for rank, rows in enumerate(split_by_prompt(balanced, 2)):
+        for row in rows:
+            ranks_of.setdefault(keys[row], set()).add(rank)
+    assert all(len(ranks) == 1 for ranks in ranks_of.values())
+
+
 def test_metrics_merge_when_a_rank_held_only_padding_rows():
     """A small mini-batch can leave one rank only padding rows: it reports no loss metrics, and
     the merge must take each name from the ranks that reported it (it raised KeyError)."""
