@@ -277,14 +277,16 @@ def test_shards_cover_every_row_once_with_equal_row_counts_and_the_global_normal
         assert real == len(rows)
 
 
+def prompts(batch) -> list[tuple[int, ...]]:
+    """Each real row's prompt (tokens before its first response token); padding rows left out."""
+    first = batch.response_mask.gt(0).float().argmax(-1).tolist()
+    real = batch.attention_mask.sum(-1).gt(1).tolist()
+    return [tuple(batch.input_ids[r, :start].tolist()) for r, start in enumerate(first) if real[r]]
+
+
 def test_packed_shards_keep_each_prompts_rows_on_one_rank():
     """Packing runs a prompt shared by a group's samples once; split over two ranks, both would run it."""
     from rollhub.trainer.distributed import plan_parts, shard_parts
-
-    def prompts(batch) -> list[tuple[int, ...]]:
-        first = batch.response_mask.gt(0).float().argmax(-1).tolist()
-        real = batch.attention_mask.sum(-1).gt(1).tolist()
-        return [tuple(batch.input_ids[r, :start].tolist()) for r, start in enumerate(first) if real[r]]
 
     batch = make_batch(rows=24, samples=4)
     parts = plan_parts(batch, minibatches=2, epochs=2, seed=5, pack_tokens=64)
@@ -305,8 +307,7 @@ def test_packed_shards_split_a_prompt_rather_than_leave_a_rank_idle():
     shares = split_by_prompt(batch, 2)
     assert all(shares) and sorted(shares[0] + shares[1]) == list(range(6))
     balanced = make_batch(rows=8, samples=2)  # four prompts of similar cost: whole prompts per rank
-    first = balanced.response_mask.gt(0).float().argmax(-1).tolist()
-    keys = [tuple(balanced.input_ids[r, :start].tolist()) for r, start in enumerate(first)]
+    keys = prompts(balanced)
     ranks_of = {}
     for rank, rows in enumerate(split_by_prompt(balanced, 2)):
         for row in rows:
