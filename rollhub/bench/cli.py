@@ -59,6 +59,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "rollhub.bench.compare_runs:run",
         "finished training runs on the job's clock: held-out success by minute (SFT, then RL), warm-start, pick, gain",
     ),
+    "gain-readings": (
+        "rollhub.bench.gain_readings:run",
+        "a run's RL gain on the held-out seeds against its gain on 1000 diagnostic seeds: the reading's noise",
+    ),
     "shaping-loops": (
         "rollhub.bench.shaping_loops:run",
         "exact search of Sokoban rooms' state graphs for loops a recipe's shaped reward pays (farmable reward)",
