@@ -135,7 +135,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _draw(ax: Any, rows: list[dict[str, Any]], cfg: GainReadingsConfig) -> None:
     xs, ys = [row["diagnostic gain"] for row in rows], [row["held-out gain"] for row in rows]
-    low, high = min(xs + ys + [0.0]) - 1, max(xs + ys + [cfg.bar]) + 1
+    reach = [
+        row[gain] + sign * row[sd]
+        for row in rows
+        for sign in (-1, 1)
+        for gain, sd in (("held-out gain", "held-out draw sd"), ("diagnostic gain", "diagnostic draw sd"))
+    ]
+    low, high = min(reach + [0.0]) - 1, max(reach + [cfg.bar]) + 1
     ax.fill_between([cfg.bar, high], cfg.bar, high, color="tab:green", alpha=0.08, label="passes on both")
     ax.plot([low, high], [low, high], color="grey", linewidth=1, label="held-out gain = diagnostic gain")
     ax.axhline(cfg.bar, color="tab:red", linestyle="--", linewidth=1, label=f"bar +{cfg.bar:g}")
