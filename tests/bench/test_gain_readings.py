@@ -35,6 +35,7 @@ def test_a_run_missing_a_reading_is_not_a_row():
     assert read_gains("a", {"summary": {"warmstart_success_rate": 0.8, "final_success_rate": 0.9}}) is None
     assert read_gains("a", _run((0.8, None), (0.8, 0.9))) is None
     assert read_gains("a", _run((0.8, 1.7), (0.8, 0.9))) is None  # not a success rate
+    assert read_gains("a", _run((0.8, 0.9), (True, 0.9))) is None  # a flag, not a reading
 
 
 def test_the_command_judges_each_split_and_measures_the_spread(tmp_path):
