@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollhub.bench.report import bench_setup, print_table, save_json, save_plot
+from rollhub.bench.report import bench_setup, print_table, save_result
 from rollhub.core.errors import UserError
 
 QUICK: list[str] = []
@@ -143,9 +143,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print_table(f"{cfg.metric} by run (minutes of the whole job: SFT, then RL)", rows)
     curves = [{"run": r["row"]["run"], "pick_minute": r["pick_minute"], "points": r["curve"]} for r in runs]
     result = {"benchmark": "compare-runs", "config": vars(cfg), "rows": rows, "curves": curves}
-    save_json(out / "result.json", result)
-    save_plot(out / "compare_runs.png", _draw, runs, cfg)
-    print(f"wrote {out / 'result.json'} and {out / 'compare_runs.png'}")
+    save_result(out, result, "compare_runs.png", _draw, runs, cfg)
     return result
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollhub.bench.report import bench_setup, print_table, save_json, save_plot
+from rollhub.bench.report import bench_setup, print_table, save_result
 from rollhub.core.errors import UserError
 
 QUICK: list[str] = []
@@ -130,9 +130,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     summary = spread(rows)
     print_table("what the runs say about one held-out gain", [summary])
     result = {"benchmark": "gain-readings", "config": vars(cfg), "rows": rows, "summary": summary}
-    save_json(out / "result.json", result)
-    save_plot(out / "gain_readings.png", _draw, rows, cfg)
-    print(f"wrote {out / 'result.json'} and {out / 'gain_readings.png'}")
+    save_result(out, result, "gain_readings.png", _draw, rows, cfg)
     return result
 
 

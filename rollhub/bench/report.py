@@ -71,3 +71,10 @@ def save_plot(path: str | Path, draw: Callable[..., None], *args: Any, panels: i
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def save_result(out: Path, result: Any, plot: str, draw: Callable[..., None], *args: Any) -> None:
+    """Write `out/result.json` and the PNG `out/plot` drawn by `draw(ax, *args)`, and say where."""
+    save_json(out / "result.json", result)
+    save_plot(out / plot, draw, *args)
+    print(f"wrote {out / 'result.json'} and {out / plot}")
