@@ -319,10 +319,9 @@ class SelectConfig:
     `episodes` validation seeds x `samples_per_seed`; the best-scoring weights (ties: the later step) are kept in
     RUN_DIR/best_model and become the run's final policy (final_model), which the final
     held-out evaluation scores; the last step's policy is scored too and reported beside it.
-    Why: a small policy's success can swing by several points within tens of RL steps, and
-    then the last step is a noisy pick. With a learning rate that decays, the main recipe's
-    last step read 0.5 points above the pick on 9 runs (docs/sokoban-rl-log.md, session 27):
-    a pick among many noisy readings favours a lucky one, so that recipe keeps the last. The validation
+    Why: where a policy's success swings between readings the last step is a noisy pick; where
+    a decaying learning rate has settled it, a pick among many noisy readings favours a lucky
+    one, so the main recipe keeps the last step (docs/sokoban-rl-log.md). The validation
     seeds are a range of their own, checked apart from the training, SFT and held-out seeds:
     selecting on the held-out seeds would report the best of several draws as if it were one.
     """
