@@ -126,21 +126,20 @@ def split_by_prompt(batch: Any, parts: int) -> list[list[int]]:
 
     Packing runs a prompt shared by several rows once (`packing.shared_prefixes`); split over
     two ranks, both would run it. Prompt groups are balanced by the tokens their packed forward
-    runs (the shared prefix once, plus what each row adds), longest first, as `split_by_tokens`.
+    runs (the prompt once, plus each row's tokens after it), longest first, as `split_by_tokens`;
+    the cost is read from the lengths, since the rank's own update finds the shared prefixes.
     When whole groups cannot be balanced (fewer groups than ranks, or one group costing more
     than a rank's fair share, e.g. few prompts with many long answers), rows are split one by
     one instead: an idle rank costs more than a prompt run twice.
     """
-    from rollhub.trainer.packing import prompt_groups, shared_prefixes
+    from rollhub.trainer.packing import prompt_groups
 
     groups = prompt_groups(batch.input_ids, batch.response_mask)
-    costs = []
-    for rows in groups:
-        index = torch.as_tensor(rows)
-        shared = shared_prefixes(batch.input_ids[index], batch.attention_mask[index], batch.response_mask[index])
-        costs.append(sum(shared.needed))
+    lengths = batch.attention_mask.sum(-1).tolist()
+    prompt = batch.response_mask.gt(0).float().argmax(-1).tolist()
+    costs = [prompt[rows[0]] + sum(lengths[row] - prompt[row] for row in rows) for rows in groups]
     if len(groups) < parts or max(costs) > sum(costs) / parts:
-        return split_by_tokens(batch.attention_mask.sum(-1).tolist(), parts)
+        return split_by_tokens(lengths, parts)
     return [sorted(row for group in share for row in groups[group]) for share in split_by_tokens(costs, parts)]
 
 
