@@ -55,7 +55,7 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
-from rollhub.rollout.models import build_tokenizer
+from rollhub.inference.models import build_tokenizer
 
 torch.set_num_threads(1)
 out, shape = Path(sys.argv[1]), sys.argv[2]

@@ -19,7 +19,8 @@ from rollhub.core.errors import UserError
 COMMAND_MODULES = (
     "rollhub.envs.cli",  # rollhub envs list|try
     "rollhub.sandbox.cli",  # rollhub sandbox gc|build-base|...
-    "rollhub.rollout.cli",  # rollhub model init-tiny, rollhub serve, rollhub rollout
+    "rollhub.inference.cli",  # rollhub model init-tiny|smollm2, rollhub serve
+    "rollhub.rollout.cli",  # rollhub rollout
     "rollhub.trainer.cli",  # rollhub train, rollhub sft, rollhub view
     "rollhub.bench.cli",  # rollhub bench NAME
     "rollhub.envs.swe.cli",  # rollhub swe make-tasks|build-images

@@ -20,8 +20,9 @@ ALLOWED = {
     "core": set(),
     "sandbox": {"core"},
     "envs": {"sandbox", "core"},
-    "rollout": {"envs", "sandbox", "core"},
-    "trainer": {"rollout", "envs", "core"},
+    "inference": {"core"},
+    "rollout": {"inference", "envs", "sandbox", "core"},
+    "trainer": {"rollout", "inference", "envs", "core"},
 }
 
 

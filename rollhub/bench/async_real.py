@@ -243,7 +243,7 @@ def lockstep_env_bound(run_dir: Path, batch_trajectories: int, step_s: float) ->
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import os
 
-    from rollhub.rollout.models import init_tiny_model
+    from rollhub.inference.models import init_tiny_model
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     overrides = [*QUICK, *args.overrides] if args.quick else list(args.overrides)

@@ -71,7 +71,7 @@ async def _makespan(engine: Any, requests: list[Request], *, force_length: bool,
     """Time from the first arrival until the last request finishes (the engine's clock).
 
     Prompts are distinct random ids so a prefix cache cannot skip the prefill."""
-    from rollhub.rollout.engines.base import SamplingParams
+    from rollhub.inference.engines.base import SamplingParams
 
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -225,8 +225,8 @@ def validation_workloads(rng: np.random.Generator, long_tokens: int) -> dict[str
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from rollhub.rollout.engines.hf import HFEngine
-    from rollhub.rollout.models import init_tiny_model
+    from rollhub.inference.engines.hf import HFEngine
+    from rollhub.inference.models import init_tiny_model
 
     overrides = list(args.overrides)
     if args.quick:

@@ -93,7 +93,7 @@ def generate_tokens_per_s(model: Any, prompts: list[list[int]], new_tokens: int)
 
 async def engine_tokens_per_s(engine: Any, prompts: list[list[int]], new_tokens: int) -> float:
     """The engine on the same batch, all requests submitted at once: tokens/s."""
-    from rollhub.rollout.engines.base import SamplingParams
+    from rollhub.inference.engines.base import SamplingParams
 
     sampling = SamplingParams(max_new_tokens=new_tokens, stop_token_ids=(-1,))
     started = time.perf_counter()
@@ -109,8 +109,8 @@ def decode_vs_generate(model_dir: Path, cfg: EngineBenchConfig) -> list[dict[str
     """Engine vs `model.generate` at each batch size, interleaved (order alternating per repeat)."""
     import torch
 
-    from rollhub.rollout.engines.hf import HFEngine
-    from rollhub.rollout.models import load_model_and_tokenizer
+    from rollhub.inference.engines.hf import HFEngine
+    from rollhub.inference.models import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(model_dir)
     vocab = model.get_input_embeddings().num_embeddings
@@ -165,8 +165,8 @@ async def collect(
     env_kwargs: dict[str, Any] | None = None,
     group_redundancy: int = 0,
 ) -> dict[str, Any]:
+    from rollhub.inference.engines.hf import HFEngine
     from rollhub.rollout.agent import AgentConfig
-    from rollhub.rollout.engines.hf import HFEngine
     from rollhub.rollout.manager import EnvManager, EnvManagerConfig
 
     agent = AgentConfig(
@@ -205,7 +205,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from rollhub.bench.report import print_table, save_json
     from rollhub.core.config import load_config
-    from rollhub.rollout.models import init_tiny_model
+    from rollhub.inference.models import init_tiny_model
 
     cfg = load_config(EngineBenchConfig, None, (QUICK if args.quick else []) + list(args.overrides))
     torch.set_num_threads(cfg.threads)

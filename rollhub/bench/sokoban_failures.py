@@ -340,7 +340,7 @@ async def play_and_classify(
     from tqdm import tqdm
 
     from rollhub.envs.registry import make
-    from rollhub.rollout.engines.build import build_engine
+    from rollhub.inference.engines.build import build_engine
     from rollhub.trainer.build import model_device
     from rollhub.trainer.evaluate import evaluate_policy
 

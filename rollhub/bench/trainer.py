@@ -112,7 +112,7 @@ class RandomMoveEngine:
         self._rng = random.Random(seed)
 
     async def generate(self, input_ids: list[int], sampling: Any, request_id: str | None = None) -> Any:
-        from rollhub.rollout.engines.base import Generation
+        from rollhub.inference.engines.base import Generation
 
         ids = list(self._rng.choice(self._answers))[: sampling.max_new_tokens]
         finish = "length"

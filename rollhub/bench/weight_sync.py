@@ -68,7 +68,7 @@ def _free_port() -> int:
 
 
 async def _launch(model_dir: Path, cfg: WeightSyncBenchConfig, logs: Path, api_key: str) -> list[Any]:
-    from rollhub.rollout.engines.sglang import SGLangEngine
+    from rollhub.inference.engines.sglang import SGLangEngine
 
     async def one(index: int) -> Any:
         port = _free_port()
@@ -88,7 +88,7 @@ async def _launch(model_dir: Path, cfg: WeightSyncBenchConfig, logs: Path, api_k
 
 def _state(model_dir: Path, version: int) -> dict[str, Any]:
     """The trainer's view: every tensor (tied head included, as Policy.engine_state_dict has it), new values."""
-    from rollhub.rollout.weight_sync import read_checkpoint
+    from rollhub.inference.weight_sync import read_checkpoint
 
     state = read_checkpoint(model_dir)
     state = {name: tensor + 1e-4 * version for name, tensor in state.items()}
@@ -99,7 +99,7 @@ def _state(model_dir: Path, version: int) -> dict[str, Any]:
 
 async def bench_model(model_dir: Path, label: str, cfg: WeightSyncBenchConfig, out: Path) -> list[dict[str, Any]]:
     """Push `repeats` times per method to freshly launched servers; one record per push."""
-    from rollhub.rollout.weight_sync import DiskWeightSync, DistributedWeightSync
+    from rollhub.inference.weight_sync import DiskWeightSync, DistributedWeightSync
 
     api_key = secrets.token_hex(16)
     clients = await _launch(model_dir, cfg, out / "servers", api_key)
@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from rollhub.bench.report import bench_setup, print_table, save_json
-    from rollhub.rollout.models import init_tiny_model
+    from rollhub.inference.models import init_tiny_model
 
     cfg, out = bench_setup(WeightSyncBenchConfig, args, QUICK)
     torch.set_num_threads(1)

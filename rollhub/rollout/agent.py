@@ -50,7 +50,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rollhub.rollout.engines.base import Generation, InferenceEngine, SamplingParams
+from rollhub.inference.engines.base import Generation, InferenceEngine, SamplingParams
 from rollhub.rollout.prompting import ChatSegments
 from rollhub.rollout.tool_calls import ToolCallText, parse_tool_calls, tool_names
 from rollhub.rollout.types import MACHINERY_ERRORS, Trajectory, TrajectoryStatus, Turn

@@ -41,9 +41,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rollhub.inference.engines.base import InferenceEngine
 from rollhub.rollout.agent import AgentConfig, EpisodeRunner
 from rollhub.rollout.buffer import GroupBuffer, Ticket
-from rollhub.rollout.engines.base import InferenceEngine
 from rollhub.rollout.prompting import ChatSegments
 from rollhub.rollout.tasks import TaskOwner
 from rollhub.rollout.trajectory_log import TrajectoryWriter

@@ -15,7 +15,7 @@ them is rendered by the model's own chat template from text the model did not wr
 * `encode_reply`: the env's reply messages as the template renders them after an assistant
   message. They are rendered after a fixed placeholder conversation, never after the
   model's decoded text, so a template that rewrites earlier turns (Qwen3-style `<think>`
-  stripping, see rollhub.rollout.chat_templates) or hostile model text cannot change them.
+  stripping, see rollhub.inference.chat_templates) or hostile model text cannot change them.
 
 A prompt is the concatenation of those segments (`AgentConfig.multi_turn: prefix`). The
 other mode, `per_turn`, renders the whole visible conversation for each turn with

@@ -39,7 +39,7 @@ def build_manager_config(args: argparse.Namespace, jsonl_path: Path) -> Any:
 def engine_config(args: argparse.Namespace) -> Any:
     """This command's `engine:` section: in-process, or servers launched (--launch, --replicas) or attached (--url)."""
     from rollhub.core.config import load_config
-    from rollhub.rollout.engines.build import EngineConfig
+    from rollhub.inference.engines.build import EngineConfig
 
     backend = "server" if args.engine in ("server", "sglang") or args.urls else "inprocess"
     if args.engine == "sglang" and not args.urls:
@@ -62,8 +62,8 @@ async def _collect(args: argparse.Namespace, model_dir: Path, jsonl_path: Path) 
 
     env_spec(args.env)  # unknown id -> UserError with suggestions, before loading a model
     config = build_manager_config(args, jsonl_path)
-    from rollhub.rollout.engines.build import build_engine
-    from rollhub.rollout.engines.launcher import start_engine
+    from rollhub.inference.engines.build import build_engine
+    from rollhub.inference.engines.launcher import start_engine
 
     engine: Any = build_engine(engine_config(args), model_dir, device=args.device, run_dir=jsonl_path.parent)
     try:
@@ -97,7 +97,7 @@ async def _collect(args: argparse.Namespace, model_dir: Path, jsonl_path: Path) 
 def run_rollout_command(args: argparse.Namespace) -> int:
     import torch
 
-    from rollhub.rollout.models import init_tiny_model
+    from rollhub.inference.models import init_tiny_model
 
     if args.groups < 1 or args.group_size < 1:
         raise UserError("--groups and --group-size must be >= 1")

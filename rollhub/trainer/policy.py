@@ -177,7 +177,7 @@ class Policy:
         fsdp: bool = False,
         dtype: str | None = None,
     ):
-        from rollhub.rollout.models import load_model_and_tokenizer
+        from rollhub.inference.models import load_model_and_tokenizer
 
         if temperature <= 0:
             raise ValueError("the trainer recomputes log_softmax(logits / T); temperature must be > 0")

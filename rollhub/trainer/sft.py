@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rollhub.rollout.engines.base import Generation, InferenceEngine, SamplingParams
+from rollhub.inference.engines.base import Generation, InferenceEngine, SamplingParams
 from rollhub.trainer.losses import BatchNormaliser, aggregate
 from rollhub.trainer.policy import Policy, collate
 

@@ -75,7 +75,7 @@ def test_e2e_cpu_quick(tmp_path):
 
 
 def test_policy_probe_scores_boards_exactly(tmp_path):
-    from rollhub.rollout.models import init_tiny_model
+    from rollhub.inference.models import init_tiny_model
 
     model = init_tiny_model(tmp_path / "model", "5m", seed=0)
     result = _bench("policy-probe", tmp_path, "--set", f"models={model}")

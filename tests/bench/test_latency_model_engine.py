@@ -8,7 +8,7 @@ import pytest
 from rollhub.bench.sim import latency_model
 from rollhub.bench.sim.latency_model import LatencyModelEngine, LatencyParams, OutputLengths
 from rollhub.bench.sim.virtual_clock import run_virtual
-from rollhub.rollout.engines.base import SamplingParams
+from rollhub.inference.engines.base import SamplingParams
 
 PARAMS = LatencyParams(
     prefill_base_s=0.5,

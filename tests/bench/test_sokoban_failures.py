@@ -100,7 +100,7 @@ def test_horizon_and_format_errors():
 
 
 def test_bench_on_a_tiny_model(tmp_path):
-    from rollhub.rollout.models import init_tiny_model
+    from rollhub.inference.models import init_tiny_model
 
     model = init_tiny_model(tmp_path / "model", "5m", seed=0)
     out = tmp_path / "failures.json"

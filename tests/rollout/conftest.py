@@ -1,39 +1,11 @@
-"""Fixtures for the rollout tests: one tiny model per session, a small scripted test env."""
+"""Fixtures for the rollout tests: a small scripted test env (the tiny model is in tests/conftest.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from rollout_testing import CountdownEnv
-
-torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rollhub.rollout.models import init_tiny_model
-
-    return init_tiny_model(tmp_path_factory.mktemp("tiny5m"), size="5m")
-
-
-@pytest.fixture(scope="session")
-def tiny_model_and_tokenizer(tiny_model_dir: Path) -> tuple[Any, Any]:
-    from rollhub.rollout.models import load_model_and_tokenizer
-
-    return load_model_and_tokenizer(tiny_model_dir)
-
-
-@pytest.fixture
-async def engine(tiny_model_and_tokenizer):
-    from rollhub.rollout.engines.hf import HFEngine
-
-    model, tokenizer = tiny_model_and_tokenizer
-    eng = HFEngine(model, tokenizer, threads=1, max_batch_size=32)
-    yield eng
-    await eng.close()
 
 
 @pytest.fixture
@@ -42,28 +14,3 @@ def countdown_factory():
         return CountdownEnv(**kwargs)
 
     return factory
-
-
-@pytest.fixture
-async def engine_apps(tiny_model_dir):
-    """Two HFEngines, each behind the SGLang-native app on its own port (no processes).
-
-    Yields (engines, runners, urls); the router and server tests take what they need.
-    """
-    from aiohttp import web
-
-    from rollhub.rollout.engines.hf import HFEngine
-    from rollhub.rollout.server import build_app
-
-    engines, runners, urls = [], [], []
-    for _ in range(2):
-        engine = HFEngine(tiny_model_dir, threads=1, max_batch_size=8)
-        runner = web.AppRunner(build_app(engine))
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        engines.append(engine)
-        runners.append(runner)
-        urls.append(f"http://127.0.0.1:{runner.addresses[0][1]}")
-    yield engines, runners, urls
-    for runner in runners:
-        await runner.cleanup()

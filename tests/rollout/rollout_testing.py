@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from rollhub.envs.base import Env, extract_action
-from rollhub.rollout.engines.base import InferenceEngine
+from rollhub.inference.engines.base import InferenceEngine
 
 
 class CountdownEnv(Env):

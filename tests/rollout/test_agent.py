@@ -7,8 +7,8 @@ import asyncio
 import pytest
 from rollout_testing import CountdownEnv, RecordingEngine
 
+from rollhub.inference.engines.base import Generation, InferenceEngine, SamplingParams
 from rollhub.rollout.agent import AgentConfig, EpisodeRunner, run_episode
-from rollhub.rollout.engines.base import Generation, InferenceEngine, SamplingParams
 from rollhub.rollout.types import TrajectoryStatus
 
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 from aiohttp import web
 
-from rollhub.rollout.engines.base import SamplingParams
-from rollhub.rollout.engines.hf import HFEngine
-from rollhub.rollout.engines.sglang import SGLangEngine
-from rollhub.rollout.server import build_app
+from rollhub.inference.engines.base import SamplingParams
+from rollhub.inference.engines.hf import HFEngine
+from rollhub.inference.engines.sglang import SGLangEngine
+from rollhub.inference.server import build_app
 
 PROMPT = [1, 300, 301, 302, 2, 200, 17, 18]
 NO_STOP = (10**9,)

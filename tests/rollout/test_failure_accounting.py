@@ -11,9 +11,9 @@ from rollout_testing import CountdownEnv
 
 from rollhub.envs.base import Env
 from rollhub.envs.registry import register
+from rollhub.inference.engines.base import SamplingParams
 from rollhub.rollout.agent import AgentConfig, EpisodeRunner, run_episode
 from rollhub.rollout.buffer import GroupBuffer
-from rollhub.rollout.engines.base import SamplingParams
 from rollhub.rollout.manager import EnvManager, EnvManagerConfig
 from rollhub.rollout.types import RolloutFailureError, TrajectoryStatus
 from rollhub.sandbox.base import SandboxError

@@ -146,8 +146,8 @@ def _check_consumed(consumed: list, buffer: GroupBuffer) -> None:
 
 
 async def test_ray_accounting_matches_single_process_with_faults(ray_cluster, tiny_model_dir, tmp_path):
-    from rollhub.rollout.engines.hf import HFEngine
-    from rollhub.rollout.models import load_model_and_tokenizer
+    from rollhub.inference.engines.hf import HFEngine
+    from rollhub.inference.models import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(tiny_model_dir)
     weights = {k: v.clone() for k, v in model.state_dict().items()}

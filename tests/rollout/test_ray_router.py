@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
+from rollhub.inference.engines.base import SamplingParams
 from rollhub.rollout.cluster.router import EngineRouter, affinity_key
-from rollhub.rollout.engines.base import SamplingParams
 
 PROMPT = [1, 300, 301, 302, 2, 200, 17, 18]
 SAMPLING = SamplingParams(max_new_tokens=4, temperature=1.0, stop_token_ids=(10**9,))

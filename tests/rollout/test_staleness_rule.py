@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
+from rollhub.inference.engines.base import Generation, SamplingParams
 from rollhub.rollout.agent import AgentConfig, EpisodeRunner
 from rollhub.rollout.buffer import GroupBuffer, group_version
-from rollhub.rollout.engines.base import Generation, SamplingParams
 from rollhub.rollout.types import Group, Trajectory, Turn
 
 

@@ -30,11 +30,11 @@ import torch
 from rollout_testing import RecordingEngine
 
 from rollhub.envs.base import Env
+from rollhub.inference.chat_templates import build_reasoning_tokenizer
+from rollhub.inference.engines.base import InferenceEngine
+from rollhub.inference.engines.hf import HFEngine
+from rollhub.inference.models import build_tokenizer
 from rollhub.rollout.agent import AgentConfig, run_episode
-from rollhub.rollout.chat_templates import build_reasoning_tokenizer
-from rollhub.rollout.engines.base import InferenceEngine
-from rollhub.rollout.engines.hf import HFEngine
-from rollhub.rollout.models import build_tokenizer
 from rollhub.rollout.prompting import ChatSegments
 from rollhub.rollout.types import Trajectory
 
@@ -136,7 +136,7 @@ def smollm2_tokenizer(cache_dir: Path) -> Any:
     for folder in [*SMOLLM2_DIRS, cache_dir]:
         if (folder / "tokenizer_config.json").is_file():
             return AutoTokenizer.from_pretrained(folder)
-    from rollhub.rollout.models import find_smollm2_gguf
+    from rollhub.inference.models import find_smollm2_gguf
 
     try:
         import gguf  # noqa: F401
@@ -331,7 +331,7 @@ async def test_tool_env_gets_the_template_tools_and_parsed_calls_token_exact():
 
 async def test_tool_calls_reach_the_env_parsed_from_generated_ids():
     """A model that writes tool calls (scripted ids, real tokenizers): the env receives them structured."""
-    from rollhub.rollout.engines.base import Generation
+    from rollhub.inference.engines.base import Generation
 
     tokenizer = build_reasoning_tokenizer()
     text = (
@@ -373,7 +373,7 @@ async def test_real_smollm2_weights_are_token_exact():
     folder = next((d for d in SMOLLM2_DIRS if (d / "config.json").is_file()), None)
     if folder is None:
         pytest.skip("no exported SmolLM2 model: run 'rollhub model smollm2 --out runs/models/smollm2-135m-instruct'")
-    from rollhub.rollout.models import load_model_and_tokenizer
+    from rollhub.inference.models import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(folder)
     trajectory, recorder = await play(tokenizer, model, TalkEnv(max_steps=3), AgentConfig(max_new_tokens=24), seed=0)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from rollhub.rollout.chat_templates import build_reasoning_tokenizer
+from rollhub.inference.chat_templates import build_reasoning_tokenizer
 from rollhub.rollout.tool_calls import (
     ToolCall,
     ToolCallText,

@@ -7,14 +7,14 @@ import torch
 from test_policy import _batch, _sample_trajectories
 
 from rollhub.core.config import load_config
-from rollhub.rollout.engines.base import SamplingParams
-from rollhub.rollout.engines.build import EngineConfig
+from rollhub.inference.engines.base import SamplingParams
+from rollhub.inference.engines.build import EngineConfig
 from rollhub.trainer.config import RunConfig
 from rollhub.trainer.policy import Policy
 
 
 async def _engine_logprobs(model_dir, dtype, prompts):
-    from rollhub.rollout.engines.hf import HFEngine
+    from rollhub.inference.engines.hf import HFEngine
 
     engine = HFEngine(model_dir, threads=1, max_batch_size=8, seed=3, dtype=dtype)
     try:
@@ -51,7 +51,7 @@ def test_bf16_trainer_logprobs_stay_near_fp32_and_the_head_stays_fp32(tiny_model
 
 
 def test_bf16_engine_projects_in_fp32_and_agrees_with_the_fp32_engine(tiny_model_dir):
-    from rollhub.rollout.models import load_model_and_tokenizer
+    from rollhub.inference.models import load_model_and_tokenizer
 
     _, tokenizer = load_model_and_tokenizer(tiny_model_dir)
     prompts = [tokenizer.encode(f"#__P_#\n#O_X{i}_#\n") for i in range(6)]

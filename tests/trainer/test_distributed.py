@@ -164,7 +164,7 @@ def test_two_ranks_give_the_parameters_of_one_process(tiny_model_dir, tmp_path, 
     case = {**case, "out": str(tmp_path / "two_ranks.pt")}
     two = _two_rank_step(tiny_model_dir, tmp_path, case)
     one_state, one_metrics = _one_process_step(tiny_model_dir, case)
-    from rollhub.rollout.models import load_model_and_tokenizer
+    from rollhub.inference.models import load_model_and_tokenizer
 
     start = load_model_and_tokenizer(tiny_model_dir)[0].state_dict()
     moved = max(float((one_state[k] - start[k]).abs().max()) for k in one_state)

@@ -5,7 +5,7 @@ import asyncio
 import pytest
 import torch
 
-from rollhub.rollout.engines.base import SamplingParams
+from rollhub.inference.engines.base import SamplingParams
 from rollhub.rollout.types import Trajectory, Turn
 from rollhub.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rollhub.trainer.losses import LossConfig
@@ -14,7 +14,7 @@ from rollhub.trainer.update import policy_update
 
 
 async def _sample_trajectories(model_dir, temperature, n=3):
-    from rollhub.rollout.engines.hf import HFEngine
+    from rollhub.inference.engines.hf import HFEngine
 
     engine = HFEngine(model_dir, threads=1, max_batch_size=4, seed=1)
     tok = engine.tokenizer

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rollhub.core.config import load_config
-from rollhub.rollout.models import build_tokenizer
+from rollhub.inference.models import build_tokenizer
 from rollhub.trainer.config import RunConfig
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

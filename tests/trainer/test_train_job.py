@@ -87,7 +87,7 @@ def test_train_rejects_unknown_keys_and_env_ids(tiny_model_dir, tmp_path, capsys
 
 def test_alpha0_lockstep_loop_equals_a_plain_synchronous_step(tiny_model_dir, tmp_path):
     """The loop with alpha = 0 and lockstep rollout performs exactly a plain sync update."""
-    from rollhub.rollout.engines.build import build_engine
+    from rollhub.inference.engines.build import build_engine
     from rollhub.rollout.manager import EnvManager, EnvManagerConfig
     from rollhub.trainer.batch import build_training_batch
     from rollhub.trainer.build import build_optimizer

@@ -25,7 +25,7 @@ so cost is per event, not per token.
 time. On `rollhub.bench.sim.virtual_clock` leave it at 1 and simulated time costs nothing.
 Parameters are fit from the real transformers engine by `rollhub bench fit-latency`.
 
-Semantics follow rollhub/rollout/engines/base.py: `pause()` aborts in-flight requests (they return
+Semantics follow rollhub/inference/engines/base.py: `pause()` aborts in-flight requests (they return
 their partial tokens with finish "abort") and holds new ones until `resume()`;
 `update_weights` needs a paused engine and sets `weight_version`; each token carries the
 version that generated it.
@@ -45,7 +45,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from rollhub.rollout.engines.base import Generation, InferenceEngine, SamplingParams
+from rollhub.inference.engines.base import Generation, InferenceEngine, SamplingParams
 
 SIMULATION = True  # marker checked by tests and benchmark reports
 

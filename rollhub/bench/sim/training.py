@@ -221,7 +221,7 @@ def pipeline_floor_s(result: SimResult, sync_run: SimResult, alpha: float) -> fl
 def make_tokenizer(kind: str = "sim") -> Any:
     """ "sim": the cheap SimTokenizer; "real": the committed BPE tokenizer of the tiny model."""
     if kind == "real":
-        from rollhub.rollout.models import build_tokenizer
+        from rollhub.inference.models import build_tokenizer
 
         return build_tokenizer()
     if kind != "sim":

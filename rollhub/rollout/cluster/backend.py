@@ -48,10 +48,10 @@ from pathlib import Path
 from typing import Any
 
 from rollhub.core.errors import MissingExtraError, UserError
+from rollhub.inference.engines.build import EngineConfig
+from rollhub.inference.engines.sglang import API_KEY_ENV
 from rollhub.rollout.buffer import GroupBuffer, Ticket
 from rollhub.rollout.cluster.config import ClusterConfig
-from rollhub.rollout.engines.build import EngineConfig
-from rollhub.rollout.engines.sglang import API_KEY_ENV
 from rollhub.rollout.tasks import TaskOwner
 from rollhub.rollout.types import Group
 
@@ -215,7 +215,7 @@ class RayRollout(TaskOwner):
             self._writer = TrajectoryWriter(self.config.jsonl_path)
         started = time.perf_counter()
         await asyncio.gather(*(self._start_engine(slot) for slot in self._engines))
-        from rollhub.rollout.engines.router import EngineRouter
+        from rollhub.inference.engines.router import EngineRouter
 
         self._router = EngineRouter(self._engine_urls(), api_key=self._api_key)
         self._router.set_weight_version(self.weight_version)
@@ -566,7 +566,7 @@ class RayRollout(TaskOwner):
             if not (Path(source) / "config.json").exists():
                 raise ValueError(f"{source} is not an HF checkpoint dir (no config.json)")
             return str(source)
-        from rollhub.rollout.engines.sglang import write_version_folder
+        from rollhub.inference.engines.sglang import write_version_folder
 
         return write_version_folder(source, self.weights_dir, version, self.model_path)
 

@@ -4,7 +4,7 @@
   `rollhub serve`, inside the actor process, so killing the actor kills the server.
 * `engine="sglang"` (GPU nodes): `python -m sglang.launch_server` as a child process that
   dies with the actor (Linux parent-death signal, own process group; see
-  rollhub.rollout.engines.launcher); the actor asks for `num_gpus`. Its output goes to a log
+  rollhub.inference.engines.launcher); the actor asks for `num_gpus`. Its output goes to a log
   file (`log_dir`, default the system temp folder), never to a pipe nobody reads: a server
   that logs more than a pipe holds would block.
 
@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rollhub.rollout.engines.build import EngineConfig
+from rollhub.inference.engines.build import EngineConfig
 
 logger = logging.getLogger(__name__)
 
@@ -100,8 +100,8 @@ class EngineServer:
         import torch
         from aiohttp import web
 
-        from rollhub.rollout.engines.build import build_engine
-        from rollhub.rollout.server import build_app
+        from rollhub.inference.engines.build import build_engine
+        from rollhub.inference.server import build_app
 
         torch.set_num_threads(self.engine_config.threads)
         from transformers.utils import logging as transformers_logging
@@ -125,8 +125,8 @@ class EngineServer:
         return host, self._runner.addresses[0][1]
 
     async def _start_sglang(self, host: str) -> int:
-        from rollhub.rollout.engines.launcher import LaunchedServer
-        from rollhub.rollout.engines.sglang import API_KEY_ENV, SGLangEngine, SGLangError
+        from rollhub.inference.engines.launcher import LaunchedServer
+        from rollhub.inference.engines.sglang import API_KEY_ENV, SGLangEngine, SGLangError
 
         port = _free_port()
         command = [

@@ -206,7 +206,7 @@ async def test_positions_observation_states_what_the_grid_shows():
 
 
 async def test_cells_observation_is_one_tokenizer_token_per_cell_inside_the_wall_ring():
-    from rollhub.rollout.models import build_tokenizer
+    from rollhub.inference.models import build_tokenizer
 
     env = SokobanEnv(observation="cells+positions")
     obs, _ = await env.reset(options={"board": LEVEL})

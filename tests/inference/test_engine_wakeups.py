@@ -14,8 +14,8 @@ import random
 
 import pytest
 
-from rollhub.rollout.engines.base import SamplingParams
-from rollhub.rollout.engines.hf import HFEngine
+from rollhub.inference.engines.base import SamplingParams
+from rollhub.inference.engines.hf import HFEngine
 
 NO_STOP = (10**9,)
 LONG = 1500  # tokens: far more than any chain runs before an interruption is due

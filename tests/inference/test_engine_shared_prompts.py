@@ -14,8 +14,8 @@ import asyncio
 import pytest
 import torch
 
-from rollhub.rollout.engines.base import SamplingParams
-from rollhub.rollout.engines.hf import HFEngine
+from rollhub.inference.engines.base import SamplingParams
+from rollhub.inference.engines.hf import HFEngine
 
 PROMPT = [1, 41, 200, 301, 17, 41, 200, 301, 17, 5]
 NO_STOP = (10**9,)
@@ -85,7 +85,7 @@ async def test_same_seed_gives_the_same_token_shared_or_not(tiny_model_and_token
 
 
 async def test_weight_update_retires_the_shared_logits(engine: HFEngine, tiny_model_dir, tmp_path):
-    from rollhub.rollout.models import init_tiny_model
+    from rollhub.inference.models import init_tiny_model
 
     await engine.generate(PROMPT, SamplingParams(max_new_tokens=1, seed=0))
     other = init_tiny_model(tmp_path / "other", seed=1)
@@ -102,7 +102,7 @@ async def test_weight_update_retires_the_shared_logits(engine: HFEngine, tiny_mo
 
 async def test_weight_update_drops_the_cache_once_and_at_once(engine: HFEngine, tiny_model_dir, tmp_path):
     """update_weights drops the cache before it returns, and the next step does not drop it again."""
-    from rollhub.rollout.models import init_tiny_model
+    from rollhub.inference.models import init_tiny_model
 
     await engine.generate(PROMPT, SamplingParams(max_new_tokens=1, seed=0))
     assert engine.prefix_cache.tokens > 0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from rollhub.rollout.engines.base import SamplingParams
-from rollhub.rollout.engines.sampling import sample_tokens
+from rollhub.inference.engines.base import SamplingParams
+from rollhub.inference.engines.sampling import sample_tokens
 
 LOGITS = torch.tensor([2.0, 1.0, 0.0, -1.0, -3.0])
 

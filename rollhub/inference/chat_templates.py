@@ -78,7 +78,7 @@ def build_reasoning_tokenizer() -> Any:
     """The tiny model's tokenizer with `REASONING_TEMPLATE` and the `REASONING_TOKENS` added."""
     from tokenizers import AddedToken
 
-    from rollhub.rollout.models import build_tokenizer
+    from rollhub.inference.models import build_tokenizer
 
     tokenizer = build_tokenizer()
     tokenizer.add_tokens([AddedToken(token, special=False, normalized=False) for token in REASONING_TOKENS])

@@ -1,7 +1,7 @@
 """EngineRouter: one InferenceEngine over N SGLang-speaking servers (replicas).
 
 Used by the `server` engine backend (replicas launched by rollhub or attached by URL, see
-`rollhub.rollout.engines.launcher`) and by every Ray env shard (`rollhub.rollout.cluster`).
+`rollhub.inference.engines.launcher`) and by every Ray env shard (`rollhub.rollout.cluster`).
 
 Routing. A request id is `<trajectory_id>-<n>` and a trajectory id `<group_id>-<k>` (the
 env manager's naming), so the group is the request id less its last two `-` parts. All
@@ -32,7 +32,7 @@ manager pauses first), hands the live replicas to the configured weight sync (`p
 the version stamped on new requests, and resumes. `hold()` closes a client-side gate so
 that no request is submitted between "servers paused" and "new version set"; with it every
 token's version is exact across a push (versions are stamped by the clients at submit, see
-rollhub.rollout.engines.sglang).
+rollhub.inference.engines.sglang).
 
 Every client sends the run's API key (`api_key`, default ROLLHUB_API_KEY).
 """
@@ -50,8 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from rollhub.rollout.engines.base import Generation, InferenceEngine, SamplingParams
-from rollhub.rollout.engines.sglang import SGLangEngine, SGLangError, resolve_api_key
+from rollhub.inference.engines.base import Generation, InferenceEngine, SamplingParams
+from rollhub.inference.engines.sglang import SGLangEngine, SGLangError, resolve_api_key
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class ServerProcess(Protocol):
 
 
 class WeightSync(Protocol):
-    """Moves a new policy version into the given replicas (rollhub.rollout.weight_sync)."""
+    """Moves a new policy version into the given replicas (rollhub.inference.weight_sync)."""
 
     async def push(self, clients: list[SGLangEngine], state_or_path: Any, version: int) -> None: ...
 
@@ -145,7 +145,7 @@ class DiskPush:
     def _materialise(self, source: Any, version: int) -> str:
         if not isinstance(source, dict):
             return str(source)
-        from rollhub.rollout.engines.sglang import write_version_folder
+        from rollhub.inference.engines.sglang import write_version_folder
 
         if self.weights_dir is None:
             import tempfile

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 import torch
 
-from rollhub.rollout.engines.base import SamplingParams
-from rollhub.rollout.engines.hf import HFEngine
+from rollhub.inference.engines.base import SamplingParams
+from rollhub.inference.engines.hf import HFEngine
 
 PROMPTS = [[1, 40 + k, 200, 300 + k, 17] * (k + 1) for k in range(6)]
 NO_STOP = (10**9,)  # never matches: forces full-length outputs
@@ -153,7 +153,7 @@ async def test_versions_per_token_across_in_flight_update(engine: HFEngine, tiny
 
 
 async def test_update_from_state_dict_and_checkpoint_changes_logprobs(engine: HFEngine, tiny_model_dir, tmp_path):
-    from rollhub.rollout.models import init_tiny_model
+    from rollhub.inference.models import init_tiny_model
 
     before = await engine.generate(PROMPTS[1], SamplingParams(max_new_tokens=5, seed=1, stop_token_ids=NO_STOP))
     other = init_tiny_model(tmp_path / "other", seed=1)
@@ -214,7 +214,7 @@ async def test_out_of_vocabulary_ids_are_refused_before_they_join_a_batch(tiny_m
 def test_device_and_dtype_are_explicit(tiny_model_dir, tiny_model_and_tokenizer, monkeypatch):
     """The engine runs where it is told or refuses: no silent CPU fallback, no silent move."""
     from rollhub.core.errors import UserError
-    from rollhub.rollout.engines.placement import resolve_dtype
+    from rollhub.inference.engines.placement import resolve_dtype
 
     engine = HFEngine(tiny_model_dir)
     assert engine.device.type == "cpu" and engine.dtype == torch.float32  # cpu -> fp32 by default

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rollhub.rollout.engines.base import SamplingParams
-from rollhub.rollout.engines.hf import HFEngine
+from rollhub.inference.engines.base import SamplingParams
+from rollhub.inference.engines.hf import HFEngine
 
 NO_STOP = (10**9,)
 
@@ -90,7 +90,7 @@ async def test_in_place_weight_change_is_picked_up(tiny_model_dir, fast_path):
     """A parameter changed behind the engine's back (a shared model's optimizer step) is seen
     before the next step: neither path decodes with stale weights or reuses a prompt's KV and
     logits cached under the old ones (the same prompt is sent again)."""
-    from rollhub.rollout.models import load_model_and_tokenizer
+    from rollhub.inference.models import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(tiny_model_dir)  # a private copy: it is modified
     async with HFEngine(model, tokenizer, fast_path=fast_path) as engine:
@@ -133,7 +133,7 @@ SMOLLM2 = Path(__file__).resolve().parents[2] / "runs" / "models" / "smollm2-135
 @pytest.mark.skipif(not (SMOLLM2 / "config.json").exists(), reason="no local SmolLM2 export (rollhub model smollm2)")
 async def test_smollm2_takes_the_fast_path_with_forward_logprobs():
     """A real Llama-architecture checkpoint (GQA with 3 kv heads, rope theta 1e5, tied head)."""
-    from rollhub.rollout.models import load_model_and_tokenizer
+    from rollhub.inference.models import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(SMOLLM2)
     prompts = [tokenizer.encode("Hello, how are you today?"), tokenizer.encode("The capital of France is")]

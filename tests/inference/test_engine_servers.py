@@ -16,10 +16,10 @@ import pytest
 
 from rollhub.core.config import load_config
 from rollhub.core.errors import UserError
-from rollhub.rollout.engines.base import SamplingParams
-from rollhub.rollout.engines.build import EngineConfig, build_engine
-from rollhub.rollout.engines.launcher import ServerEngine, template_words
-from rollhub.rollout.engines.router import EngineRouter, ReplicaError, group_key
+from rollhub.inference.engines.base import SamplingParams
+from rollhub.inference.engines.build import EngineConfig, build_engine
+from rollhub.inference.engines.launcher import ServerEngine, template_words
+from rollhub.inference.engines.router import EngineRouter, ReplicaError, group_key
 
 PROMPT = [1, 300, 301, 302, 2, 200, 17, 18]
 SHORT = SamplingParams(max_new_tokens=2, temperature=1.0, stop_token_ids=(10**9,))
@@ -58,7 +58,7 @@ def test_engine_section_checks_backend_launch_urls_and_template_fields():
 def test_model_device_is_checked_and_cuda_never_falls_back(monkeypatch):
     import torch
 
-    from rollhub.rollout.engines.build import resolve_device
+    from rollhub.inference.engines.build import resolve_device
     from rollhub.trainer.config import RunConfig
 
     with pytest.raises(UserError, match="model.device"):
@@ -147,8 +147,8 @@ async def test_a_request_whose_replica_dies_is_sent_once_more_then_fails_as_infr
 
 
 async def test_update_weights_pauses_pushes_to_every_live_replica_and_resumes(apps, tiny_model_dir, tmp_path):
-    from rollhub.rollout.engines.build import make_weight_sync
-    from rollhub.rollout.models import load_model_and_tokenizer
+    from rollhub.inference.engines.build import make_weight_sync
+    from rollhub.inference.models import load_model_and_tokenizer
 
     engines, _, urls = apps
     sync = make_weight_sync("disk", tmp_path / "weights", str(tiny_model_dir))
@@ -275,7 +275,7 @@ def test_launched_servers_die_with_a_killed_parent(tiny_model_dir, tmp_path):
     program = textwrap.dedent(
         f"""
         import asyncio, time
-        from rollhub.rollout.engines.build import EngineConfig, build_engine
+        from rollhub.inference.engines.build import EngineConfig, build_engine
         async def main():
             engine = build_engine(EngineConfig(backend="server", replicas=2), {str(tiny_model_dir)!r},
                                   run_dir={str(tmp_path)!r})

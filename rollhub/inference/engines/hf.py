@@ -35,11 +35,11 @@ from typing import Any
 
 import torch
 
-from rollhub.rollout.engines.base import Generation, InferenceEngine, SamplingParams
-from rollhub.rollout.engines.fast_decoder import FastDecoder, unsupported_reason
-from rollhub.rollout.engines.kv_cache import PrefixCache, growing_layer_class, pad_left
-from rollhub.rollout.engines.placement import check_model_placement, resolve_device, resolve_dtype
-from rollhub.rollout.engines.sampling import sample_tokens
+from rollhub.inference.engines.base import Generation, InferenceEngine, SamplingParams
+from rollhub.inference.engines.fast_decoder import FastDecoder, unsupported_reason
+from rollhub.inference.engines.kv_cache import PrefixCache, growing_layer_class, pad_left
+from rollhub.inference.engines.placement import check_model_placement, resolve_device, resolve_dtype
+from rollhub.inference.engines.sampling import sample_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ class HFEngine(InferenceEngine):
             raise ValueError("max_batch_size must be >= 1")
         target = resolve_device(device)
         if isinstance(model, (str, Path)):
-            from rollhub.rollout.models import load_model_and_tokenizer
+            from rollhub.inference.models import load_model_and_tokenizer
 
             self.model_path: str | None = str(model)
             model, loaded_tokenizer = load_model_and_tokenizer(

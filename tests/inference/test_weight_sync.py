@@ -1,4 +1,4 @@
-"""Weight sync to servers over both SGLang protocols (rollhub/rollout/weight_sync.py).
+"""Weight sync to servers over both SGLang protocols (rollhub/inference/weight_sync.py).
 
 The collective path runs against a real second process (`rollhub serve` started here), so
 the rendezvous, the gloo group and every broadcast cross a process boundary as they do with
@@ -25,11 +25,11 @@ import pytest
 import torch
 from aiohttp import web
 
-from rollhub.rollout.engines.base import SamplingParams
-from rollhub.rollout.engines.hf import HFEngine
-from rollhub.rollout.engines.sglang import SGLangEngine
-from rollhub.rollout.server import build_app
-from rollhub.rollout.weight_sync import (
+from rollhub.inference.engines.base import SamplingParams
+from rollhub.inference.engines.hf import HFEngine
+from rollhub.inference.engines.sglang import SGLangEngine
+from rollhub.inference.server import build_app
+from rollhub.inference.weight_sync import (
     DiskWeightSync,
     DistributedWeightSync,
     UpdateGroup,

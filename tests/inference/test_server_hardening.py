@@ -18,10 +18,10 @@ import pytest
 import torch
 from aiohttp import web
 
-from rollhub.rollout.engines.base import SamplingParams
-from rollhub.rollout.engines.hf import HFEngine
-from rollhub.rollout.engines.sglang import SGLangEngine, SGLangError
-from rollhub.rollout.server import RequestError, build_app, limits_for, sampling_from_json
+from rollhub.inference.engines.base import SamplingParams
+from rollhub.inference.engines.hf import HFEngine
+from rollhub.inference.engines.sglang import SGLangEngine, SGLangError
+from rollhub.inference.server import RequestError, build_app, limits_for, sampling_from_json
 
 NO_STOP = [10**9]  # never matches: every good request runs to max_new_tokens
 NEW_TOKENS = 8

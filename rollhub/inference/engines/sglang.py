@@ -27,7 +27,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from rollhub.rollout.engines.base import Generation, InferenceEngine, SamplingParams
+from rollhub.inference.engines.base import Generation, InferenceEngine, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -209,7 +209,7 @@ class SGLangEngine(InferenceEngine):
     async def _update_from_disk(self, path: str, version: int) -> None:
         await self.update_weights_from_disk(path, version)
 
-    # --- weight-sync protocols (driven by rollhub.rollout.weight_sync) ----------------------
+    # --- weight-sync protocols (driven by rollhub.inference.weight_sync) ----------------------
 
     async def update_weights_from_disk(self, path: str, version: int) -> dict[str, Any]:
         """`/update_weights_from_disk`: the server loads the HF folder `path` (which it must be

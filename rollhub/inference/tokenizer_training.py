@@ -1,6 +1,6 @@
 """Train the byte-level BPE tokenizer of the tiny test models, from text on this machine.
 
-The trained `tokenizer.json` is committed under `rollhub/rollout/data/` so model builds are
+The trained `tokenizer.json` is committed under `rollhub/inference/data/` so model builds are
 deterministic; this module documents (and can redo) how it was made. The corpus mixes
 Python standard-library sources (code, docstrings, English prose) with synthetic text in
 the shapes our envs produce: grid renderings, arithmetic word problems, action tags and
@@ -104,5 +104,5 @@ def train_tokenizer(out_path: Path, vocab_size: int = DEFAULT_VOCAB_SIZE, max_by
     return out_path
 
 
-if __name__ == "__main__":  # python -m rollhub.rollout.tokenizer_training
+if __name__ == "__main__":  # python -m rollhub.inference.tokenizer_training
     train_tokenizer(Path(__file__).parent / "data" / "tokenizer.json")

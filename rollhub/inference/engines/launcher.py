@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from rollhub.core.errors import UserError
-from rollhub.rollout.engines.router import EngineRouter, Replica, ReplicaError, replicas_from_urls
-from rollhub.rollout.engines.sglang import API_KEY_ENV
+from rollhub.inference.engines.router import EngineRouter, Replica, ReplicaError, replicas_from_urls
+from rollhub.inference.engines.sglang import API_KEY_ENV
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ reaches every command. Two backends:
 * `inprocess` (default): the transformers engine (`HFEngine`) in this process;
 * `server`: an `EngineRouter` over SGLang-speaking servers, either launched by rollhub from
   a command template (`launch:`, `replicas:`; `rollhub` and `sglang` name built-in
-  templates) or attached by URL (`urls:`). See rollhub.rollout.engines.launcher.
+  templates) or attached by URL (`urls:`). See rollhub.inference.engines.launcher.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ class EngineConfig:
         if self.max_reroutes < 0:
             raise ValueError(f"engine.max_reroutes must be >= 0, got {self.max_reroutes}")
         if self.launch is not None:
-            from rollhub.rollout.engines.launcher import template_words
+            from rollhub.inference.engines.launcher import template_words
 
             try:
                 template_words(self.launch)
@@ -92,7 +92,7 @@ class EngineConfig:
 
 def resolve_device(device: str) -> str:
     """`auto` -> "cuda" when a GPU is present, else "cpu"; an explicit device is checked, never replaced."""
-    from rollhub.rollout.engines.placement import resolve_device as check
+    from rollhub.inference.engines.placement import resolve_device as check
 
     if device == "auto":
         import torch
@@ -121,7 +121,7 @@ def build_engine(
     device = resolve_device(device)
     if config.backend == "server":
         return _build_server_engine(config, model, device, Path(run_dir) if run_dir is not None else None)
-    from rollhub.rollout.engines.hf import HFEngine
+    from rollhub.inference.engines.hf import HFEngine
 
     arguments = {
         "threads": config.threads,
@@ -137,7 +137,7 @@ def build_engine(
 
 def _build_server_engine(config: EngineConfig, model: Any, device: str, run_dir: Path | None) -> Any:
     from rollhub.core.errors import UserError
-    from rollhub.rollout.engines.launcher import ServerEngine
+    from rollhub.inference.engines.launcher import ServerEngine
 
     if not isinstance(model, (str, Path)):
         raise UserError("engine.backend=server serves a model dir, not a loaded model")
@@ -174,9 +174,9 @@ def _build_server_engine(config: EngineConfig, model: Any, device: str, run_dir:
 def make_weight_sync(kind: str, weights_dir: Path, model_path: str) -> Any:
     """The `engine.weight_sync` method: `disk` (versioned folders under `weights_dir`, written
     atomically, older ones removed) or `distributed` (a torch.distributed group of the trainer
-    and every replica; gloo on CPU, NCCL on GPU). See rollhub.rollout.weight_sync."""
+    and every replica; gloo on CPU, NCCL on GPU). See rollhub.inference.weight_sync."""
     try:
-        from rollhub.rollout.weight_sync import build_weight_sync
+        from rollhub.inference.weight_sync import build_weight_sync
     except ImportError:  # an older tree: the router's own disk push
         build_weight_sync = None  # type: ignore[assignment]
     if build_weight_sync is not None:
@@ -187,6 +187,6 @@ def make_weight_sync(kind: str, weights_dir: Path, model_path: str) -> Any:
         from rollhub.core.errors import UserError
 
         raise UserError(f"engine.weight_sync={kind} is not available in this version; use disk")
-    from rollhub.rollout.engines.router import DiskPush
+    from rollhub.inference.engines.router import DiskPush
 
     return DiskPush(weights_dir, model_path)

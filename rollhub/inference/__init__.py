@@ -1,0 +1,1 @@
+"""Model serving: engines, the CPU server speaking SGLang's API, weight sync, model export, chat templates."""
