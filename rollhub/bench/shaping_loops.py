@@ -260,7 +260,7 @@ def _summary(recipe: str, pricing: str, k: float, rooms: list[dict[str, Any]]) -
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from rollhub.core.config import load_config
     from rollhub.envs.registry import make
-    from rollhub.trainer.build import check_env_kwargs
+    from rollhub.envs.run_checks import check_env_kwargs
     from rollhub.trainer.config import RunConfig
 
     cfg, out = bench_setup(ShapingLoopsConfig, args, QUICK)

@@ -386,7 +386,7 @@ async def play_and_classify(
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from rollhub.core.config import load_config
-    from rollhub.trainer.build import check_env_kwargs
+    from rollhub.envs.run_checks import check_env_kwargs
     from rollhub.trainer.config import RunConfig
 
     overrides = [*QUICK, *args.overrides] if args.quick else list(args.overrides)

@@ -11,7 +11,6 @@ a few fields picked out of a section.
 
 from __future__ import annotations
 
-import difflib
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,32 +28,6 @@ from rollhub.trainer.config import RunConfig
 from rollhub.trainer.policy import Policy
 
 logger = logging.getLogger(__name__)
-
-
-def check_env_registered(env_id: str) -> None:
-    """Fail before any model loads when the env id is unknown."""
-    from rollhub.envs.registry import all_specs
-
-    ids = [spec.id for spec in all_specs()]
-    if env_id not in ids:
-        close = difflib.get_close_matches(env_id, ids, n=3)
-        hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        raise UserError(f"env id '{env_id}' is not registered{hint}; see 'rollhub envs list'")
-
-
-def check_env_kwargs(env_id: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """`env.kwargs` checked against the env constructor (names and types), before any model loads.
-
-    Returns them typed (an int given for a float argument widened, `1e-3` read as a number),
-    so the run builds its envs from exactly what was checked. A wrong key or type raises
-    UserError naming `env.kwargs.KEY`; an env whose extra is not installed raises the
-    MissingExtraError that building it would.
-    """
-    from rollhub.envs.arguments import typed_env_kwargs
-    from rollhub.envs.registry import spec
-
-    check_env_registered(env_id)
-    return typed_env_kwargs(spec(env_id), kwargs, key_prefix="env.kwargs.")
 
 
 def ensure_model(config: RunConfig) -> Path:
@@ -164,101 +137,15 @@ def make_eval_env_factory(config: RunConfig) -> Callable[[], Any]:
 
 
 def check_run_envs(config: RunConfig) -> None:
-    """Both envs' kwargs typed and checked, and evaluation proven disjoint from training.
+    """The run's envs checked before any model loads (rollhub.envs.run_checks); the typed kwargs
+    are written back whole (`eval.env.id` and `.kwargs` set explicitly), so the run builds exactly
+    what was checked."""
+    from rollhub.envs.run_checks import check_run_envs as check
 
-    Runs before any model loads (train, sft, eval). The typed eval kwargs are written back
-    whole (`eval.env.id` and `.kwargs` set explicitly), so evaluation builds exactly what
-    was checked.
-    """
-    config.env.kwargs = check_env_kwargs(config.env.id, config.env.kwargs)
-    if config.sft.env_kwargs:  # the demonstration envs' arguments, typed and checked the same way
-        check_env_kwargs(config.env.id, {**config.env.kwargs, **config.sft.env_kwargs})
-    eval_id = config.eval_env_id
-    eval_kwargs = check_env_kwargs(eval_id, config.eval_env_kwargs)
-    config.eval.env.id, config.eval.env.kwargs = eval_id, eval_kwargs
-    check_env_values(config.env.id, config.env.kwargs, "env.kwargs")
-    if config.sft.env_kwargs:
-        check_env_values(config.env.id, {**config.env.kwargs, **config.sft.env_kwargs}, "sft.env_kwargs")
-    check_env_values(eval_id, eval_kwargs, "eval.env.kwargs", evaluation=True)
-    check_eval_disjoint(config)
-
-
-def check_env_values(env_id: str, kwargs: dict[str, Any], where: str, *, evaluation: bool = False) -> None:
-    """Values the constructor refuses, as a one-line UserError before any model loads.
-
-    Only for env classes that say construction is cheap (`CHECK_BY_BUILDING`); others are
-    built where the run needs them. For the eval env, also refuses the class's
-    `TRAINING_ONLY_KWARGS` switched on (a start-state curriculum would make the reading easier
-    than the env's own distribution: an inflated number, not an error anyone would see).
-    """
-    from rollhub.envs.registry import make, spec
-
-    factory = spec(env_id).load_entry_point()
-    if evaluation:
-        for key in getattr(factory, "TRAINING_ONLY_KWARGS", ()):
-            if kwargs.get(key):
-                raise UserError(
-                    f"{where}.{key} is {kwargs[key]!r}: it makes episodes easier than {env_id}'s own, so "
-                    f"evaluation would read an inflated success; set eval.env.kwargs: {{{key}: 0}}"
-                )
-    if getattr(factory, "CHECK_BY_BUILDING", False):
-        try:
-            make(env_id, **kwargs)
-        except ValueError as error:
-            raise UserError(f"{where}: {error}") from None
-
-
-def env_task_set(env_id: str, kwargs: dict[str, Any]) -> dict[str, str] | None:
-    """The tasks an env draws from (identity key -> readable name), or None for a procedural env.
-
-    Envs with a fixed task list (ALFWorld games, SWE tasks) say so with a `task_set()`
-    method; an env without one makes tasks from seeds, and its overlap is a seed-range
-    question (`RunConfig.validate`). The env is built only when its class has the method,
-    and is built lazily enough (no worker, no container) that this costs a file listing.
-    """
-    from rollhub.envs.registry import make, spec
-
-    factory = spec(env_id).load_entry_point()
-    if not callable(getattr(factory, "task_set", None)):
-        return None
-    return make(env_id, **kwargs).task_set()
-
-
-def env_could_draw(env_id: str, kwargs: dict[str, Any], tasks: dict[str, str]) -> dict[str, str] | None:
-    """The entries of `tasks` a procedural env might ever play, or None when it cannot tell.
-
-    An env without a task list answers through a `could_draw(keys)` method (Math-v0's train split
-    never draws its test partition, which it decides by content), so evaluating on a fixed list
-    is checked against training even though training draws from seeds.
-    """
-    from rollhub.envs.registry import make, spec
-
-    if not callable(getattr(spec(env_id).load_entry_point(), "could_draw", None)):
-        return None
-    drawable = make(env_id, **kwargs).could_draw(set(tasks))
-    return {key: tasks[key] for key in drawable}
-
-
-def check_eval_disjoint(config: RunConfig) -> None:
-    """Refuse a run whose evaluation tasks include training tasks (one-line UserError).
-
-    Training here means the training env, which also serves the SFT demonstrations. Seed
-    ranges of procedural envs are checked when the config loads (`RunConfig.validate`).
-    """
-    train = env_task_set(config.env.id, config.env.kwargs)
-    held_out = env_task_set(config.eval_env_id, config.eval_env_kwargs)
-    if train is None and held_out is not None:  # a procedural training env (Math-v0) says what it could draw
-        train = env_could_draw(config.env.id, config.env.kwargs, held_out)
-    if train is None or held_out is None:
-        return
-    shared = sorted(set(train) & set(held_out))
-    if shared:
-        examples = ", ".join(held_out[key] for key in shared[:3])
-        raise UserError(
-            f"evaluation overlaps training: {len(shared)} of the {len(held_out)} evaluation entries (games, tasks "
-            f"or packages) of {config.eval_env_id} are also in training (e.g. {examples}); point eval.env.kwargs at a "
-            "held-out split (ALFWorld split: valid_unseen, SWE split: eval, Math split: test) or change env.kwargs"
-        )
+    config.env.kwargs, eval_kwargs = check(
+        config.env.id, config.env.kwargs, config.eval_env_id, config.eval_env_kwargs, demo_kwargs=config.sft.env_kwargs
+    )
+    config.eval.env.id, config.eval.env.kwargs = config.eval_env_id, eval_kwargs
 
 
 def build_buffer(config: RunConfig) -> GroupBuffer | None:

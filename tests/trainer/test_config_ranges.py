@@ -13,8 +13,8 @@ from rollhub.core.config import load_config
 from rollhub.core.errors import MissingExtraError, UserError
 from rollhub.envs.arguments import typed_env_kwargs
 from rollhub.envs.registry import spec
+from rollhub.envs.run_checks import check_env_kwargs
 from rollhub.rollout.manager import EnvManagerConfig
-from rollhub.trainer.build import check_env_kwargs
 from rollhub.trainer.config import TRAIN_SEED_SLACK, RunConfig
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

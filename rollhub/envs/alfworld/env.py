@@ -160,7 +160,7 @@ class ALFWorldEnv(Env):
         """The games this env plays, keyed by a hash of each game file's bytes -> its name.
 
         The trainer compares the training and evaluation envs' sets and refuses a run whose
-        sets meet (`rollhub.trainer.build.check_eval_disjoint`); hashing the content catches
+        sets meet (`rollhub.envs.run_checks.check_eval_disjoint`); hashing the content catches
         a game copied or linked into another folder, not just the same path.
         """
         return {

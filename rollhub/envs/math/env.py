@@ -11,7 +11,7 @@ Train/test split (`split=`): `test` plays a fixed list of `test_size` distinct h
 seeds play distinct problems), `train` never produces a problem of the test partition (a draw
 that lands there is redrawn), `all` (the default) is the whole space. Membership is decided by
 a hash of the question text, so the sets are disjoint by content whatever the seeds; the trainer
-checks it before a run (`task_set`, `could_draw`, `rollhub.trainer.build.check_eval_disjoint`).
+checks it before a run (`task_set`, `could_draw`, `rollhub.envs.run_checks.check_eval_disjoint`).
 
 The answer is graded inline on the event loop, which is safe because `is_equivalent` has a
 bounded cost and a deadline (`check_time_limit_s`): a hostile answer such as `9^9^9` scores

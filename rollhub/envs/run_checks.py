@@ -1,0 +1,142 @@
+"""Checks of a run's envs before any model loads, from env ids and kwargs alone.
+
+A wrong kwarg, a value the constructor refuses, an evaluation env that reuses training
+tasks: each is a one-line `UserError` naming the config key, raised before minutes of
+model loading and SFT are spent. The trainer's composition root calls `check_run_envs`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from rollhub.core.errors import UserError
+
+
+def check_env_registered(env_id: str) -> None:
+    """Fail before any model loads when the env id is unknown."""
+    from rollhub.envs.registry import all_specs
+
+    ids = [spec.id for spec in all_specs()]
+    if env_id not in ids:
+        close = difflib.get_close_matches(env_id, ids, n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise UserError(f"env id '{env_id}' is not registered{hint}; see 'rollhub envs list'")
+
+
+def check_env_kwargs(env_id: str, kwargs: dict[str, Any], *, where: str = "env.kwargs") -> dict[str, Any]:
+    """An env's kwargs checked against its constructor (names and types), before any model loads.
+
+    Returns them typed (an int given for a float argument widened, `1e-3` read as a number),
+    so the run builds its envs from exactly what was checked. A wrong key or type raises
+    UserError naming `{where}.KEY`; an env whose extra is not installed raises the
+    MissingExtraError that building it would.
+    """
+    from rollhub.envs.arguments import typed_env_kwargs
+    from rollhub.envs.registry import spec
+
+    check_env_registered(env_id)
+    return typed_env_kwargs(spec(env_id), kwargs, key_prefix=f"{where}.")
+
+
+def check_run_envs(
+    train_id: str,
+    train_kwargs: dict[str, Any],
+    eval_id: str,
+    eval_kwargs: dict[str, Any],
+    *,
+    demo_kwargs: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A run's envs checked before any model loads: both envs' kwargs typed and checked, the
+    demonstration envs' overrides (`demo_kwargs`, over the training kwargs) too, and evaluation
+    proven disjoint from training. Returns (training kwargs, evaluation kwargs) as typed, so the
+    run builds exactly what was checked.
+    """
+    train_kwargs = check_env_kwargs(train_id, train_kwargs)
+    if demo_kwargs:  # the demonstration envs' arguments, typed and checked the same way
+        check_env_kwargs(train_id, {**train_kwargs, **demo_kwargs})
+    eval_kwargs = check_env_kwargs(eval_id, eval_kwargs, where="eval.env.kwargs")
+    check_env_values(train_id, train_kwargs, "env.kwargs")
+    if demo_kwargs:
+        check_env_values(train_id, {**train_kwargs, **demo_kwargs}, "sft.env_kwargs")
+    check_env_values(eval_id, eval_kwargs, "eval.env.kwargs", evaluation=True)
+    check_eval_disjoint(train_id, train_kwargs, eval_id, eval_kwargs)
+    return train_kwargs, eval_kwargs
+
+
+def check_env_values(env_id: str, kwargs: dict[str, Any], where: str, *, evaluation: bool = False) -> None:
+    """Values the constructor refuses, as a one-line UserError before any model loads.
+
+    Only for env classes that say construction is cheap (`CHECK_BY_BUILDING`); others are
+    built where the run needs them. For the eval env, also refuses the class's
+    `TRAINING_ONLY_KWARGS` switched on (a start-state curriculum would make the reading easier
+    than the env's own distribution: an inflated number, not an error anyone would see).
+    """
+    from rollhub.envs.registry import make, spec
+
+    factory = spec(env_id).load_entry_point()
+    if evaluation:
+        for key in getattr(factory, "TRAINING_ONLY_KWARGS", ()):
+            if kwargs.get(key):
+                raise UserError(
+                    f"{where}.{key} is {kwargs[key]!r}: it makes episodes easier than {env_id}'s own, so "
+                    f"evaluation would read an inflated success; set eval.env.kwargs: {{{key}: 0}}"
+                )
+    if getattr(factory, "CHECK_BY_BUILDING", False):
+        try:
+            make(env_id, **kwargs)
+        except ValueError as error:
+            raise UserError(f"{where}: {error}") from None
+
+
+def env_task_set(env_id: str, kwargs: dict[str, Any]) -> dict[str, str] | None:
+    """The tasks an env draws from (identity key -> readable name), or None for a procedural env.
+
+    Envs with a fixed task list (ALFWorld games, SWE tasks) say so with a `task_set()`
+    method; an env without one makes tasks from seeds, and its overlap is a seed-range
+    question (the run config's own check). The env is built only when its class has the method,
+    and is built lazily enough (no worker, no container) that this costs a file listing.
+    """
+    from rollhub.envs.registry import make, spec
+
+    factory = spec(env_id).load_entry_point()
+    if not callable(getattr(factory, "task_set", None)):
+        return None
+    return make(env_id, **kwargs).task_set()
+
+
+def env_could_draw(env_id: str, kwargs: dict[str, Any], tasks: dict[str, str]) -> dict[str, str] | None:
+    """The entries of `tasks` a procedural env might ever play, or None when it cannot tell.
+
+    An env without a task list answers through a `could_draw(keys)` method (Math-v0's train split
+    never draws its test partition, which it decides by content), so evaluating on a fixed list
+    is checked against training even though training draws from seeds.
+    """
+    from rollhub.envs.registry import make, spec
+
+    if not callable(getattr(spec(env_id).load_entry_point(), "could_draw", None)):
+        return None
+    drawable = make(env_id, **kwargs).could_draw(set(tasks))
+    return {key: tasks[key] for key in drawable}
+
+
+def check_eval_disjoint(train_id: str, train_kwargs: dict[str, Any], eval_id: str, eval_kwargs: dict[str, Any]) -> None:
+    """Refuse a run whose evaluation tasks include training tasks (one-line UserError).
+
+    Training here means the training env, which also serves the SFT demonstrations. Seed
+    ranges of procedural envs are checked when the run config loads.
+    """
+    train = env_task_set(train_id, train_kwargs)
+    held_out = env_task_set(eval_id, eval_kwargs)
+    if train is None and held_out is not None:  # a procedural training env (Math-v0) says what it could draw
+        train = env_could_draw(train_id, train_kwargs, held_out)
+    if train is None or held_out is None:
+        return
+    shared = sorted(set(train) & set(held_out))
+    if shared:
+        examples = ", ".join(held_out[key] for key in shared[:3])
+        raise UserError(
+            f"evaluation overlaps training: {len(shared)} of the {len(held_out)} evaluation entries (games, tasks "
+            f"or packages) of {eval_id} are also in training (e.g. {examples}); point eval.env.kwargs at a "
+            "held-out split (ALFWorld split: valid_unseen, SWE split: eval, Math split: test) or change env.kwargs"
+        )
