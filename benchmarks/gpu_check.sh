@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check (issue 17, item 6): on a machine with one GPU, in under 10 minutes,
+# GPU check: on a machine with one GPU, in under 10 minutes,
 #   1. build a random-init model of Qwen3-0.6B's shape locally (no download; rollhub's own
 #      tokenizer, so the vocabulary is 8k instead of Qwen's 151k: embeddings are smaller);
 #   2. run the math recipe (configs/math_smollm2.yaml) on it for a few steps with

@@ -1,5 +1,5 @@
 """`python -m rollhub ...` is the `rollhub` command; it is also what `torchrun -m rollhub train RECIPE` runs on
-every rank (rollhub.trainer.distributed)."""
+every rank (rollhub.trainer.ranks)."""
 
 import sys
 

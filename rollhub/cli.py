@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "rollhub.inference.cli",  # rollhub model init-tiny|smollm2, rollhub serve
     "rollhub.rollout.cli",  # rollhub rollout
     "rollhub.trainer.cli",  # rollhub train, rollhub sft, rollhub view
+    "rollhub.trainer.config_cli",  # rollhub config show
     "rollhub.bench.cli",  # rollhub bench NAME
     "rollhub.envs.swe.cli",  # rollhub swe make-tasks|build-images
     "rollhub.envs.alfworld.cli",  # rollhub alfworld make-games

@@ -64,7 +64,7 @@ def test_the_checker_catches_an_upward_import(tmp_path):
 def test_importing_the_product_packages_loads_no_benchmark_code():
     code = (
         "import sys, rollhub.envs, rollhub.sandbox, rollhub.rollout.manager, "
-        "rollhub.trainer.loop, rollhub.trainer.build\n"
+        "rollhub.trainer.job, rollhub.trainer.build\n"
         "print(sorted(m for m in sys.modules if m.startswith('rollhub.bench')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True).stdout

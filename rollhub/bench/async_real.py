@@ -155,7 +155,7 @@ def run_one(
 ) -> dict[str, Any]:
     """One `rollhub train` run (no evaluation episodes); its per-step records."""
     from rollhub.trainer.config import RunConfig
-    from rollhub.trainer.loop import run_training
+    from rollhub.trainer.job import run_training
     from rollhub.trainer.metrics import read_jsonl
 
     overrides = [

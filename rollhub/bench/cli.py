@@ -39,18 +39,6 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "rollhub.bench.e2e_cpu:run",
         "real tiny-model Sokoban training, sync vs async: s/step, trainer idle, time-to-score",
     ),
-    "policy-probe": (
-        "rollhub.bench.policy_probe:run",
-        "exact P(optimal move) / P(wall move) of Sokoban checkpoints on fixed held-out boards (no sampling noise)",
-    ),
-    "sokoban-failures": (
-        "rollhub.bench.sokoban_failures:run",
-        "Sokoban checkpoints on held-out seeds: outcome per episode (dead push kind, horizon, format), wasted moves",
-    ),
-    "grad-snr": (
-        "rollhub.bench.grad_snr:run",
-        "cosine between policy gradients of disjoint batches from a run's logged groups: signal or noise?",
-    ),
     "run-signal": (
         "rollhub.bench.run_signal:run",
         "a run's groups by window: all succeed / mixed / all fail, mistakes its group estimator cannot see, clip, KL",
@@ -58,14 +46,6 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "compare-runs": (
         "rollhub.bench.compare_runs:run",
         "finished training runs on the job's clock: held-out success by minute (SFT, then RL), warm-start, pick, gain",
-    ),
-    "gain-readings": (
-        "rollhub.bench.gain_readings:run",
-        "a run's RL gain on the held-out seeds against its gain on 1000 diagnostic seeds: the reading's noise",
-    ),
-    "shaping-loops": (
-        "rollhub.bench.shaping_loops:run",
-        "exact search of Sokoban rooms' state graphs for loops a recipe's shaped reward pays (farmable reward)",
     ),
     "fit-latency": (
         "rollhub.bench.fit_latency_model:run",

@@ -1,9 +1,8 @@
 """`rollhub bench compare-runs`: finished training runs side by side on the job's clock.
 
-The question this answers is issue 22's item 1: under a fixed wall budget, which split between
-SFT and RL gives the best final policy? A run's learning curve plots against trainer steps, so
-a run that spent 5 minutes on SFT and one that spent 90 seconds cannot be read on one axis.
-Here every held-out reading is placed at the minute of the job it was taken (SFT wall time, then
+Under a fixed wall budget, which split between SFT and RL gives the best final policy? A run's
+learning curve plots against trainer steps, so a run that spent 5 minutes on SFT and one that
+spent 90 seconds cannot be read on one axis. Here every held-out reading is placed at the minute of the job it was taken (SFT wall time, then
 RL's elapsed time), the warm-start reading at the end of SFT, and the final (picked) policy is
 marked; a vertical line shows the budget when one is given.
 

@@ -63,7 +63,7 @@ def _recipe_overrides(cfg: E2eConfig, run_dir: Path, *extra: str) -> list[str]:
 
 def _train(recipe: str, overrides: list[str]) -> Any:
     from rollhub.trainer.config import RunConfig
-    from rollhub.trainer.loop import run_training
+    from rollhub.trainer.job import run_training
 
     config = load_config(RunConfig, recipe, overrides)
     return asyncio.run(run_training(config, progress=False, print_fn=logger.info))

@@ -2,18 +2,21 @@
 
 Workload: `DifficultyLatencyEnv` (rollhub/bench/sim/difficulty_env.py): task seed s has
 difficulty s mod `levels`, and a level-d step lasts (1 + slope·d) times the easy one, so
-the task distribution is uniform over levels but hard tasks take longer. Real EnvManager
-and GroupBuffer, SIMULATED engine (latency model, GPU-class replicas) and trainer step (a
-sleep), on the virtual clock: times are simulated seconds, and a run costs only the
-scheduler's CPU.
+the task distribution is uniform over levels but hard tasks take longer. The shipped
+training loop (`rl_loop`), EnvManager and GroupBuffer, built as a training run with these
+knobs builds them; SIMULATED engine (latency model, GPU-class replicas) and trainer step (a
+learner that sleeps), on the virtual clock: times are simulated seconds, and a run costs
+only the scheduler's CPU.
 
-Rows (G groups per batch, g redundant groups):
-  sync                 env-level async, sync training, G groups (the unbiased reference)
-  sync +g cancel       G+g started, the first G kept, the rest cancelled (ROLL Flash's rule)
-  sync +g carry        G+g running, the first G kept, the rest finish into the next batch (ours)
-  async α              async training, bounded staleness, no redundancy
-  async α +g oldest    g redundant slots, staleness judged by the oldest token (the old rule)
-  async α +g token     g redundant slots, token-weighted staleness (the default)
+Rows (G groups per batch, g redundant groups; rule = `rollout.staleness_rule`):
+  sync                 env-level async, α = 0, G groups (the unbiased reference)
+  sync +g cancel       G+g started per batch, the first G kept, the rest cancelled (ROLL
+                       Flash's rule; a training run never does this, so this row collects
+                       each batch when the loop asks for it, `EnvManager.collect_batch`)
+  sync +g carry        α = 0 with g redundant slots: late groups finish into the next batch
+  async α token        async training, no redundancy, token-weighted staleness
+  async α newest       the same with the newest-token rule (the default)
+  async α +g RULE      g redundant slots, staleness judged by RULE (oldest, token_mean, newest)
 Columns: step time and speedup over `sync`, the trained difficulty mix (% per level), its
 total-variation distance from the task distribution (0 = the same mix), groups cancelled,
 dropped as stale and carried over. `--set key=value` on `BiasBenchConfig`.
@@ -22,7 +25,6 @@ dropped as stale and carried over. `--set key=value` on `BiasBenchConfig`.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import collections
 import logging
 import time
@@ -70,7 +72,7 @@ class Mode:
     alpha: float
     extra_groups: int
     redundancy_mode: str = "carry"
-    staleness_rule: str = "token_mean"
+    staleness_rule: str = "newest"  # a training run's default
 
 
 def modes(cfg: BiasBenchConfig) -> list[Mode]:
@@ -79,7 +81,7 @@ def modes(cfg: BiasBenchConfig) -> list[Mode]:
         Mode("sync", 0.0, 0),
         Mode(f"sync +{g} cancel", 0.0, g, "cancel"),
         Mode(f"sync +{g} carry", 0.0, g, "carry"),
-        Mode(f"async a={a:g} token", a, 0),
+        Mode(f"async a={a:g} token", a, 0, staleness_rule="token_mean"),
         Mode(f"async a={a:g} newest", a, 0, staleness_rule="newest"),
         Mode(f"async a={a:g} +{g} oldest", a, g, staleness_rule="oldest"),
         Mode(f"async a={a:g} +{g} token", a, g, staleness_rule="token_mean"),
@@ -91,12 +93,11 @@ async def simulate_mode(cfg: BiasBenchConfig, mode: Mode, tokenizer: Any) -> dic
     """One run of `mode` on the current (virtual-clock) loop; returns its row."""
     from rollhub.bench.sim.difficulty_env import DifficultyLatencyEnv
     from rollhub.bench.sim.latency_model import LatencyModelEngine, OutputLengths
-    from rollhub.bench.sim.training import GPU_REPLICA
+    from rollhub.bench.sim.training import GPU_REPLICA, SleepLearner, run_buffer, train_simulated
     from rollhub.rollout.agent import AgentConfig
-    from rollhub.rollout.buffer import GroupBuffer
-    from rollhub.rollout.manager import EnvManager, EnvManagerConfig
+    from rollhub.rollout.config import EnvConfig, RolloutConfig
+    from rollhub.rollout.manager import EnvManager
 
-    loop = asyncio.get_running_loop()
     engine = LatencyModelEngine(
         GPU_REPLICA,
         output_lengths=OutputLengths(kind="lognormal", mean_tokens=cfg.mean_tokens, sigma=0.5),
@@ -116,42 +117,32 @@ async def simulate_mode(cfg: BiasBenchConfig, mode: Mode, tokenizer: Any) -> dic
             latency_seed=cfg.seed * 1_000_003 + next(made),
         )
 
-    sync = mode.alpha == 0
-    config = EnvManagerConfig(
-        env_id="bench/DifficultyLatency-v0",
+    rollout = RolloutConfig(
         group_size=cfg.group_size,
-        batch_redundancy=mode.extra_groups,
-        redundancy_mode=mode.redundancy_mode,  # type: ignore[arg-type]
-        max_concurrent_trajectories=1 << 16,
-        seed_start=0,
-        agent=AgentConfig(max_new_tokens=cfg.max_new_tokens, min_new_tokens=1, max_context_tokens=1 << 20),
+        groups_per_batch=cfg.groups,
+        async_ratio=mode.alpha,
+        redundant_groups=mode.extra_groups,
+        staleness_rule=mode.staleness_rule,  # type: ignore[arg-type]
     )
-    buffer = None
-    if not sync:
-        buffer = GroupBuffer(
-            cfg.groups, mode.alpha, redundant_groups=mode.extra_groups, staleness_rule=mode.staleness_rule
-        )  # type: ignore[arg-type]
-    manager = EnvManager(engine, tokenizer, config, buffer=buffer, env_factory=env_factory)
-    stop = asyncio.Event()
-    producer = None if sync else asyncio.ensure_future(manager.run(stop))
-    trained: list[Any] = []
-    ends: list[float] = []
+    # a training run's buffer; `cancel` exists only in collect_batch (sync batches, no buffer)
+    buffer = None if mode.redundancy_mode == "cancel" else run_buffer(rollout)
+    manager = EnvManager(
+        engine,
+        tokenizer,
+        env=EnvConfig(id="bench/DifficultyLatency-v0", max_concurrent=1 << 16),
+        rollout=rollout,
+        agent=AgentConfig(max_new_tokens=cfg.max_new_tokens, min_new_tokens=1, max_context_tokens=1 << 20),
+        buffer=buffer,
+        env_factory=env_factory,
+        redundancy_mode=mode.redundancy_mode,  # type: ignore[arg-type]
+    )
+    learner = SleepLearner(cfg.train_s)
     try:
-        for step in range(cfg.steps):
-            batch = await manager.collect_batch(cfg.groups) if sync else await buffer.get_batch(step)
-            if step >= cfg.warmup_steps:
-                trained += batch
-            await asyncio.sleep(cfg.train_s)
-            await manager.update_weights(None, step + 1)
-            if buffer is not None:
-                buffer.set_trainer_version(step + 1)
-            ends.append(loop.time())
+        ends = await train_simulated(learner, manager, buffer, groups=cfg.groups, steps=cfg.steps)
         summary = manager.summary()
     finally:
-        stop.set()
-        if producer is not None:
-            await producer
         await manager.close()
+    trained = [group for batch in learner.batches[cfg.warmup_steps :] for group in batch]
     levels = collections.Counter(group.seed % cfg.levels for group in trained)
     total = sum(levels.values())
     mix = [levels.get(d, 0) / total for d in range(cfg.levels)]

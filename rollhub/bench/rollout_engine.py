@@ -167,23 +167,20 @@ async def collect(
 ) -> dict[str, Any]:
     from rollhub.inference.engines.hf import HFEngine
     from rollhub.rollout.agent import AgentConfig
-    from rollhub.rollout.manager import EnvManager, EnvManagerConfig
+    from rollhub.rollout.config import EnvConfig, RolloutConfig
+    from rollhub.rollout.manager import EnvManager
 
     agent = AgentConfig(
         max_new_tokens=cfg.turn_tokens, max_turns=cfg.max_turns, max_context_tokens=2048, temperature=1.0
     )
-    config = EnvManagerConfig(
-        env_id=env_id,
-        env_kwargs=dict(env_kwargs or {}),
-        group_size=cfg.group_size,
-        lockstep=lockstep,
-        agent=agent,
-        group_redundancy=group_redundancy,
+    env = EnvConfig(id=env_id, kwargs=dict(env_kwargs or {}), max_concurrent=256)
+    rollout = RolloutConfig(
+        group_size=cfg.group_size, lockstep=lockstep, async_ratio=0, redundant_trajectories=group_redundancy
     )
     async with HFEngine(
         model_dir, threads=cfg.threads, max_batch_size=64, prefix_cache_tokens=prefix_cache_tokens, seed=0
     ) as engine:
-        manager = EnvManager(engine, engine.tokenizer, config)
+        manager = EnvManager(engine, engine.tokenizer, env=env, rollout=rollout, agent=agent)
         started = time.perf_counter()
         groups = await manager.collect_batch(cfg.groups)
         elapsed = time.perf_counter() - started

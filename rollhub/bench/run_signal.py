@@ -1,4 +1,4 @@
-"""`rollhub bench run-signal`: where a training run's signal went, window by window.
+"""`rollhub bench run-signal`: where a training run's learning signal went, window by window.
 
 Reads a finished (or running) run folder: its `trajectories.jsonl` (every trained group) and
 `metrics.jsonl` (every step), splits the run into equal windows of groups and of steps, and
@@ -6,30 +6,18 @@ reports per window what a group-relative estimator could learn from:
 
   all succeed / mixed / all fail   share of groups by outcome; only mixed groups carry an
                                    episode-level signal (GRPO's advantage is 0 in the others);
-  shortfall turns                  turns whose own env reward is below `bar` (on Sokoban with
-                                   progress shaping 0.3: a move away from the goal, into a wall,
-                                   a dead push) and not the solving move;
+  shortfall turns                  turns whose own env reward is below `bar` (with a shaped
+                                   reward: a step that made things worse) and not the
+                                   solving step;
   ... where the group agreed       of those, the share made at an anchor state where every turn
                                    of the group took the same answer. GiGPO's step advantages
                                    are centred per anchor, so identical answers' advantages sum
                                    to 0 and that answer's net gradient there is exactly 0:
                                    the estimator cannot see these mistakes at all;
 
-With hard-seed replay (`rollout.replay`) a room's seed comes back; the first group of a seed is
-a fresh room and later ones are replays, so the window also reports the replayed share, the
-all-fail share among fresh rooms alone (what the policy does on rooms it meets for the first
-time, comparable with a run without replay), and how many replays of rooms whose first group
-all failed had at least one success (whether replay turned an all-fail room into a signal).
-
-On Sokoban runs a second table splits the groups by their start's distance from the goal (and
-by whether `solution_start` moved it): where the policy's frontier of mixed groups lies
-(rollhub/bench/start_distance.py). `--set by_start=last` reads only the last window, `none`
-skips it.
-
-And, from the step metrics of the same window: zero-advantage group share, PPO ratio clip
-fraction, capped importance-weight fraction, and the KL to the warm-start. Issue 22's item 3
-(why RL stalls near the imitation ceiling) asked for exactly these numbers; this makes them one
-command for any run instead of a throw-away script.
+and, from the step metrics of the same window: zero-advantage group share, PPO ratio clip
+fraction, capped importance-weight fraction, and the KL to the warm-start: the numbers to read
+when RL stalls, in one command for any run instead of a throw-away script.
 
   rollhub bench run-signal --set run=runs/sokoban_tiny [--set windows=3] [--set bar=0.3]
 """
@@ -44,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollhub.bench.report import bench_setup, print_table, save_json, save_plot
+from rollhub.bench.report import bench_setup, print_table, save_result
 from rollhub.core.errors import UserError
 
 OUTCOME_KINDS = ("all_succeed", "mixed", "all_fail")
@@ -56,7 +44,7 @@ STEP_METRICS = {
     "train/offpolicy/w_capped_fraction": "capped IS weights",
     "train/kl_reference_full": "KL to warm-start",
     "train/kl_reference": "KL to warm-start (k3)",
-    "train/invalid_action_rate": "invalid moves",
+    "train/invalid_action_rate": "invalid actions",
 }
 
 
@@ -68,11 +56,7 @@ class RunSignalConfig:
         None  # shortfall threshold on a turn's own reward; null = the run's algorithm.turn_bar, else 0.3
     )
 
-    by_start: str = "all"  # Sokoban runs: outcomes by start distance over all groups, the last window, or none
-
     def validate(self) -> None:
-        if self.by_start not in BY_START:
-            raise ValueError(f"by_start must be one of {', '.join(BY_START)}, got {self.by_start!r}")
         if self.windows < 1:
             raise ValueError(f"windows must be >= 1, got {self.windows}")
         if self.bar is not None and not math.isfinite(self.bar):
@@ -80,7 +64,16 @@ class RunSignalConfig:
 
 
 QUICK: list[str] = []
-BY_START = ("all", "last", "none")
+
+
+@dataclass
+class RunRecord:
+    """What a run folder says about its signal: groups in training order, step rows, the bar."""
+
+    run_dir: Path
+    groups: list[list[dict[str, Any]]]
+    steps: list[dict[str, Any]]
+    bar: float
 
 
 def read_groups(path: Path) -> list[list[dict[str, Any]]]:
@@ -135,28 +128,11 @@ def shortfall_turns(group: list[dict[str, Any]], bar: float) -> tuple[int, int]:
     return total, agreed
 
 
-def replay_marks(groups: list[list[dict[str, Any]]]) -> tuple[list[bool], list[bool]]:
-    """Per group in training order: (is a replay, is a replay of a room whose first group all
-    failed). A group is a replay when an earlier group had the same seed; groups without a seed
-    are fresh (replay keys rooms by seed)."""
-    first_outcome: dict[Any, str] = {}
-    replayed, of_all_fail = [], []
-    for group in groups:
-        seed = group[0].get("seed") if group else None
-        again = seed is not None and seed in first_outcome
-        replayed.append(again)
-        of_all_fail.append(again and first_outcome[seed] == "all_fail")
-        if seed is not None and not again:
-            first_outcome[seed] = group_outcome(group)
-    return replayed, of_all_fail
-
-
 def window_rows(
     groups: list[list[dict[str, Any]]], steps: list[dict[str, Any]], windows: int, bar: float
 ) -> list[dict[str, Any]]:
     rows = []
     n_groups, n_steps = len(groups), len(steps)
-    replayed, of_all_fail = replay_marks(groups)
     for w in range(windows):
         lo, hi = n_groups * w // windows, n_groups * (w + 1) // windows
         part = groups[lo:hi]
@@ -174,17 +150,6 @@ def window_rows(
         }
         for kind in OUTCOME_KINDS:
             row[kind] = kinds[kind] / len(part) if part else float("nan")
-        fresh = [g for g, again in zip(part, replayed[lo:hi]) if not again]
-        row["replayed groups"] = 1 - len(fresh) / len(part) if part else float("nan")
-        if len(fresh) < len(part):  # a run with replay: the fresh rooms alone, and the replays of all-fail rooms
-            row["all fail, fresh rooms"] = (
-                sum(group_outcome(g) == "all_fail" for g in fresh) / len(fresh) if fresh else float("nan")
-            )
-            again = [g for g, mark in zip(part, of_all_fail[lo:hi]) if mark]
-            row["replays of all-fail rooms"] = len(again)
-            row["... with a success"] = (
-                sum(group_outcome(g) != "all_fail" for g in again) / len(again) if again else float("nan")
-            )
         row["shortfall turns"] = short
         row["shortfall where the group agreed"] = agreed / short if short else float("nan")
         for key, name in STEP_METRICS.items():
@@ -197,15 +162,15 @@ def window_rows(
     return rows
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    cfg, out = bench_setup(RunSignalConfig, args, QUICK)
-    run_dir = Path(cfg.run)
+def read_run(run: str, windows: int, bar: float | None) -> RunRecord:
+    """A run folder's groups and step rows, and the shortfall bar (`bar`, else the run's own per-turn
+    bar when it trained with one, else 0.3); a one-line error for a folder that cannot be read."""
+    run_dir = Path(run)
     trajectories = run_dir / "trajectories.jsonl"
-    if not cfg.run or not trajectories.exists():
+    if not run or not trajectories.exists():
         raise UserError(
             "--set run=RUN must name a training run folder with trajectories.jsonl (train.log_trajectories)"
         )
-    bar = cfg.bar
     if bar is None:
         bar = 0.3
         config_file = run_dir / "config.json"
@@ -214,8 +179,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if algorithm.get("turn_bar_weight", 0) > 0:
                 bar = float(algorithm.get("turn_bar", bar))
     groups = read_groups(trajectories)
-    if len(groups) < cfg.windows:
-        raise UserError(f"{trajectories} holds {len(groups)} groups, fewer than windows={cfg.windows}")
+    if len(groups) < windows:
+        raise UserError(f"{trajectories} holds {len(groups)} groups, fewer than windows={windows}")
     steps = []
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists():
@@ -223,36 +188,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             row = json.loads(line) if line.strip() else {}
             if "train/loss" in row or "batch/groups" in row:
                 steps.append(row)
-    rows = window_rows(groups, steps, cfg.windows, bar)
-    print_table(f"training signal of {run_dir} by window (shortfall: a turn's reward < {bar:g})", rows)
-    result = {"benchmark": "run-signal", "config": vars(cfg), "bar": bar, "rows": rows}
-    by_start = _by_start(run_dir, groups, cfg)
-    if by_start:
-        print_table(f"groups by their start's moves to the goal ({cfg.by_start} groups)", by_start)
-        result["by_start"] = by_start
-        save_plot(out / "by_start.png", _draw_by_start, by_start)
-    save_json(out / "result.json", result)
-    save_plot(out / "run_signal.png", _draw, rows)
-    print(f"wrote {out / 'result.json'} and {out / 'run_signal.png'}" + (" and by_start.png" if by_start else ""))
+    return RunRecord(run_dir, groups, steps, bar)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    cfg, out = bench_setup(RunSignalConfig, args, QUICK)
+    record = read_run(cfg.run, cfg.windows, cfg.bar)
+    rows = window_rows(record.groups, record.steps, cfg.windows, record.bar)
+    print_table(f"training signal of {record.run_dir} by window (shortfall: a turn's reward < {record.bar:g})", rows)
+    result = {"benchmark": "run-signal", "config": vars(cfg), "bar": record.bar, "rows": rows}
+    save_result(out, result, "run_signal.png", draw, rows)
     return result
 
 
-def _by_start(run_dir: Path, groups: list[list[dict[str, Any]]], cfg: RunSignalConfig) -> list[dict[str, Any]]:
-    """The start-distance table of a Sokoban run, [] for other envs or `by_start=none`."""
-    config_file = run_dir / "config.json"
-    if cfg.by_start == "none" or not config_file.exists():
-        return []
-    from rollhub.bench.start_distance import distance_rows, is_sokoban  # imports this module
-
-    env = json.loads(config_file.read_text()).get("env", {})
-    env_id, env_kwargs = str(env.get("id", "")), dict(env.get("kwargs") or {})
-    if not is_sokoban(env_id):
-        return []
-    part = groups[len(groups) - len(groups) // cfg.windows :] if cfg.by_start == "last" else groups
-    return distance_rows(part, env_id, env_kwargs)
-
-
-def _draw(ax: Any, rows: list[dict[str, Any]]) -> None:
+def draw(ax: Any, rows: list[dict[str, Any]]) -> None:
     labels = [row["window"] for row in rows]
     bottom = [0.0] * len(rows)
     colours = {"all_succeed": "tab:green", "mixed": "tab:blue", "all_fail": "tab:red"}
@@ -266,18 +215,3 @@ def _draw(ax: Any, rows: list[dict[str, Any]]) -> None:
     ax.set_xlabel("window of the run (training order)")
     ax.set_ylabel("share")
     ax.legend(loc="lower left", fontsize=8)
-
-
-def _draw_by_start(ax: Any, rows: list[dict[str, Any]]) -> None:
-    """Episode success and the mixed-group share against the start's moves to the goal."""
-    for kind, colour in (("as drawn", "tab:blue"), ("moved", "tab:orange")):
-        part = [row for row in rows if row["start"] == kind]
-        if not part:
-            continue
-        moves = [row["moves to goal"] for row in part]
-        ax.plot(moves, [row["success"] for row in part], color=colour, marker="o", label=f"success, {kind}")
-        ax.plot(moves, [row["mixed"] for row in part], color=colour, linestyle="--", label=f"mixed groups, {kind}")
-    ax.set_ylim(0, 1)
-    ax.set_xlabel("start's moves to the goal (shortest plan)")
-    ax.set_ylabel("share")
-    ax.legend(fontsize=8)

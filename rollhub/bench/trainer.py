@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import dataclasses
 import logging
 import os
 import random
@@ -144,7 +145,7 @@ def record_batch(config: Any, tokenizer: Any, layout: str, groups: int, group_si
     """A training batch of Sokoban groups played by `RandomMoveEngine` through the real EnvManager."""
     from rollhub.envs.base import wrap_action
     from rollhub.envs.sokoban.grid import MOVES
-    from rollhub.rollout.manager import EnvManager, EnvManagerConfig
+    from rollhub.rollout.manager import EnvManager
     from rollhub.trainer.batch import build_training_batch
 
     agent = copy.deepcopy(config.agent)
@@ -152,17 +153,12 @@ def record_batch(config: Any, tokenizer: Any, layout: str, groups: int, group_si
     agent.max_new_tokens = max(agent.max_new_tokens, 8)
     tag = str(config.env.kwargs.get("action_tag", "action"))
     engine = RandomMoveEngine(tokenizer, [wrap_action(move, tag) for move in MOVES], seed)
-    manager_config = EnvManagerConfig(
-        env_id=config.env.id,
-        env_kwargs=dict(config.env.kwargs),
-        group_size=group_size,
-        seed_start=config.env.train_seed_offset + seed,
-        lockstep=True,
-        agent=agent,
-    )
+    env = dataclasses.replace(config.env, train_seed_offset=config.env.train_seed_offset + seed)
+    lockstep = {"lockstep": True, "async_ratio": 0, "redundant_groups": 0, "redundant_trajectories": 0}
+    rollout = dataclasses.replace(config.rollout, group_size=group_size, **lockstep)
 
     async def collect() -> list[Any]:
-        manager = EnvManager(engine, tokenizer, manager_config)
+        manager = EnvManager(engine, tokenizer, env=env, rollout=rollout, agent=agent)
         try:
             return await manager.collect_batch(groups)
         finally:
@@ -375,7 +371,8 @@ def _rank_worker(spec: dict[str, Any], conn: Any) -> None:
     group = None
     try:
         if spec["world"] > 1:
-            from rollhub.trainer.distributed import RankGroup, init_ranks, sharded_config
+            from rollhub.trainer.build import sharded_config
+            from rollhub.trainer.ranks.group import RankGroup, init_ranks
 
             os.environ.update(
                 RANK=str(spec["rank"]),
@@ -440,7 +437,7 @@ class _RankMode:
     """The processes of one rank mode, started once and driven step by step from the bench."""
 
     def __init__(self, context: Any, spec: dict[str, Any], ranks: int, threads: int, pack_tokens: int | None) -> None:
-        from rollhub.trainer.distributed import free_port
+        from rollhub.trainer.ranks.launch import free_port
 
         self.ranks, self.threads, self.pack_tokens = ranks, threads, pack_tokens
         port = free_port() if ranks > 1 else 0
@@ -506,7 +503,7 @@ def rank_comparison(
 
     Modes are `cfg.rank_modes` ("RANKSxTHREADS"; default 1x1, 1x2, 2x1). One rank is the
     single-process trainer (`ppo_update`, what `trainer.world_size: 1` runs); N ranks are
-    `rollhub.trainer.distributed` as training runs them: gloo, FSDP2-sharded policy, rank 0
+    `rollhub.trainer.ranks` as training runs them: gloo, FSDP2-sharded policy, rank 0
     splitting every mini-batch by tokens (`RankGroup.ppo_update`), the others in
     `RankGroup.serve`. A mode with @TOKENS packs its micro-batches (`optim.pack_tokens`); on
     ranks a prompt's rows then stay on one rank and shorter plans are padded.

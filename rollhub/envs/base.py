@@ -31,6 +31,12 @@ event loop (env-level asynchrony) and an env may await a container or a worker p
   patch), used by `rollhub envs try --agent expert`, tests and SFT data. Envs without one
   raise NotImplementedError.
 
+Every member an env may set or override is declared on `Env` below with its default, so a
+caller reads `env.tools` or `EnvClass.CHECK_BY_BUILDING` directly and never probes with
+`getattr`; `check_env` checks their types. Levers that only make training easier (a
+difficulty floor, a curriculum) are not members: they are wrappers (rollhub.envs.wrappers)
+that `make` applies from their kwargs, so an evaluation env is one that is not wrapped.
+
 Determinism: an env draws all randomness from a generator seeded in `reset(seed=...)`;
 never the global `random`/`numpy` state (threads and workers would break it).
 """
@@ -40,7 +46,7 @@ from __future__ import annotations
 import abc
 import re
 from collections.abc import Hashable
-from typing import Any, TypedDict
+from typing import Any, ClassVar, TypedDict
 
 
 class Message(TypedDict):
@@ -63,6 +69,12 @@ class Env(abc.ABC):
     max_steps: int = 50
     #: set by `make()`: the spec this env was built from (id, kwargs)
     spec: Any = None
+    #: True: the agent renders `tools` with the model's own chat template (`tools=`) instead of
+    #: the env describing them in its messages
+    chat_template_tools: bool = False
+    #: True: construction is cheap and checks every argument, so a run builds one env up front
+    #: and a bad value is a one-line error before any model loads
+    CHECK_BY_BUILDING: ClassVar[bool] = False
 
     @abc.abstractmethod
     async def reset(
@@ -90,6 +102,25 @@ class Env(abc.ABC):
     def render_text(self) -> str:
         """Human-readable current state (for transcripts and `--agent human`)."""
         return ""
+
+    def task_set(self) -> dict[str, str] | None:
+        """The fixed list of tasks this env plays (identity key -> readable name), or None for an
+        env that makes its tasks from seeds. A run refuses evaluation tasks that training plays.
+
+        Override it only when the list exists: the run check builds an env just to ask a class
+        that overrides this method, so it must be cheap (a file listing, no worker)."""
+        return None
+
+    def could_draw(self, keys: set[str]) -> set[str] | None:
+        """The keys among `keys` (another env's `task_set`) that this env might ever play, or None
+        when it cannot tell. How a procedural env with a held-out partition (Math-v0's train
+        split) proves its training never meets a fixed evaluation list."""
+        return None
+
+    @property
+    def unwrapped(self) -> Env:
+        """The env itself, without the wrappers around it (rollhub.envs.wrappers)."""
+        return self
 
     async def __aenter__(self) -> Env:
         return self

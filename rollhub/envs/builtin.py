@@ -7,9 +7,12 @@ def register_builtin_envs() -> None:
     # Each area adds its ids here; keep entry points as strings so nothing heavy imports.
     # Sokoban: default = the verl-agent / GiGPO setting; sized variants after RAGEN and GEM.
     sokoban = "rollhub.envs.sokoban.env:SokobanEnv"
+    # the training-only difficulty floor is a wrapper: evaluation leaves it out
+    sokoban_wrappers = {"min_solution_steps": "rollhub.envs.sokoban.env:with_min_solution_steps"}
     register(
         "rollhub/Sokoban-v0",
         sokoban,
+        wrappers=sokoban_wrappers,
         description="Sokoban 6x6, 1 box, 15 moves, shaped reward",
         dim=6,
         num_boxes=1,
@@ -19,6 +22,7 @@ def register_builtin_envs() -> None:
     register(
         "rollhub/Sokoban-Sparse-v0",
         sokoban,
+        wrappers=sokoban_wrappers,
         description="Sokoban 6x6, 1 box, 15 moves, 0/1 reward",
         dim=6,
         num_boxes=1,
@@ -29,6 +33,7 @@ def register_builtin_envs() -> None:
     register(
         "rollhub/Sokoban-6x6-2b-v0",
         sokoban,
+        wrappers=sokoban_wrappers,
         description="Sokoban 6x6, 2 boxes, 20 moves (GEM easy)",
         dim=6,
         num_boxes=2,
@@ -38,6 +43,7 @@ def register_builtin_envs() -> None:
     register(
         "rollhub/Sokoban-8x8-2b-v0",
         sokoban,
+        wrappers=sokoban_wrappers,
         description="Sokoban 8x8, 2 boxes, 30 moves (RAGEN larger)",
         dim=8,
         num_boxes=2,
@@ -47,6 +53,7 @@ def register_builtin_envs() -> None:
     register(
         "rollhub/Sokoban-8x8-4b-v0",
         sokoban,
+        wrappers=sokoban_wrappers,
         description="Sokoban 8x8, 4 boxes, 50 moves (GEM hard)",
         dim=8,
         num_boxes=4,

@@ -4,9 +4,11 @@ Run by the tests on every registered env (and worth running on any new env):
 
     problems = await check_env("rollhub/Sokoban-v0")   # raises EnvCheckError on failure
 
-It checks message and info types, determinism under a seed (two fresh resets and the same
-actions give the same observations, rewards and anchors), that an unparseable action is
-rejected without raising and leaves the state unchanged, that episodes end by
+It checks the optional members the env sets (types and shapes of `action_tag`, `tools`,
+`max_steps`, `chat_template_tools`, `CHECK_BY_BUILDING`, what `task_set()` and
+`could_draw()` return), message and info types, determinism under a seed (two fresh resets
+and the same actions give the same observations, rewards and anchors), that an unparseable
+action is rejected without raising and leaves the state unchanged, that episodes end by
 `terminated` or `truncated` within the step limit, and that `close()` is idempotent
 (and, when given an id, safe on an env that was never reset). `missing_requirements(spec)` tells whether an env
 can run here at all (Docker engine, optional extras).
@@ -110,6 +112,7 @@ async def check_env(env_or_id: Env | str, *, seed: int = 0, env_kwargs: dict[str
         if fresh_instances:
             await env.close()  # closing an env that was never reset must be safe
             env = build()
+        _check_members(env, problems)  # before any reset, as a run's checks ask a fresh env
         first = await _play(env, seed, problems, warnings)
         if fresh_instances:
             await env.close()
@@ -148,7 +151,7 @@ async def _play(env: Env, seed: int, problems: list[str], warnings: list[str]) -
     _check_messages(obs, "reset", problems)
     _check_info(info, ("anchor", "success"), "reset", problems)
     trace: list[tuple] = [("reset", _freeze(obs), _anchor_of(info))]
-    limit = int(getattr(env, "max_steps", 50))
+    limit = env.max_steps
     for step in range(1, limit + 1):
         try:
             action = env.random_action(rng)
@@ -197,6 +200,41 @@ async def _check_invalid_action(env: Env, seed: int, problems: list[str]) -> Non
         problems.append("an unparseable action changed the state (anchor differs)")
     if not any(isinstance(m, dict) and m.get("content") for m in obs):
         problems.append("an unparseable action got no explanation in the observation")
+
+
+def _check_members(env: Env, problems: list[str]) -> None:
+    """The optional members of the contract (rollhub/envs/base.py), where the env sets them."""
+    if not isinstance(env.action_tag, str):
+        problems.append(f"action_tag must be a str ('' = bare answers), got {type(env.action_tag).__name__}")
+    if isinstance(env.max_steps, bool) or not isinstance(env.max_steps, int) or env.max_steps < 1:
+        problems.append(f"max_steps must be an int >= 1, got {env.max_steps!r}")
+    tools = env.tools
+    if tools is not None:
+        if not isinstance(tools, list) or not tools:
+            problems.append(f"tools must be None or a non-empty list of tool specs, got {str(tools)[:80]}")
+        else:
+            for tool in tools:
+                function = tool.get("function", tool) if isinstance(tool, dict) else None
+                name = function.get("name") if isinstance(function, dict) else None
+                if not isinstance(name, str) or not name:
+                    problems.append(f"tools: every spec needs a function name (OpenAI style), got {str(tool)[:80]}")
+                    break
+    if not isinstance(env.chat_template_tools, bool):
+        problems.append(f"chat_template_tools must be a bool, got {env.chat_template_tools!r}")
+    elif env.chat_template_tools and not tools:
+        problems.append("chat_template_tools is True but the env declares no tools")
+    if not isinstance(type(env).CHECK_BY_BUILDING, bool):
+        problems.append(f"CHECK_BY_BUILDING must be a bool, got {type(env).CHECK_BY_BUILDING!r}")
+    tasks = env.task_set()
+    if tasks is not None and not (
+        isinstance(tasks, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in tasks.items())
+    ):
+        problems.append(f"task_set() must return None or a dict of str keys to str names, got {str(tasks)[:80]}")
+        tasks = None
+    probe = set(list(tasks or {})[:50]) or {"probe-task"}
+    drawable = env.could_draw(probe)
+    if drawable is not None and not (isinstance(drawable, set) and drawable <= probe):
+        problems.append(f"could_draw(keys) must return None or a subset of keys (a set), got {str(drawable)[:80]}")
 
 
 def _check_messages(obs: Any, where: str, problems: list[str]) -> None:

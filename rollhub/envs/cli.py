@@ -111,7 +111,7 @@ async def _play(env, args: argparse.Namespace) -> int:
     import numpy as np
 
     rng = np.random.default_rng(args.seed)
-    limit = args.max_steps or int(getattr(env, "max_steps", 50))
+    limit = args.max_steps or int(env.max_steps)
     steps, total, success = 0, 0.0, False
     try:
         try:

@@ -8,11 +8,11 @@ other way and runs any sync `gymnasium.Env` with text spaces off the event loop.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable
 
 import gymnasium
 
-from rollhub.envs.base import Env, Observation, StepResult
+from rollhub.envs.base import Env, Observation, StepResult, extract_action
 
 
 class SyncEnvAdapter(gymnasium.Env):
@@ -76,8 +76,6 @@ class GymnasiumTextEnv(Env):
         return messages, info
 
     async def step(self, action: str) -> StepResult:
-        from rollhub.envs.base import extract_action
-
         self._steps += 1
         parsed = extract_action(action, self.action_tag)
         obs, reward, terminated, truncated, info = await asyncio.to_thread(
@@ -95,16 +93,14 @@ class GymnasiumTextEnv(Env):
         await asyncio.to_thread(self.gym_env.close)
 
 
-def _gym_entry_point(env_id: str):
-    def build(**kwargs: Any) -> SyncEnvAdapter:
-        from rollhub.envs.registry import make
+def register_in_gymnasium(env_id: str, make: Callable[..., Env]) -> None:
+    """Make `gymnasium.make(env_id, **kwargs)` build `make(env_id, **kwargs)` behind a `SyncEnvAdapter`.
 
+    The registry passes its own `make`, so this module needs nothing from the registry."""
+
+    def build(**kwargs: object) -> SyncEnvAdapter:
         return SyncEnvAdapter(make(env_id, **kwargs))
 
-    return build
-
-
-def register_in_gymnasium(spec: Any) -> None:
-    if spec.id in gymnasium.registry:
-        del gymnasium.registry[spec.id]
-    gymnasium.register(id=spec.id, entry_point=_gym_entry_point(spec.id), disable_env_checker=True)
+    if env_id in gymnasium.registry:
+        del gymnasium.registry[env_id]
+    gymnasium.register(id=env_id, entry_point=build, disable_env_checker=True)

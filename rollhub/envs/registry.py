@@ -1,5 +1,10 @@
 """Env registry: versioned ids (`rollhub/Name-vN`), `register`/`make`, plugin entry points.
 
+An id may also register wrappers by the env kwarg that switches each on (`wrappers=`):
+`make(id, min_solution_steps=5)` builds the env without that kwarg and wraps it, as
+`gymnasium.make(id, max_episode_steps=N)` wraps in a time limit; a recipe's `env.kwargs`
+name wrappers and constructor arguments alike.
+
 Third-party packages expose envs through the entry-point group `rollhub.envs`; each entry
 point names a module or a zero-argument callable that calls `register(...)`. Plugins load
 lazily on the first lookup, so importing rollhub stays cheap, and a broken plugin is logged
@@ -37,11 +42,21 @@ class EnvSpec:
     requires: tuple[str, ...] = ()
     #: the pip extra that provides the env's dependencies, if any
     extra: str | None = None
+    #: env kwarg -> wrapper factory ("module:attr" or a callable taking (env, value) and returning
+    #: the env, wrapped or, for the kwarg's off value, as it is); applied by `make` in this order
+    wrappers: dict[str, str | Callable[..., Any]] = field(default_factory=dict)
 
     def load_entry_point(self) -> Callable[..., Any]:
-        if callable(self.entry_point):
-            return self.entry_point
-        module_name, _, attr = self.entry_point.partition(":")
+        return self._load(self.entry_point)
+
+    def load_wrapper(self, kwarg: str) -> Callable[..., Any]:
+        """The wrapper factory that env kwarg `kwarg` switches on."""
+        return self._load(self.wrappers[kwarg])
+
+    def _load(self, target: str | Callable[..., Any]) -> Callable[..., Any]:
+        if callable(target):
+            return target
+        module_name, _, attr = target.partition(":")
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
@@ -62,6 +77,7 @@ def register(
     description: str = "",
     requires: tuple[str, ...] = (),
     extra: str | None = None,
+    wrappers: dict[str, str | Callable[..., Any]] | None = None,
     gymnasium_compat: bool = True,
     **kwargs: Any,
 ) -> EnvSpec:
@@ -77,12 +93,13 @@ def register(
         description=description,
         requires=tuple(requires),
         extra=extra,
+        wrappers=dict(wrappers or {}),
     )
     _REGISTRY[id] = spec
     if gymnasium_compat:
         from rollhub.envs.gym_compat import register_in_gymnasium
 
-        register_in_gymnasium(spec)
+        register_in_gymnasium(spec.id, make)
     return spec
 
 
@@ -116,12 +133,21 @@ def spec(id: str) -> EnvSpec:
 
 
 def make(id: str, **kwargs: Any) -> Any:
-    """Build a registered env; `kwargs` override the registered defaults."""
+    """Build a registered env; `kwargs` override the registered defaults. Kwargs that name one of
+    the id's wrappers go to that wrapper (innermost first, in registration order), the rest to
+    the env's constructor."""
     env_spec = spec(id)
     factory = env_spec.load_entry_point()
+    arguments = {**env_spec.kwargs, **kwargs}
+    wrapper_values = {name: arguments.pop(name) for name in env_spec.wrappers if name in arguments}
     try:
-        env = factory(**{**env_spec.kwargs, **kwargs})
+        env = factory(**arguments)
     except TypeError as exc:
         raise UserError(f"bad arguments for env {id}: {exc}") from None
     env.spec = env_spec
+    for name, value in wrapper_values.items():
+        wrapped = env_spec.load_wrapper(name)(env, value)
+        if wrapped is not env:
+            wrapped.spec, wrapped.setting = env_spec, name
+        env = wrapped
     return env

@@ -11,6 +11,7 @@ import difflib
 from typing import Any
 
 from rollhub.core.errors import UserError
+from rollhub.envs.base import Env
 
 
 def check_env_registered(env_id: str) -> None:
@@ -65,42 +66,57 @@ def check_run_envs(
 
 
 def check_env_values(env_id: str, kwargs: dict[str, Any], where: str, *, evaluation: bool = False) -> None:
-    """Values the constructor refuses, as a one-line UserError before any model loads.
+    """Values the constructor or a wrapper refuses, as a one-line UserError before any model loads.
 
     Only for env classes that say construction is cheap (`CHECK_BY_BUILDING`); others are
-    built where the run needs them. For the eval env, also refuses the class's
-    `TRAINING_ONLY_KWARGS` switched on (a start-state curriculum would make the reading easier
-    than the env's own distribution: an inflated number, not an error anyone would see).
+    built where the run needs them. For the eval env, also refuses a training-only wrapper
+    (rollhub.envs.wrappers): a difficulty floor or a curriculum would read a distribution other
+    than the env's own, an altered number that nobody would see as an error.
     """
     from rollhub.envs.registry import make, spec
 
-    factory = spec(env_id).load_entry_point()
+    env_spec = spec(env_id)
+    env_class = _env_class(env_id)
+    wraps = evaluation and any(name in kwargs for name in env_spec.wrappers)
+    if not (wraps or (env_class is not None and env_class.CHECK_BY_BUILDING)):
+        return
+    try:
+        env = make(env_id, **kwargs)
+    except ValueError as error:
+        raise UserError(f"{where}: {error}") from None
     if evaluation:
-        for key in getattr(factory, "TRAINING_ONLY_KWARGS", ()):
-            if kwargs.get(key):
+        from rollhub.envs.wrappers import wrappers_of
+
+        for wrapper in wrappers_of(env):
+            if wrapper.training_only:
+                key = wrapper.setting or type(wrapper).__name__
                 raise UserError(
-                    f"{where}.{key} is {kwargs[key]!r}: it makes episodes easier than {env_id}'s own, so "
-                    f"evaluation would read an inflated success; set eval.env.kwargs: {{{key}: 0}}"
+                    f"{where}.{key} is {kwargs.get(key)!r}: it wraps {env_id} in {type(wrapper).__name__}, a "
+                    f"training-only lever, so evaluation would read another distribution than the env's own; "
+                    f"switch it off for evaluation (eval.env.kwargs: {{{key}: 0}})"
                 )
-    if getattr(factory, "CHECK_BY_BUILDING", False):
-        try:
-            make(env_id, **kwargs)
-        except ValueError as error:
-            raise UserError(f"{where}: {error}") from None
+
+
+def _env_class(env_id: str) -> type[Env] | None:
+    """The env's class when its entry point is one (a factory function says nothing up front)."""
+    from rollhub.envs.registry import spec
+
+    factory = spec(env_id).load_entry_point()
+    return factory if isinstance(factory, type) and issubclass(factory, Env) else None
 
 
 def env_task_set(env_id: str, kwargs: dict[str, Any]) -> dict[str, str] | None:
     """The tasks an env draws from (identity key -> readable name), or None for a procedural env.
 
-    Envs with a fixed task list (ALFWorld games, SWE tasks) say so with a `task_set()`
-    method; an env without one makes tasks from seeds, and its overlap is a seed-range
-    question (the run config's own check). The env is built only when its class has the method,
-    and is built lazily enough (no worker, no container) that this costs a file listing.
+    Envs with a fixed task list (ALFWorld games, SWE tasks) override `Env.task_set`; an env
+    without one makes tasks from seeds, and its overlap is a seed-range question (the run
+    config's own check). The env is built only when its class overrides the method, which
+    the contract asks to be cheap (no worker, no container): this costs a file listing.
     """
-    from rollhub.envs.registry import make, spec
+    from rollhub.envs.registry import make
 
-    factory = spec(env_id).load_entry_point()
-    if not callable(getattr(factory, "task_set", None)):
+    env_class = _env_class(env_id)
+    if env_class is None or env_class.task_set is Env.task_set:
         return None
     return make(env_id, **kwargs).task_set()
 
@@ -108,16 +124,17 @@ def env_task_set(env_id: str, kwargs: dict[str, Any]) -> dict[str, str] | None:
 def env_could_draw(env_id: str, kwargs: dict[str, Any], tasks: dict[str, str]) -> dict[str, str] | None:
     """The entries of `tasks` a procedural env might ever play, or None when it cannot tell.
 
-    An env without a task list answers through a `could_draw(keys)` method (Math-v0's train split
-    never draws its test partition, which it decides by content), so evaluating on a fixed list
-    is checked against training even though training draws from seeds.
+    An env without a task list answers through `Env.could_draw` (Math-v0's train split never
+    draws its test partition, which it decides by content), so evaluating on a fixed list is
+    checked against training even though training draws from seeds.
     """
-    from rollhub.envs.registry import make, spec
+    from rollhub.envs.registry import make
 
-    if not callable(getattr(spec(env_id).load_entry_point(), "could_draw", None)):
+    env_class = _env_class(env_id)
+    if env_class is None or env_class.could_draw is Env.could_draw:
         return None
     drawable = make(env_id, **kwargs).could_draw(set(tasks))
-    return {key: tasks[key] for key in drawable}
+    return None if drawable is None else {key: tasks[key] for key in drawable}
 
 
 def check_eval_disjoint(train_id: str, train_kwargs: dict[str, Any], eval_id: str, eval_kwargs: dict[str, Any]) -> None:

@@ -39,6 +39,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--device", default="cpu", help="cpu, cuda, cuda:N or auto (cuda when present); bf16 on CUDA, fp32 on the CPU"
     )
     serve.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="weights and compute of the engine: auto = bf16 on CUDA, fp32 on the CPU (a run passes engine.dtype)",
+    )
+    serve.add_argument(
         "--weight-sync-timeout-s",
         type=float,
         default=300.0,
@@ -83,5 +89,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         weight_sync_timeout_s=args.weight_sync_timeout_s,
         seed=args.seed,
         device=resolve_device(args.device),
+        dtype=args.dtype,
     )
     return 0

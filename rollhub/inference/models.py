@@ -49,7 +49,7 @@ class TinySize:
 TINY_SIZES: dict[str, TinySize] = {
     "5m": TinySize(256, 768, 4, 4, 2),
     # the 5m width at twice the depth (more sequential steps for lookahead); an RL step of the
-    # Sokoban main job costs 1.6x the 5m one (docs/sokoban-rl-log.md)
+    # Sokoban main job costs 1.6x the 5m one (experiments/sokoban/LOG.md)
     "8m": TinySize(256, 768, 8, 4, 2),
     "30m": TinySize(512, 1536, 8, 8, 4),
 }

@@ -666,6 +666,7 @@ def serve_forever(
     seed: int = 0,
     device: str = "cpu",
     weight_sync_timeout_s: float = 300.0,
+    dtype: str = "auto",
 ) -> None:
     """Load the model and serve until interrupted (the `rollhub serve` command).
 
@@ -684,7 +685,7 @@ def serve_forever(
 
     torch.set_num_threads(threads)
     engine = build_engine(
-        EngineConfig(threads=threads, max_batch_size=max_batch_size, seed=seed), model_path, device=device
+        EngineConfig(threads=threads, max_batch_size=max_batch_size, seed=seed, dtype=dtype), model_path, device=device
     )
     api_key = resolve_api_key(api_key)
     if not api_key and host not in ("127.0.0.1", "localhost", "::1"):

@@ -183,7 +183,7 @@ class EpisodeRunner:
             return
         self._messages = self._apply_system_prompt(list(observation))
         self._opening = list(self._messages)
-        if getattr(self.env, "chat_template_tools", False) and getattr(self.env, "tools", None):
+        if self.env.chat_template_tools and self.env.tools:
             self._tools = list(self.env.tools)
             self._tool_names = tool_names(self._tools)
         self._head = self.segments.encode_head(self._messages, self._tools)
@@ -425,7 +425,7 @@ async def run_episode(
     segments: ChatSegments | None = None,
 ) -> Trajectory:
     """Play one episode of `env` with `engine`; the env is not closed here (the caller owns it)."""
-    env_id = env_id or getattr(getattr(env, "spec", None), "id", None) or type(env).__name__
+    env_id = env_id or (env.spec.id if env.spec is not None else type(env).__name__)
     runner = EpisodeRunner(
         env,
         tokenizer,

@@ -47,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="agent/manager overrides, e.g. agent.history_window=2",
+        help="env/rollout/agent knobs by their train-config names, e.g. agent.history_window=2",
     )
     rollout.set_defaults(func=_cmd_rollout)
 

@@ -1,10 +1,11 @@
 """EnvManager: runs many env episodes against one engine and hands groups to the trainer.
 
 * Env-level asynchrony: one coroutine per trajectory; each env steps as soon as its own
-  generation returns (no barrier). `lockstep=True` is the synchronous baseline: every env
+  generation returns (no barrier). `rollout.lockstep` is the synchronous baseline: every env
   of the batch waits for the whole batch's generations, then all step together.
 * Groups: N trajectories of the same env id and seed; seeds come from a seed iterator.
-* Redundancy: N+r trajectories per group and/or G+g groups per batch; the first to finish
+* Redundancy: N+r trajectories per group (`rollout.redundant_trajectories`) and/or G+g groups
+  per batch (`rollout.redundant_groups`); the first to finish
   are kept. Surplus trajectories of a group are cancelled at once (engine requests aborted
   through task cancellation, envs closed, so their containers go away) and counted as
   redundant work. Surplus groups depend on `redundancy_mode`:
@@ -21,7 +22,7 @@
   env, up to `max_infra_retries` per slot, else the group is dropped and a new one started,
   so a group never holds an infra-failed member (in lockstep mode it may: the trainer leaves
   such members out of the group statistics). All of this is bounded: once more than
-  `max_infra_failure_rate` of the last `infra_failure_window` finished trajectories were
+  `rollout.max_infra_failure_rate` of the last `rollout.infra_failure_window` finished trajectories were
   infra failures, `collect_batch` and `run` raise `RolloutFailureError` (and `failure` holds
   it) instead of re-rolling a permanently broken env forever.
 * `run(stop_event)` keeps the GroupBuffer full for async training; `collect_batch(G)` is
@@ -42,64 +43,16 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rollhub.inference.engines.base import InferenceEngine
+from rollhub.rollout.admission import fill_buffer
 from rollhub.rollout.agent import AgentConfig, EpisodeRunner
 from rollhub.rollout.buffer import GroupBuffer, Ticket
+from rollhub.rollout.config import EnvConfig, RolloutConfig
 from rollhub.rollout.prompting import ChatSegments
 from rollhub.rollout.tasks import TaskOwner
 from rollhub.rollout.trajectory_log import TrajectoryWriter
 from rollhub.rollout.types import Group, RolloutFailureError, Trajectory, TrajectoryStatus
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class EnvManagerConfig:
-    """Knobs of the env manager (see module docstring)."""
-
-    env_id: str = "rollhub/Sokoban-v0"
-    env_ids: list[str] = field(default_factory=list)  # optional mix, round-robin per group; overrides env_id
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
-    group_size: int = 4  # N
-    group_redundancy: int = 0  # r: start N+r per group, keep the first N
-    # g: collect_batch keeps G+g groups running and returns the first G; in run() the buffer
-    # gives g extra admission slots (build_rollout calls GroupBuffer.configure)
-    batch_redundancy: int = 0
-    # what happens to the groups that finish after a batch is complete (module docstring)
-    redundancy_mode: Literal["carry", "cancel"] = "carry"
-    max_concurrent_trajectories: int = 256
-    env_concurrency: dict[str, int] = field(default_factory=dict)  # per env id cap on live envs
-    seed_start: int = 0
-    lockstep: bool = False
-    max_infra_retries: int = 2
-    # failure budget: stop (RolloutFailureError) once more than this fraction of the last
-    # `infra_failure_window` finished trajectories were infra failures; at 1.0, once all of them were
-    max_infra_failure_rate: float = 0.5
-    infra_failure_window: int = 200
-    jsonl_path: str | None = None
-    agent: AgentConfig = field(default_factory=AgentConfig)
-
-    def validate(self) -> None:
-        if self.group_size < 1:
-            raise ValueError("group_size must be >= 1")
-        if self.group_redundancy < 0 or self.batch_redundancy < 0:
-            raise ValueError("redundancy must be >= 0")
-        if self.max_concurrent_trajectories < 1:
-            raise ValueError("max_concurrent_trajectories must be >= 1")
-        if self.lockstep and (self.group_redundancy or self.batch_redundancy):
-            raise ValueError("lockstep mode runs every env to the end; set redundancy to 0")
-        if any(v < 1 for v in self.env_concurrency.values()):
-            raise ValueError("env_concurrency limits must be >= 1")
-        if self.redundancy_mode not in ("carry", "cancel"):
-            raise ValueError(f"redundancy_mode must be 'carry' or 'cancel', got {self.redundancy_mode!r}")
-        if self.seed_start < 0:
-            raise ValueError(f"seed_start must be >= 0 (numpy refuses negative seeds), got {self.seed_start}")
-        if self.max_infra_retries < 0:
-            raise ValueError(f"max_infra_retries must be >= 0, got {self.max_infra_retries}")
-        if not 0 <= self.max_infra_failure_rate <= 1:
-            raise ValueError(f"max_infra_failure_rate must be in [0, 1], got {self.max_infra_failure_rate}")
-        if self.infra_failure_window < 1:
-            raise ValueError(f"infra_failure_window must be >= 1, got {self.infra_failure_window}")
-        self.agent.validate()
 
 
 @dataclass
@@ -187,34 +140,57 @@ class InfraFailureWindow:
 
 
 class EnvManager(TaskOwner):
+    """Rollout on this process, configured by the run's own sections.
+
+    `env` (id, kwargs, max_concurrent, train_seed_offset: the first seed when no `seeds` are
+    given), `rollout` (group_size, redundancy, lockstep, env_concurrency, the infra failure
+    budget; batch size, α and the staleness rule are the buffer's and the trainer's) and `agent`.
+    The rest is what a training run never changes: `redundancy_mode` (module docstring),
+    `max_infra_retries` per slot, `jsonl_path` for the trajectory log, `env_factory(env_id, **kwargs)`
+    instead of the registry.
+    """
+
     def __init__(
         self,
         engine: InferenceEngine,
         tokenizer: Any,
-        config: EnvManagerConfig,
         *,
+        env: EnvConfig | None = None,
+        rollout: RolloutConfig | None = None,
+        agent: AgentConfig | None = None,
         buffer: GroupBuffer | None = None,
         seeds: Iterator[int] | None = None,
         env_factory: Callable[..., Any] | None = None,
+        jsonl_path: str | None = None,
+        redundancy_mode: Literal["carry", "cancel"] = "carry",
+        max_infra_retries: int = 2,
     ) -> None:
-        config.validate()
+        self.env = env = env or EnvConfig()
+        self.rollout = rollout = rollout or RolloutConfig()
+        self.agent = agent = agent or AgentConfig()
+        for section in (env, rollout, agent):
+            section.validate()
+        if redundancy_mode not in ("carry", "cancel"):
+            raise ValueError(f"redundancy_mode must be 'carry' or 'cancel', got {redundancy_mode!r}")
+        if max_infra_retries < 0:
+            raise ValueError(f"max_infra_retries must be >= 0, got {max_infra_retries}")
+        self.redundancy_mode = redundancy_mode
+        self.max_infra_retries = max_infra_retries
         self.engine = engine
         self.tokenizer = tokenizer
-        self.config = config
         self.buffer = buffer
         self.metrics = ManagerMetrics()
-        self._seeds = seeds if seeds is not None else itertools.count(config.seed_start)
-        self._env_ids = itertools.cycle(config.env_ids or [config.env_id])
+        self._seeds = seeds if seeds is not None else itertools.count(env.train_seed_offset)
         self._env_factory = env_factory
         self._segments = ChatSegments(tokenizer)
-        self._trajectory_limit = asyncio.Semaphore(config.max_concurrent_trajectories)
-        self._env_limits = {env_id: asyncio.Semaphore(n) for env_id, n in config.env_concurrency.items()}
-        self._writer = TrajectoryWriter(config.jsonl_path) if config.jsonl_path else None
+        self._trajectory_limit = asyncio.Semaphore(env.max_concurrent)
+        self._env_limits = {env_id: asyncio.Semaphore(n) for env_id, n in (rollout.env_concurrency or {}).items()}
+        self._writer = TrajectoryWriter(jsonl_path) if jsonl_path else None
         self._update_lock = asyncio.Lock()
         self._group_counter = itertools.count()
         self.open_envs = 0  # live env objects (tests check it returns to 0)
         self._tasks: set[asyncio.Task] = set()
-        self._infra_window = InfraFailureWindow(config.infra_failure_window, config.max_infra_failure_rate)
+        self._infra_window = InfraFailureWindow(rollout.infra_failure_window, rollout.max_infra_failure_rate)
         self._last_infra_error: str | None = None
         #: set once the failure budget is spent; `collect_batch` and `run` raise it, a trainer polls it
         self.failure: RolloutFailureError | None = None
@@ -230,16 +206,16 @@ class EnvManager(TaskOwner):
         return sum(1 for t in self._tasks if not t.done())
 
     async def collect_batch(self, num_groups: int) -> list[Group]:
-        """Sync use: keep `num_groups` (+ batch_redundancy) groups running and return the first G done.
+        """Sync use: keep `num_groups` (+ rollout.redundant_groups) groups running and return the first G done.
 
-        With `redundancy_mode: carry` the surplus runs on into the next call (groups carried
+        With `redundancy_mode="carry"` the surplus runs on into the next call (groups carried
         from the previous call are the oldest, so they tend to finish first); with `cancel`
         it is cancelled. Raises RolloutFailureError once the infra failure budget is spent
         (see module docstring)."""
         self._raise_if_failed()
-        if self.config.lockstep:
+        if self.rollout.lockstep:
             return await self._collect_lockstep(num_groups)
-        carry = self.config.redundancy_mode == "carry"
+        carry = self.redundancy_mode == "carry"
         pending, self._carried = self._carried, set()
         kept: list[Group] = []
         failed = asyncio.ensure_future(self._failed.wait())
@@ -248,7 +224,7 @@ class EnvManager(TaskOwner):
             for task in sorted((t for t in pending if t.done()), key=self._spawn_order):
                 pending.discard(task)  # finished after the last batch was complete: first in line
                 self._keep_group(task, kept, num_groups, pending if carry else None)
-            for _ in range(max(0, num_groups + self.config.batch_redundancy - len(pending) - len(kept))):
+            for _ in range(max(0, num_groups + self.rollout.redundant_groups - len(pending) - len(kept))):
                 pending.add(self._spawn_group())
             while len(kept) < num_groups:
                 if not pending:
@@ -276,31 +252,9 @@ class EnvManager(TaskOwner):
         """Async use: keep the buffer full (admission bounded by α) until stop_event is set."""
         if self.buffer is None:
             raise ValueError("run() needs a GroupBuffer (EnvManager(..., buffer=GroupBuffer(B, alpha)))")
-        if self.config.lockstep:
+        if self.rollout.lockstep:
             raise ValueError("lockstep is the sync baseline; use collect_batch()")
-        groups: set[asyncio.Task] = set()
-        stopper = asyncio.ensure_future(stop_event.wait())
-        failed = asyncio.ensure_future(self._failed.wait())
-        try:
-            while not stop_event.is_set() and self.failure is None:
-                acquire = asyncio.ensure_future(self.buffer.acquire())
-                await asyncio.wait({acquire, stopper, failed}, return_when=asyncio.FIRST_COMPLETED)
-                if not acquire.done():
-                    acquire.cancel()
-                    await asyncio.gather(acquire, return_exceptions=True)
-                    break
-                ticket = acquire.result()
-                if self.failure is not None:
-                    self.buffer.release(ticket)
-                    break
-                task = self._spawn(self._run_group_into(ticket))
-                groups.add(task)
-                task.add_done_callback(groups.discard)
-        finally:
-            stopper.cancel()
-            failed.cancel()
-            await self._cancel(set(groups))
-        self._raise_if_failed()
+        await fill_buffer(self, self.buffer, stop_event, self._failed.wait(), self._run_group_into)
 
     async def update_weights(self, source: Any, version: int) -> None:
         """pause (in-flight requests abort) -> load weights -> resume (runners resubmit)."""
@@ -358,14 +312,14 @@ class EnvManager(TaskOwner):
 
     async def _run_group(self) -> Group:
         """N trajectories of one (env id, seed); N+r started, first N good ones kept."""
-        env_id, seed = next(self._env_ids), next(self._seeds)
+        env_id, seed = self.env.id, next(self._seeds)
         group_id = f"g{next(self._group_counter)}-{uuid.uuid4().hex[:6]}"
-        n = self.config.group_size
-        retries_left = self.config.max_infra_retries * n
+        n = self.rollout.group_size
+        retries_left = self.max_infra_retries * n
         index = itertools.count()
         pending = {
             self._spawn(self._run_trajectory(env_id, seed, f"{group_id}-{next(index)}", group_id))
-            for _ in range(n + self.config.group_redundancy)
+            for _ in range(n + self.rollout.redundant_trajectories)
         }
         kept: list[Trajectory] = []
         try:
@@ -412,7 +366,7 @@ class EnvManager(TaskOwner):
                 runner = EpisodeRunner(
                     env,
                     self.tokenizer,
-                    self.config.agent,
+                    self.agent,
                     env_id=env_id,
                     seed=seed,
                     trajectory_id=trajectory_id,
@@ -451,11 +405,11 @@ class EnvManager(TaskOwner):
 
     def _make_env(self, env_id: str) -> Any:
         if self._env_factory is not None:
-            env = self._env_factory(env_id, **self.config.env_kwargs)
+            env = self._env_factory(env_id, **self.env.kwargs)
         else:
             from rollhub.envs.registry import make
 
-            env = make(env_id, **self.config.env_kwargs)
+            env = make(env_id, **self.env.kwargs)
         self.open_envs += 1
         return env
 
@@ -473,9 +427,9 @@ class EnvManager(TaskOwner):
 
     async def _collect_lockstep(self, num_groups: int) -> list[Group]:
         """All envs of the batch step together: one batched generation per turn."""
-        n = self.config.group_size
+        n = self.rollout.group_size
         plan = [
-            (next(self._env_ids), next(self._seeds), f"g{next(self._group_counter)}-{uuid.uuid4().hex[:6]}")
+            (self.env.id, next(self._seeds), f"g{next(self._group_counter)}-{uuid.uuid4().hex[:6]}")
             for _ in range(num_groups)
         ]
         envs = []
@@ -489,7 +443,7 @@ class EnvManager(TaskOwner):
                         EpisodeRunner(
                             env,
                             self.tokenizer,
-                            self.config.agent,
+                            self.agent,
                             env_id=env_id,
                             seed=seed,
                             trajectory_id=f"{group_id}-{i}",
@@ -569,7 +523,7 @@ class EnvManager(TaskOwner):
         if infra_failed:
             self.metrics.infra_failures += 1
             self._last_infra_error = trajectory.infra_error
-            if not self.config.lockstep:  # lockstep keeps the member (unscored) in its group
+            if not self.rollout.lockstep:  # lockstep keeps the member (unscored) in its group
                 self.metrics.wasted_tokens += trajectory.num_response_tokens
         if self.failure is None and self._infra_window.exceeded():
             self.failure = RolloutFailureError(self._budget_message())
@@ -578,14 +532,13 @@ class EnvManager(TaskOwner):
 
     def _budget_message(self) -> str:
         """The cause, the counts and what to check (shown to the user as one line)."""
-        window, config = self._infra_window, self.config
-        env_ids = config.env_ids or [config.env_id]
+        window, env_id = self._infra_window, self.env.id
         return (
             f"rollout stopped: {window.failures} of the last {window.size} trajectories failed for infrastructure "
-            f"reasons (limit rollout.max_infra_failure_rate={config.max_infra_failure_rate:g}; "
+            f"reasons (limit rollout.max_infra_failure_rate={self.rollout.max_infra_failure_rate:g}; "
             f"{self.metrics.infra_failures} infra failures, {self.metrics.infra_retries} retries, "
             f"{self.metrics.groups_dropped_infra} groups dropped in all); last error: {self._last_infra_error}. "
-            f"Check that {', '.join(env_ids)} starts on its own ('rollhub envs try {env_ids[0]}'), its sandbox or "
+            f"Check that {env_id} starts on its own ('rollhub envs try {env_id}'), its sandbox or "
             "worker backend (docker running, images present) and the inference engine; raise "
             "rollout.max_infra_failure_rate only if such failures are expected"
         )

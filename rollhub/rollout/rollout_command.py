@@ -10,30 +10,42 @@ import argparse
 import asyncio
 import json
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rollhub.core.errors import UserError
+from rollhub.rollout.agent import AgentConfig
+from rollhub.rollout.config import EnvConfig, RolloutConfig
 
 logger = logging.getLogger(__name__)
 
 
-def build_manager_config(args: argparse.Namespace, jsonl_path: Path) -> Any:
+@dataclass
+class RolloutCommandConfig:
+    """What `--set` sets: the run's own `env`, `rollout` and `agent` sections, under the names a
+    train config gives them (`--set rollout.redundant_trajectories=1`, `--set agent.history_window=2`)."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+
+
+def build_command_config(args: argparse.Namespace) -> RolloutCommandConfig:
     from rollhub.core.config import load_config
-    from rollhub.rollout.manager import EnvManagerConfig
 
     overrides = [
-        f"env_id={args.env}",
-        f"group_size={args.group_size}",
-        f"seed_start={args.seed}",
-        f"lockstep={str(bool(args.lockstep)).lower()}",
-        f"max_concurrent_trajectories={args.concurrency}",
-        f"jsonl_path={jsonl_path}",
+        f"env.id={args.env}",
+        f"env.train_seed_offset={args.seed}",
+        f"env.max_concurrent={args.concurrency}",
+        f"rollout.group_size={args.group_size}",
+        f"rollout.lockstep={str(bool(args.lockstep)).lower()}",
+        "rollout.async_ratio=0",  # batches are collected now (collect_batch): nothing runs ahead
         f"agent.max_new_tokens={args.max_new_tokens}",
         f"agent.temperature={args.temperature}",
         *args.overrides,
     ]
-    return load_config(EnvManagerConfig, None, overrides)
+    return load_config(RolloutCommandConfig, None, overrides)
 
 
 def engine_config(args: argparse.Namespace) -> Any:
@@ -61,7 +73,7 @@ async def _collect(args: argparse.Namespace, model_dir: Path, jsonl_path: Path) 
     from rollhub.rollout.manager import EnvManager
 
     env_spec(args.env)  # unknown id -> UserError with suggestions, before loading a model
-    config = build_manager_config(args, jsonl_path)
+    config = build_command_config(args)
     from rollhub.inference.engines.build import build_engine
     from rollhub.inference.engines.launcher import start_engine
 
@@ -72,7 +84,9 @@ async def _collect(args: argparse.Namespace, model_dir: Path, jsonl_path: Path) 
     except BaseException:
         await engine.close()
         raise
-    manager = EnvManager(engine, tokenizer, config)
+    manager = EnvManager(
+        engine, tokenizer, env=config.env, rollout=config.rollout, agent=config.agent, jsonl_path=str(jsonl_path)
+    )
     try:
         groups = await manager.collect_batch(args.groups)
     finally:

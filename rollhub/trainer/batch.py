@@ -106,8 +106,7 @@ def turn_advantages(trajectories: Sequence[Trajectory], algorithm: AlgorithmConf
     unchanged) gets min(A, invalid_action_penalty): it cannot have helped, yet a rejected
     turn inside an episode that later succeeds inherits a positive episode advantage. Such
     turns are usually rare, low-probability samples, whose log-prob gradient is the largest
-    in the batch, so reinforcing them drives a small policy into bursts of format errors
-    (the experiment log, docs/sokoban-rl-log.md, has the runs).
+    in the batch, so reinforcing them drives a small policy into bursts of format errors.
 
     With `algorithm.turn_bar_weight` (w > 0), every turn whose own reward r is below
     `algorithm.turn_bar` (b) also gets w * (r - b): REINFORCE on the turn's immediate reward

@@ -2,8 +2,9 @@
 
 `rollhub train`, `eval` and `sft` (and `rollhub bench` runs that train) get their model
 dir, policy, optimizer, engine, env factory, buffer and rollout source from these
-functions, and nothing else reads a `RunConfig` to construct them. The rule for configs,
-stated once: below this module a class or function takes plain arguments, or the one
+functions, and nothing else reads a `RunConfig` to construct them. A training job builds its
+parts once, after the warm-start (`build_run`); only the rollout source waits for RL (`build_rollout`).
+The rule for configs, stated once: below this module a class or function takes plain arguments, or the one
 section that configures it whole (`AgentConfig` -> the agent, `LossConfig` -> the loss,
 `AlgorithmConfig` -> advantages, `EngineConfig` -> the engine); never a `RunConfig`, never
 a few fields picked out of a section.
@@ -11,23 +12,77 @@ a few fields picked out of a section.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import random
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from rollhub.core.errors import UserError
 from rollhub.inference.engines.base import InferenceEngine
 from rollhub.rollout.buffer import GroupBuffer
-from rollhub.rollout.seed_sources import ReplaySeedSource, SeedCursor, SeedSource
+from rollhub.rollout.seed_sources import SeedCursor, SeedSource
 from rollhub.rollout.source import RolloutSource
 from rollhub.rollout.trajectory_log import RUN_TRAJECTORY_LOG
 from rollhub.trainer.config import RunConfig
+from rollhub.trainer.metrics import MetricsLog
 from rollhub.trainer.policy import Policy
+from rollhub.trainer.ranks.group import RankGroup
+from rollhub.trainer.run import Run
 
 logger = logging.getLogger(__name__)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def build_run(
+    config: RunConfig, model_dir: Path, *, ranks: RankGroup | None = None, started: float | None = None
+) -> Run:
+    """Everything a training job trains with, from the warm-start in `model_dir` (the SFT model, or
+    the base model): policy, optimizer, engine, KL reference, buffer, seeds and metrics log. With
+    `ranks` the policy is this rank's shard, and the other ranks build theirs now."""
+    policy = build_policy(config if ranks is None else sharded_config(config), model_dir)
+    metrics_log = MetricsLog(config.run_dir)
+    engine = build_engine(config, model_dir)
+    optimizer = build_optimizer(policy, config)
+    reference = build_reference(config, model_dir, policy)  # the KL anchor: the warm-start, frozen
+    if ranks is not None:
+        ranks.start({"model_dir": str(model_dir), "reference_dir": str(model_dir)})
+        ranks.attach(policy, optimizer, reference)
+    return Run(
+        config=config,
+        run_dir=Path(config.run_dir),
+        policy=policy,
+        optimizer=optimizer,
+        engine=engine,
+        reference=reference,
+        buffer=build_buffer(config),
+        seeds=build_seeds(config),
+        metrics_log=metrics_log,
+        engine_model_dir=model_dir,
+        started=time.perf_counter() if started is None else started,
+        ranks=ranks,
+    )
+
+
+def sharded_config(config: RunConfig) -> RunConfig:
+    """`config` with model.fsdp on: with ranks the policy is always FSDP2-sharded (gradients are
+    reduced by FSDP). A copy, so the run's saved config.json still says what the user chose."""
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, fsdp=True))
+
+
+def unsharded_config(config: RunConfig) -> RunConfig:
+    """`config` with model.fsdp off: the SFT warm-start runs on rank 0 alone, on a whole policy."""
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, fsdp=False))
 
 
 def ensure_model(config: RunConfig) -> Path:
@@ -156,14 +211,9 @@ def build_buffer(config: RunConfig) -> GroupBuffer | None:
 
 
 def build_seeds(config: RunConfig) -> SeedSource:
-    """The training seeds: fresh ones from env.train_seed_offset on, plus replays of hard seeds
-    with rollout.replay. Replay works on both backends: `EnvManager` and `RayRollout` alike draw
-    each group's seed from this iterator in the trainer's process (Ray ships the number to a
-    shard), and the consumed groups it learns from reach `rl_loop` there too."""
-    start = config.env.train_seed_offset
-    if config.rollout.replay.enabled:
-        return ReplaySeedSource(start, config.rollout.replay, seed=config.seed)
-    return SeedCursor(start)
+    """The training seeds, fresh ones from env.train_seed_offset on. `EnvManager` and `RayRollout`
+    alike draw each group's seed from it in the trainer's process (Ray ships the number to a shard)."""
+    return SeedCursor(config.env.train_seed_offset)
 
 
 def build_rollout(
@@ -176,13 +226,9 @@ def build_rollout(
     seeds: Iterator[int],
     run_dir: Path,
 ) -> RolloutSource:
-    """The env manager in this process, or its Ray counterpart with `cluster.backend: ray`.
-
-    `EnvManagerConfig` is the manager's own config (`rollhub rollout --set` builds it
-    directly); a run's `env`, `rollout`, `agent` and `train` sections map onto it here and
-    nowhere else, so the two never drift apart.
-    """
-    from rollhub.rollout.manager import EnvManager, EnvManagerConfig
+    """The env manager in this process, or its Ray counterpart with `cluster.backend: ray`; both
+    take the run's `env`, `rollout` and `agent` sections whole."""
+    from rollhub.rollout.manager import EnvManager
 
     rollout = config.rollout
     unknown = sorted(set(rollout.env_concurrency or {}) - {config.env.id})
@@ -191,26 +237,31 @@ def build_rollout(
             f"rollout.env_concurrency names {', '.join(unknown)}, which this run does not play; "
             f"use the training env's id ({config.env.id})"
         )
-    manager_config = EnvManagerConfig(
-        env_id=config.env.id,
-        env_kwargs=dict(config.env.kwargs),
-        group_size=rollout.group_size,
-        group_redundancy=rollout.redundant_trajectories,
-        batch_redundancy=rollout.redundant_groups,
-        env_concurrency=dict(rollout.env_concurrency or {}),
-        max_concurrent_trajectories=config.env.max_concurrent,
-        lockstep=rollout.lockstep,
-        jsonl_path=str(run_dir / RUN_TRAJECTORY_LOG) if config.train.log_trajectories else None,
-        agent=config.agent,
-        max_infra_failure_rate=rollout.max_infra_failure_rate,
-        infra_failure_window=rollout.infra_failure_window,
-    )
+    jsonl_path = str(run_dir / RUN_TRAJECTORY_LOG) if config.train.log_trajectories else None
     if buffer is not None:  # redundant groups get admission slots of their own; the staleness rule
         buffer.configure(redundant_groups=rollout.redundant_groups, staleness_rule=rollout.staleness_rule)
     if config.cluster.backend == "ray":  # env shards and engine servers as Ray actors (docs/ray.md)
         from rollhub.rollout.cluster.backend import RayRollout
 
         return RayRollout(
-            model_dir, manager_config, config.cluster, engine=config.engine, buffer=buffer, seeds=seeds, run_dir=run_dir
+            model_dir,
+            config.cluster,
+            env=config.env,
+            rollout=rollout,
+            agent=config.agent,
+            engine=config.engine,
+            buffer=buffer,
+            seeds=seeds,
+            run_dir=run_dir,
+            jsonl_path=jsonl_path,
         )
-    return EnvManager(engine, tokenizer, manager_config, buffer=buffer, seeds=seeds)
+    return EnvManager(
+        engine,
+        tokenizer,
+        env=config.env,
+        rollout=rollout,
+        agent=config.agent,
+        buffer=buffer,
+        seeds=seeds,
+        jsonl_path=jsonl_path,
+    )

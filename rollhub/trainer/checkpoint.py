@@ -244,15 +244,13 @@ def save_checkpoint(
     keep_last: int = 2,
     model_state: dict[str, torch.Tensor] | None = None,
     optimizer_state: dict[str, Any] | None = None,
-    reference_state: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write the checkpoint of `step` atomically, then prune older ones (keeping `keep_last`).
 
     `model_state` / `optimizer_state`, when given, are written instead of `model.state_dict()` /
     `optimizer.state_dict()`: trainer ranks gather their shards into these full states on rank 0
-    (rollhub.trainer.distributed.full_training_state), in the same format, so any world size
-    can resume the checkpoint. `reference_state`: the KL anchor's weights, saved only when it is
-    no longer the warm-start on disk (loss.reference_reset_every).
+    (rollhub.trainer.ranks.group.full_training_state), in the same format, so any world size
+    can resume the checkpoint.
     """
     root = Path(run_dir) / CHECKPOINT_DIR
     root.mkdir(parents=True, exist_ok=True)
@@ -269,8 +267,6 @@ def save_checkpoint(
         "rollout": _plain(rollout_state or {}),
         "rng": rng_state(),
     }
-    if reference_state is not None:
-        payload["reference"] = {k: v.detach().cpu() for k, v in reference_state.items()}
     final = root / _next_name(root, step)
     tmp = root / f"{_TMP}{final.name}-{os.getpid()}"
     tmp.mkdir()

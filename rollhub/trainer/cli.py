@@ -63,36 +63,19 @@ def load_run_config(config_path: str | None, overrides: list[str], resume: str |
     return load_config(RunConfig, config_path, list(overrides) + extra)
 
 
-def launched_ranks() -> int:
-    """WORLD_SIZE when torchrun (or our own launcher) started this process as one of several ranks, else 0.
-
-    Read here from the environment so the single-process path never imports torch.distributed.
-    """
-    import os
-
-    try:
-        world = int(os.environ.get("WORLD_SIZE", "0"))
-    except ValueError:
-        return 0
-    return world if world > 1 and "RANK" in os.environ else 0
-
-
 def _cmd_train(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from rollhub.trainer.loop import run_training
+    from rollhub.trainer.job import run_training
+    from rollhub.trainer.ranks.launch import end_follower_process, launched_ranks, train_on_ranks
 
     config = load_run_config(args.config, args.overrides, args.resume)
     logging.getLogger("rollhub").setLevel(min(logging.getLogger().level, logging.WARNING))
     resume = args.resume is not None
     if launched_ranks() or config.trainer.world_size > 1:  # torchrun, or trainer.world_size: N (docs/ray.md)
-        from rollhub.trainer.distributed import train_on_ranks
-
-        summary = train_on_ranks(config, resume=resume, progress=not args.no_progress)
+        summary = train_on_ranks(config, run_training, resume=resume, progress=not args.no_progress)
         if summary is None:  # a follower rank (torchrun): rank 0 reports
-            from rollhub.trainer.distributed import end_follower_process
-
             end_follower_process(0)
     else:
         summary = asyncio.run(run_training(config, resume=resume, progress=not args.no_progress))

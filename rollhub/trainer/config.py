@@ -3,9 +3,10 @@
 Sections mirror the data flow: model -> engine -> env -> agent -> rollout -> algorithm ->
 loss -> optim -> train, plus the optional SFT warm-start and the held-out evaluation. Each
 knob has one place: a section that configures one component is defined beside it
-(`AgentConfig` in rollhub.rollout.agent, `EngineConfig` in rollhub.inference.engines.build,
-`AlgorithmConfig` in rollhub.trainer.batch, `LossConfig` in rollhub.trainer.losses) and
-reaches it whole through the composition root, rollhub.trainer.build.
+(`AgentConfig` in rollhub.rollout.agent, `EnvConfig` and `RolloutConfig` in rollhub.rollout.config,
+`EngineConfig` in rollhub.inference.engines.build, `AlgorithmConfig` in rollhub.trainer.batch,
+`LossConfig` in rollhub.trainer.losses) and reaches it whole through the composition root,
+rollhub.trainer.build.
 
 Every numeric knob is range-checked in its section's `validate()` (the loader has already
 refused nan and infinity), and `RunConfig.validate()` keeps the three seed ranges apart:
@@ -23,7 +24,7 @@ from typing import Any, Literal
 from rollhub.inference.engines.build import EngineConfig
 from rollhub.rollout.agent import AgentConfig
 from rollhub.rollout.cluster.config import ClusterConfig
-from rollhub.rollout.seed_sources import ReplayConfig
+from rollhub.rollout.config import EnvConfig, RolloutConfig
 from rollhub.trainer.batch import AlgorithmConfig
 from rollhub.trainer.losses import LossConfig
 
@@ -85,7 +86,7 @@ class ModelConfig:
 
 @dataclass
 class TrainerConfig:
-    """Trainer ranks (rollhub.trainer.distributed): data-parallel FSDP2 processes led by rank 0.
+    """Trainer ranks (rollhub.trainer.ranks): data-parallel FSDP2 processes led by rank 0.
 
     `world_size: N` makes `rollhub train` start N ranks itself (local processes, or with
     `cluster.backend: ray` a Ray actor group in a placement group); under `torchrun` the
@@ -105,88 +106,6 @@ class TrainerConfig:
         _positive("trainer.collective_timeout_s", self.collective_timeout_s)
         _at_least("trainer.ray_num_cpus", self.ray_num_cpus, 0)
         _at_least("trainer.ray_num_gpus", self.ray_num_gpus, 0)
-
-
-@dataclass
-class EnvConfig:
-    id: str = "rollhub/Sokoban-v0"
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    train_seed_offset: int = 0  # training tasks use seeds offset, offset+1, ...
-    max_concurrent: int = 64  # env episodes running at once (coroutines)
-
-    def validate(self) -> None:
-        _at_least("env.train_seed_offset", self.train_seed_offset, 0)  # numpy refuses negative seeds
-        _at_least("env.max_concurrent", self.max_concurrent, 1)  # 0 would start no episode and wait forever
-
-
-@dataclass
-class RolloutConfig:
-    group_size: int = 8  # trajectories per task (same seed)
-    groups_per_batch: int = 4  # B: groups per trainer step
-    async_ratio: float = 1.0  # alpha: generation may run up to (alpha+1)*B groups ahead; 0 = on-policy
-    # Two switches because they are two axes (ROLL Flash, sec. 3): `lockstep` says how envs
-    # step (all of a batch together, or each on its own), `async_ratio` how far generation
-    # runs ahead of training. Lockstep with async_ratio 0 is the synchronous baseline;
-    # independent envs with async_ratio 0 is env-level asynchrony alone. Lockstep with a
-    # positive ratio means nothing and is refused.
-    lockstep: bool = False
-    # Failure budget (infra vs model failures: the rule in rollhub.rollout.types). Training stops with
-    # an error once more than this fraction of the last `infra_failure_window` finished trajectories
-    # failed for infrastructure reasons (at 1.0: once all of them did), instead of re-rolling forever
-    max_infra_failure_rate: float = 0.5
-    infra_failure_window: int = 200
-    # ... or after this many consecutive batches in which every trajectory failed (none succeeded and
-    # no group had an advantage signal); 0 = never stop for that
-    max_failed_batches: int = 20
-    # Redundant env rollout (ROLL Flash; costs in README "Rollout knobs"). g extra groups get
-    # admission slots of their own: the first B finished make the batch, the others are kept
-    # for the next one (nothing is discarded, so hard tasks are not trained on less often).
-    redundant_groups: int = 0
-    # r extra trajectories per group: N+r start, the first N to finish are kept, the rest are
-    # cancelled (requests aborted, envs closed); selects the fastest samples of each task
-    redundant_trajectories: int = 0
-    # cap on live envs per env id, e.g. {rollhub/SWE-v0: 8} containers on this host; the
-    # rest wait for a slot (null/empty = only env.max_concurrent applies)
-    env_concurrency: dict[str, int] = field(default_factory=dict)
-    # How a group's staleness is judged at consumption (rollhub.rollout.buffer): newest (its
-    # newest token: an episode still running on current weights is never dropped, so slow,
-    # hard tasks are trained on as often as they occur; `rollhub bench redundancy-bias`),
-    # token_mean (the token-weighted mean version of its response tokens), oldest (its oldest
-    # token, the strictest). Every token keeps its own version for the off-policy correction.
-    staleness_rule: Literal["token_mean", "newest", "oldest"] = "newest"
-    # Hard-seed replay (rollhub.rollout.seed_sources): a share of new groups re-plays seeds whose
-    # consumed group did not all succeed, so fewer groups of a strong policy are all successes
-    # (no advantage signal). Off while replay.fraction is 0
-    replay: ReplayConfig = field(default_factory=ReplayConfig)
-
-    def validate(self) -> None:
-        self.replay.validate()
-        _at_least("rollout.group_size", self.group_size, 1)
-        _at_least("rollout.groups_per_batch", self.groups_per_batch, 1)
-        _at_least("rollout.redundant_groups", self.redundant_groups, 0)
-        _at_least("rollout.redundant_trajectories", self.redundant_trajectories, 0)
-        if self.lockstep and (self.redundant_groups or self.redundant_trajectories):
-            raise ValueError(
-                "lockstep steps every env of a batch to the end, so redundancy saves nothing: "
-                "set rollout.redundant_groups and rollout.redundant_trajectories to 0, or lockstep: false"
-            )
-        for env_id, limit in (self.env_concurrency or {}).items():
-            if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-                raise ValueError(f"rollout.env_concurrency.{env_id} must be an integer >= 1, got {limit!r}")
-        if self.staleness_rule not in ("token_mean", "newest", "oldest"):
-            raise ValueError(
-                f"rollout.staleness_rule must be token_mean, newest or oldest, got {self.staleness_rule!r}"
-            )
-        if self.async_ratio < 0:
-            raise ValueError(f"rollout.async_ratio must be >= 0 (0 = synchronous), got {self.async_ratio}")
-        if self.lockstep and self.async_ratio != 0:
-            raise ValueError(
-                "lockstep runs each batch to the end before training: set async_ratio: 0 with lockstep: true"
-            )
-        if not 0 <= self.max_infra_failure_rate <= 1:
-            raise ValueError(f"rollout.max_infra_failure_rate must be in [0, 1], got {self.max_infra_failure_rate}")
-        _at_least("rollout.infra_failure_window", self.infra_failure_window, 1)
-        _at_least("rollout.max_failed_batches", self.max_failed_batches, 0)
 
 
 @dataclass
@@ -260,9 +179,6 @@ class SftConfig:
     # DART-style noise: each demo turn plays a random move with this probability; those turns
     # are context, not labels, so the demos show recoveries from off-path states
     noise: float = 0.0
-    # what a noise turn plays: `random` (any move) or `rejected` (a move the env refuses, so the
-    # demos show the board after a refused move, which clean demos never do; Sokoban has both)
-    noise_kind: str = "random"
     # laid over env.kwargs for the demonstration envs (same env id): e.g. a training-only
     # difficulty floor for RL (`min_solution_steps`) that the demos should not share
     env_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -281,8 +197,6 @@ class SftConfig:
         _at_least("sft.batch_size", self.batch_size, 1)
         _at_least("sft.seed_offset", self.seed_offset, 0)
         _fraction("sft.noise", self.noise, high_open=True)
-        if self.noise_kind not in ("random", "rejected"):
-            raise ValueError(f"sft.noise_kind must be random or rejected, got {self.noise_kind!r}")
 
     def torch_threads(self, run: RunConfig) -> int:
         """The SFT phase's torch threads (see `threads`)."""
@@ -321,7 +235,7 @@ class SelectConfig:
     held-out evaluation scores; the last step's policy is scored too and reported beside it.
     Why: where a policy's success swings between readings the last step is a noisy pick; where
     a decaying learning rate has settled it, a pick among many noisy readings favours a lucky
-    one, so the main recipe keeps the last step (docs/sokoban-rl-log.md). The validation
+    one, so the main recipe keeps the last step. The validation
     seeds are a range of their own, checked apart from the training, SFT and held-out seeds:
     selecting on the held-out seeds would report the best of several draws as if it were one.
     """
@@ -430,8 +344,6 @@ class RunConfig:
             raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
         if not self.run_dir.strip():
             raise ValueError("run_dir must name a folder")
-        if self.loss.reference_reset_every and not self.loss.kl_coef > 0:
-            raise ValueError("loss.reference_reset_every resets the KL anchor; it needs loss.kl_coef > 0")
         self._check_seed_ranges()
 
     @property
@@ -454,9 +366,7 @@ class RunConfig:
         generation runs up to ceil(async_ratio) batches ahead, and those groups are started
         (and take seeds) whether or not they are trained on, hence the factor
         (1 + ceil(async_ratio)) on every step, which over-counts on purpose. TRAIN_SEED_SLACK
-        covers groups re-started after failing on infrastructure. Replayed groups
-        (rollout.replay) re-issue seeds already taken and take no new one, so the bound holds
-        with replay on (it only over-counts more).
+        covers groups re-started after failing on infrastructure.
         """
         r = self.rollout
         return self.train.steps * r.groups_per_batch * (1 + math.ceil(r.async_ratio)) + TRAIN_SEED_SLACK

@@ -11,7 +11,8 @@ training honest: if the ratio were taken against a recompute at the current weig
 r would be 1 for every stale sample and nothing would be corrected (alibaba/ROLL#242).
 
 A loss is chosen on two independent axes:
-  * `objective`: ppo (clip, optional dual clip), cispo, topr, gspo, reinforce;
+  * `objective`: one named function of `OBJECTIVES` (ppo: clip with optional dual clip;
+    gspo, cispo, topr, reinforce), each giving the per-token loss before the weight w;
   * `correction` of w: "tis" (truncate at C, detached), "mis" (mask tokens whose w leaves
     the band [lo, hi], IcePop-style) or "none".
 `ppo` + `tis` with C = 2 is decoupled PPO, the default. Every tensor is [batch, time]
@@ -23,6 +24,7 @@ so micro-batches with gradient accumulation sum to exactly the full-batch loss.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -51,11 +53,6 @@ class LossConfig:
     # full: exact sum over the vocabulary at each response position, which also sees
     # probability leaking onto malformed answers before they are ever sampled
     kl_estimator: KLEstimator = "k3"
-    # 0: the KL anchor is the warm-start for the whole run. N > 0: every N RL steps the anchor
-    # becomes the current policy (a reference reset, as in ProRL): the KL still bounds how far
-    # one stretch of N steps moves, but no longer pulls a long run back toward the warm-start
-    # (on the Sokoban main job it changed nothing: docs/sokoban-rl-log.md)
-    reference_reset_every: int = 0
     # > 0: entropy bonus (exploration); < 0: entropy penalty, which sharpens a policy that is
     # scored by sampling at T = 1 toward its own most likely answers (needs per-token entropy)
     entropy_coef: float = 0.0
@@ -79,8 +76,6 @@ class LossConfig:
             raise ValueError("kl_coef must be >= 0")
         if not -1 <= self.entropy_coef <= 1:
             raise ValueError("entropy_coef must be in [-1, 1] (> 0: bonus, < 0: penalty; usually |c| <= 0.05)")
-        if self.reference_reset_every < 0:
-            raise ValueError("reference_reset_every must be >= 0 (0 = the warm-start stays the KL anchor)")
 
 
 @dataclass
@@ -164,6 +159,94 @@ def gspo_token_ratio(logp: torch.Tensor, prox_logp: torch.Tensor, mask: torch.Te
     return torch.exp(seq_log_ratio.detach() + logp - logp.detach())
 
 
+# --- the objectives -----------------------------------------------------------------------
+# Each takes (logp, prox_logp, ratio = pi_theta / pi_prox, advantages, mask, config) and returns the
+# per-token loss before the staleness weight w, and a 0/1 mark of the tokens whose gradient
+# the objective's clip removed (the clip-fraction metric).
+
+ObjectiveFn = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, LossConfig],
+    tuple[torch.Tensor, torch.Tensor],
+]
+
+
+def ppo_objective(
+    logp: torch.Tensor,
+    prox_logp: torch.Tensor,
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    config: LossConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped surrogate on the token ratio, with the dual-clip floor when `config.dual_clip` is set."""
+    return ppo_clip_loss(ratio, advantages, config.clip_low, config.clip_high, config.dual_clip)
+
+
+def gspo_objective(
+    logp: torch.Tensor,
+    prox_logp: torch.Tensor,
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    config: LossConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GSPO: the clip on one ratio per sequence (the geometric mean of its tokens'), no dual clip."""
+    seq_ratio = gspo_token_ratio(logp, prox_logp, mask)
+    return ppo_clip_loss(seq_ratio, advantages, config.clip_low, config.clip_high, None)
+
+
+def cispo_objective(
+    logp: torch.Tensor,
+    prox_logp: torch.Tensor,
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    config: LossConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """CISPO: the clipped ratio as a detached weight, so a clipped token still gets a gradient."""
+    clipped_ratio = ratio.clamp(1.0 - config.clip_low, 1.0 + config.clip_high).detach()
+    clipped = (clipped_ratio != ratio.detach()).to(ratio.dtype)
+    return -clipped_ratio * advantages * logp, clipped
+
+
+def topr_objective(
+    logp: torch.Tensor,
+    prox_logp: torch.Tensor,
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    config: LossConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """TOPR: positive samples get the plain policy gradient (SFT-like), negative ones a truncated IS weight
+    clamp(r, 0, 1)."""
+    negative_weight = ratio.detach().clamp(0.0, 1.0)
+    per_token = torch.where(advantages > 0, -advantages * logp, -negative_weight * advantages * logp)
+    clipped = ((advantages <= 0) & (ratio.detach() > 1.0)).to(ratio.dtype)
+    return per_token, clipped
+
+
+def reinforce_objective(
+    logp: torch.Tensor,
+    prox_logp: torch.Tensor,
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    config: LossConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE: -A log pi, no ratio and no clip (only the staleness weight corrects it)."""
+    return -advantages * logp, torch.zeros_like(ratio)
+
+
+#: `loss.objective` -> its function; the names are those of `Objective`
+OBJECTIVES: dict[str, ObjectiveFn] = {
+    "ppo": ppo_objective,
+    "gspo": gspo_objective,
+    "cispo": cispo_objective,
+    "topr": topr_objective,
+    "reinforce": reinforce_objective,
+}
+
+
 def k3_kl(logp: torch.Tensor, reference_logp: torch.Tensor) -> torch.Tensor:
     """k3 estimator of KL(pi || ref) per token: exp(d) - d - 1 with d = log ref - log pi (>= 0, low variance)."""
     d = (reference_logp - logp).clamp(-20.0, 20.0)
@@ -195,32 +278,14 @@ def policy_loss(
     """
     mask_f = mask.to(logp.dtype)
     normaliser = normaliser or BatchNormaliser.from_mask(mask_f)
+    objective = OBJECTIVES.get(config.objective)
+    if objective is None:
+        raise ValueError(f"unknown objective {config.objective!r} (one of {', '.join(OBJECTIVES)})")
     weight, w_raw = behaviour_weight(
         prox_logp, behaviour_logp, config.correction, config.is_cap, (config.mis_low, config.mis_high)
     )
-    log_ratio = (logp - prox_logp).clamp(-20.0, 20.0)
-    ratio = torch.exp(log_ratio)
-    clipped = torch.zeros_like(ratio)
-
-    if config.objective == "ppo":
-        per_token, clipped = ppo_clip_loss(ratio, advantages, config.clip_low, config.clip_high, config.dual_clip)
-    elif config.objective == "gspo":
-        seq_ratio = gspo_token_ratio(logp, prox_logp, mask_f)
-        per_token, clipped = ppo_clip_loss(seq_ratio, advantages, config.clip_low, config.clip_high, None)
-    elif config.objective == "cispo":
-        clipped_ratio = ratio.clamp(1.0 - config.clip_low, 1.0 + config.clip_high).detach()
-        clipped = (clipped_ratio != ratio.detach()).to(ratio.dtype)
-        per_token = -clipped_ratio * advantages * logp
-    elif config.objective == "topr":
-        # positive samples: plain policy gradient (SFT-like); negative: truncated IS clamp(r, 0, 1)
-        negative_weight = ratio.detach().clamp(0.0, 1.0)
-        per_token = torch.where(advantages > 0, -advantages * logp, -negative_weight * advantages * logp)
-        clipped = ((advantages <= 0) & (ratio.detach() > 1.0)).to(ratio.dtype)
-    elif config.objective == "reinforce":
-        per_token = -advantages * logp
-    else:
-        raise ValueError(f"unknown objective {config.objective!r}")
-
+    ratio = torch.exp((logp - prox_logp).clamp(-20.0, 20.0))
+    per_token, clipped = objective(logp, prox_logp, ratio, advantages, mask_f, config)
     per_token = weight * per_token
     loss = aggregate(per_token, mask_f, config.aggregation, normaliser)
     metrics: dict[str, float] = {}

@@ -180,8 +180,8 @@ class SharedPrefixes:
     A row's log-probs need hidden states only at the positions that predict its response
     tokens, i.e. up to one before its last response token, and a causal model's hidden state
     at position t depends on tokens 0..t alone. So a row whose needed tokens equal, or are a
-    prefix of, another row's needed tokens can read its hidden states from that row. Group
-    samples of one prompt with one-token answers (the Sokoban recipe: 4 samples per board)
+    prefix of, another row's needed tokens can read its hidden states from that row. A group's
+    samples of one prompt whose answers are one token each (one move per sample of a board)
     are such rows. Sharing is exact: the same tensors, and autograd sums both rows'
     gradients through the one forward.
     """

@@ -14,7 +14,7 @@ fp32 gradient reduction), on one GPU by bf16 autocast around the decoder and the
 Ranks: with `fsdp=True` inside an initialised torch.distributed process group, each decoder
 layer and then the root module are wrapped with FSDP2 (`torch.distributed.fsdp.fully_shard`);
 parameters stay DTensors, the optimizer is built over them as usual, and
-`engine_state_dict()` gathers full tensors for the weight push (rollhub.trainer.distributed
+`engine_state_dict()` gathers full tensors for the weight push (rollhub.trainer.ranks
 drives the ranks). `gradient_checkpointing` recomputes each decoder layer in the backward
 pass instead of keeping its activations.
 """

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rollhub.envs.base import Env
 from rollhub.inference.engines.base import Generation, InferenceEngine, SamplingParams
 from rollhub.trainer.losses import BatchNormaliser, aggregate
 from rollhub.trainer.policy import Policy, collate
@@ -26,52 +27,31 @@ logger = logging.getLogger(__name__)
 
 #: finish_reason of a demo turn that played a random move: context for later turns, not a label
 NOISE_TURN = "expert_noise"
-#: what a noise turn plays (sft.noise_kind)
-NOISE_KINDS = ("random", "rejected")
 
 
 class ExpertEngine(InferenceEngine):
     """An "engine" that answers with the env's scripted expert (one instance per env).
 
-    With `noise` > 0 it plays another move instead, with that probability, and marks the
-    turn (finish_reason NOISE_TURN) so SFT does not learn it: `noise_kind: random` is the
-    env's `random_action` (DART-style: the demos then show recoveries from off-path states),
-    `rejected` its `rejected_action`, a move the env refuses (the demos then show what to do
-    after a refused move; a turn with no such move plays the expert's).
+    With `noise` > 0 it plays the env's `random_action` instead, with that probability, and
+    marks the turn (finish_reason NOISE_TURN) so SFT does not learn it (DART-style: the demos
+    then show recoveries from off-path states).
     """
 
-    def __init__(
-        self,
-        env: Any,
-        tokenizer: Any,
-        *,
-        noise: float = 0.0,
-        noise_kind: str = "random",
-        rng: random.Random | None = None,
-    ):
-        if noise_kind not in NOISE_KINDS:
-            raise ValueError(f"noise_kind must be one of {NOISE_KINDS}, got {noise_kind!r}")
-        method = f"{noise_kind}_action"
-        if noise > 0 and not callable(getattr(env, method, None)):
-            raise ValueError(
-                f"sft.noise_kind={noise_kind} needs an env with {method}(rng); {type(env).__name__} has none"
-            )
+    def __init__(self, env: Env, tokenizer: Any, *, noise: float = 0.0, rng: random.Random | None = None):
+        if noise > 0 and type(env.unwrapped).random_action is Env.random_action:
+            raise ValueError(f"sft.noise plays the env's random_action; {type(env.unwrapped).__name__} has none")
         self.env = env
         self.tokenizer = tokenizer
         self.noise = noise
-        self.noise_kind = noise_kind
         self.rng = rng or random.Random(0)
 
     async def generate(
         self, input_ids: list[int], sampling: SamplingParams, request_id: str | None = None
     ) -> Generation:
         noisy = self.noise > 0 and self.rng.random() < self.noise
-        text = None
         if noisy:
-            pick = getattr(self.env, f"{self.noise_kind}_action")
-            text = pick(np.random.default_rng(self.rng.getrandbits(32)))
-            noisy = text is not None  # no rejected move on this board: the expert plays
-        if text is None:
+            text = self.env.random_action(np.random.default_rng(self.rng.getrandbits(32)))
+        else:
             text = self.env.expert_action()
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         if self.tokenizer.eos_token_id is not None:

@@ -1,4 +1,9 @@
-"""One optimizer step on a batch: micro-batches, gradient accumulation, clipping.
+"""A training step: its plan (`StepPlan`), and the optimizer steps that run it.
+
+`plan_step` decides, once per batch, what the step runs: the rows of each PPO mini-batch
+(one optimizer step each), the micro-batches of each, and where the proximal log-probs
+come from. The single process runs that plan (`run_step`); trainer ranks shard the same
+plan across ranks (rollhub.trainer.ranks), so the two cannot decide differently.
 
 Every micro-batch's loss is normalised by the token/sequence counts of the WHOLE batch
 (`BatchNormaliser`), so the accumulated gradient is exactly the full-batch gradient,
@@ -15,8 +20,9 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 
@@ -46,7 +52,7 @@ def policy_update(
     pack_tokens: int | None = None,
     logprobs_out: torch.Tensor | None = None,
     logprobs_rows: torch.Tensor | None = None,
-    packed_plan: list[list[int]] | None = None,
+    micro_batches: list[list[int]] | None = None,
 ) -> dict[str, float]:
     """Compute the loss over `batch` in micro-batches, accumulate gradients, step once.
 
@@ -66,9 +72,11 @@ def policy_update(
     instead of `policy.micro_batch_size` right-padded rows; the loss, its masks and the
     normaliser are the same, so the gradient is the same up to float rounding.
 
-    `packed_plan` (with `pack_tokens`): the micro-batches' rows, planned by the caller. Trainer
-    ranks pass one padded with empty rows to the count every rank runs, since FSDP2 gathers the
-    parameters in every forward and a rank that ran fewer would leave the others waiting.
+    `micro_batches`: the rows of `batch` in each micro-batch, as the step's plan laid them out
+    (`micro_batch_rows`; None plans them here the same way). Padded micro-batches are runs of
+    consecutive rows. Trainer ranks pass packed plans padded with empty rows to the count every
+    rank runs, since FSDP2 gathers the parameters in every forward and a rank that ran fewer
+    would leave the others waiting.
 
     `logprobs_out` (with `logprobs_rows`, the rows of a larger batch that `batch` holds)
     receives the detached log-probs of this forward, i.e. pi at the weights before the step:
@@ -89,14 +97,11 @@ def policy_update(
     if exact_kl and reference is None:
         raise ValueError("loss.kl_estimator 'full' needs the reference policy")
     packed = pack_tokens is not None
-    if packed:
-        plan = (
-            packed_plan
-            if packed_plan is not None
-            else plan_packed_micro_batches(sequence_lengths(batch.attention_mask), pack_tokens)
-        )
-    else:
-        plan = plan_padded_micro_batches(len(batch), policy.micro_batch_size)
+    plan = (
+        micro_batches
+        if micro_batches is not None
+        else micro_batch_rows(sequence_lengths(batch.attention_mask), pack_tokens, policy.micro_batch_size)
+    )
     for group in plan:
         if packed:
             index: slice | torch.Tensor = torch.as_tensor(group, dtype=torch.long)
@@ -211,10 +216,18 @@ def _clip_and_norm(parameters, max_grad_norm: float | None) -> float:
     return float(torch.nn.utils.clip_grad_norm_(params, limit))
 
 
+def micro_batch_rows(lengths: Sequence[int], pack_tokens: int | None, micro_batch_size: int) -> list[list[int]]:
+    """The rows of each micro-batch of rows of these lengths: packed to `pack_tokens` tokens, else
+    runs of `micro_batch_size` consecutive rows (right-padded)."""
+    if pack_tokens is not None:
+        return plan_packed_micro_batches(lengths, pack_tokens)
+    return plan_padded_micro_batches(len(lengths), micro_batch_size)
+
+
 def minibatch_orders(
     batch: TokenBatch, *, minibatches: int, epochs: int, seed: int, pack_tokens: int | None = None
 ) -> list[list[Any]]:
-    """Each epoch's mini-batch rows: the seeded shuffle of `ppo_update` (trainer ranks draw the same).
+    """Each epoch's mini-batch rows: a seeded shuffle, so a resumed run draws the same parts.
 
     With `pack_tokens` a prompt's rows stay in one mini-batch, so packing forwards it once.
     """
@@ -223,6 +236,106 @@ def minibatch_orders(
     if pack_tokens is not None:
         return [list(prompt_split(batch.input_ids, batch.response_mask, parts, generator)) for _ in range(epochs)]
     return [list(torch.randperm(len(batch), generator=generator).tensor_split(parts)) for _ in range(epochs)]
+
+
+#: where a step's proximal log-probs (pi_prox) come from:
+#:   behaviour        the engine's mu (loss.proximal "behaviour"): no pass, plain PPO against the sampler
+#:   update           the update's own forward, detached: one mini-batch and one epoch, so pi_prox IS the
+#:                    weights being optimised, and the separate pass would only repeat that forward
+#:   recompute        a no-grad pass over every row with the weights at step start
+#:   first_minibatch  packed, one process: the first mini-batch runs before any optimizer step, so its
+#:                    own detached forward is pi_prox for its rows (kept for later epochs); the no-grad
+#:                    pass covers only the other rows
+ProximalSource = Literal["behaviour", "update", "recompute", "first_minibatch"]
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What one training step runs, decided once from the batch and the config (`plan_step`).
+
+    The single process runs it (`run_step`); trainer ranks split every mini-batch of the same
+    plan across ranks, so both draw the same mini-batches and take pi_prox from the same place.
+    """
+
+    orders: list[list[torch.Tensor]]  # per epoch, the batch rows of each mini-batch (one optimizer step each)
+    micro_batches: list[
+        list[list[int]]
+    ]  # per mini-batch (epochs flattened), the rows of the mini-batch per micro-batch
+    proximal: ProximalSource
+    single: bool  # one mini-batch of every row, one epoch: the whole batch is one optimizer step
+    pack_tokens: int | None  # micro-batches packed to this many tokens; None: right-padded rows
+    micro_batch_size: int  # rows per padded micro-batch
+
+    @property
+    def parts(self) -> list[torch.Tensor]:
+        """The mini-batches in the order they step, epochs one after the other."""
+        return [rows for epoch in self.orders for rows in epoch]
+
+
+def plan_step(
+    batch: TokenBatch,
+    loss_config: LossConfig,
+    *,
+    minibatches: int = 1,
+    epochs: int = 1,
+    seed: int = 0,
+    pack_tokens: int | None = None,
+    micro_batch_size: int = 8,
+    world_size: int = 1,
+) -> StepPlan:
+    """The step's mini-batches, micro-batches and proximal source (see `StepPlan`).
+
+    `world_size` > 1 (trainer ranks) never plans "first_minibatch": a rank's first mini-batch
+    forward holds only its shard of the rows, so ranks take a sharded no-grad pass instead.
+    """
+    if minibatches < 1 or epochs < 1:
+        raise ValueError("minibatches and epochs must be >= 1")
+    single = minibatches == 1 and epochs == 1
+    if loss_config.proximal == "behaviour":
+        proximal: ProximalSource = "behaviour"
+    elif single:
+        proximal = "update"
+    elif pack_tokens is not None and world_size == 1:
+        proximal = "first_minibatch"
+    else:
+        proximal = "recompute"
+    if single:
+        orders = [[torch.arange(len(batch))]]
+    else:
+        orders = minibatch_orders(batch, minibatches=minibatches, epochs=epochs, seed=seed, pack_tokens=pack_tokens)
+    lengths = sequence_lengths(batch.attention_mask)
+    micro_batches = [
+        micro_batch_rows([lengths[row] for row in rows.tolist()], pack_tokens, micro_batch_size)
+        for epoch in orders
+        for rows in epoch
+    ]
+    return StepPlan(orders, micro_batches, proximal, single, pack_tokens, micro_batch_size)
+
+
+def proximal_logprobs(
+    plan: StepPlan, batch: TokenBatch, recompute: Callable[[TokenBatch], torch.Tensor]
+) -> torch.Tensor | None:
+    """pi_prox of every row of `batch` from where `plan` takes it (None: the update's own forward).
+
+    `recompute` scores rows with the weights at step start (the one process's no-grad pass, or
+    the ranks' sharded one). With "first_minibatch" the first mini-batch's rows stay 0 here: its
+    update fills them in (`policy_update`'s `logprobs_out`).
+    """
+    if plan.proximal == "behaviour":
+        # the decoupled weight min(prox/mu, C) is 1 and the clip is plain PPO's
+        return batch.behaviour_logprobs * batch.response_mask
+    if plan.proximal == "update":
+        return None
+    if plan.proximal == "recompute":
+        return recompute(batch)
+    prox = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+    rest = torch.ones(len(batch), dtype=torch.bool)
+    rest[plan.parts[0]] = False
+    if bool(rest.any()):
+        rest_rows = rest.nonzero(as_tuple=True)[0]
+        rest_prox = recompute(batch.select(rest_rows))
+        prox[rest_rows, : rest_prox.shape[1]] = rest_prox
+    return prox
 
 
 def ppo_update(
@@ -256,78 +369,93 @@ def ppo_update(
 
     `pack_tokens` packs every forward pass of the step (proximal, reference, update) to that
     many tokens per micro-batch (rollhub.trainer.packing), and the mini-batches keep the rows
-    of one prompt together (`prompt_split`), so a shared prompt runs once. On that path the first mini-batch
-    also serves as its own proximal pass: it runs before any optimizer step, so its detached
-    forward IS pi_prox for its rows (kept for later epochs); the no-grad pass covers only the
-    other rows. The padded path keeps the separate pass over every row (results unchanged).
+    of one prompt together (`prompt_split`), so a shared prompt runs once; the first
+    mini-batch serves as its own proximal pass ("first_minibatch" of `ProximalSource`).
     """
-    if minibatches < 1 or epochs < 1:
-        raise ValueError("minibatches and epochs must be >= 1")
-    if isinstance(normaliser, BatchNormaliser) and (minibatches > 1 or epochs > 1):
+    plan = plan_step(
+        batch,
+        loss_config,
+        minibatches=minibatches,
+        epochs=epochs,
+        seed=seed,
+        pack_tokens=pack_tokens,
+        micro_batch_size=policy.micro_batch_size,
+    )
+    return run_step(
+        policy,
+        optimizer,
+        batch,
+        plan,
+        loss_config,
+        max_grad_norm=max_grad_norm,
+        reference=reference,
+        normaliser=normaliser,
+    )
+
+
+def run_step(
+    policy: Policy,
+    optimizer: torch.optim.Optimizer,
+    batch: TokenBatch,
+    plan: StepPlan,
+    loss_config: LossConfig,
+    *,
+    max_grad_norm: float | None = 1.0,
+    reference: Policy | None = None,
+    normaliser: BatchNormaliser | Callable[[TokenBatch], BatchNormaliser] | None = None,
+) -> dict[str, float]:
+    """Run `plan` in this process: the reference and proximal passes, then one `policy_update` per mini-batch."""
+    if isinstance(normaliser, BatchNormaliser) and not plan.single:
         raise ValueError("a fixed BatchNormaliser covers one part; pass a function of the mini-batch instead")
     if loss_config.kl_coef > 0 and reference is None:
         raise ValueError("loss.kl_coef > 0 needs a reference policy")
+    pack_tokens = plan.pack_tokens
     sampled_kl = loss_config.kl_coef > 0 and loss_config.kl_estimator == "k3"
     clock = time.perf_counter()
     ref = reference.compute_logprobs(batch, pack_tokens=pack_tokens) if sampled_kl and reference is not None else None
     reference_s = time.perf_counter() - clock
-    behaviour = batch.behaviour_logprobs * batch.response_mask if loss_config.proximal == "behaviour" else None
-    if minibatches == 1 and epochs == 1:
+    if plan.single:
         out = policy_update(
             policy,
             optimizer,
             batch,
-            behaviour,
+            proximal_logprobs(plan, batch, policy.compute_logprobs),
             loss_config,
             max_grad_norm=max_grad_norm,
             reference_logprobs=ref,
             reference=reference,
             normaliser=normaliser(batch) if callable(normaliser) else normaliser,
             pack_tokens=pack_tokens,
+            micro_batches=plan.micro_batches[0],
         )
         out["optimizer_steps"] = 1.0 - out["skipped_nonfinite"]
         out["split/prox_s"] = 0.0
         out["split/reference_s"] += reference_s
         return out
-    orders = minibatch_orders(batch, minibatches=minibatches, epochs=epochs, seed=seed, pack_tokens=pack_tokens)
     clock = time.perf_counter()
-    # with "behaviour" the decoupled weight min(prox/mu, C) is 1 and the clip is plain PPO's
-    share_first = behaviour is None and pack_tokens is not None
-    if behaviour is not None:
-        prox = behaviour
-    elif share_first:
-        prox = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-        first = orders[0][0]
-        rest = torch.ones(len(batch), dtype=torch.bool)
-        rest[first] = False
-        if bool(rest.any()):
-            rest_rows = rest.nonzero(as_tuple=True)[0]
-            rest_prox = policy.compute_logprobs(batch.select(rest_rows), pack_tokens=pack_tokens)
-            prox[rest_rows, : rest_prox.shape[1]] = rest_prox
-    else:
-        prox = policy.compute_logprobs(batch)
+    prox = proximal_logprobs(plan, batch, lambda rows: policy.compute_logprobs(rows, pack_tokens=pack_tokens))
     prox_s = time.perf_counter() - clock
     results = []
-    for epoch, epoch_parts in enumerate(orders):
-        for number, rows in enumerate(epoch_parts):
-            part = batch.select(rows)
-            own_prox = share_first and epoch == 0 and number == 0
-            results.append(
-                policy_update(
-                    policy,
-                    optimizer,
-                    part,
-                    None if own_prox else prox[rows],
-                    loss_config,
-                    max_grad_norm=max_grad_norm,
-                    reference_logprobs=None if ref is None else ref[rows],
-                    reference=reference,
-                    normaliser=normaliser(part) if callable(normaliser) else None,
-                    pack_tokens=pack_tokens,
-                    logprobs_out=prox if own_prox and epochs > 1 else None,
-                    logprobs_rows=rows,
-                )
+    for number, (rows, micro_batches) in enumerate(zip(plan.parts, plan.micro_batches)):
+        part = batch.select(rows)
+        own_prox = plan.proximal == "first_minibatch" and number == 0
+        results.append(
+            policy_update(
+                policy,
+                optimizer,
+                part,
+                None if own_prox else prox[rows],
+                loss_config,
+                max_grad_norm=max_grad_norm,
+                reference_logprobs=None if ref is None else ref[rows],
+                reference=reference,
+                normaliser=normaliser(part) if callable(normaliser) else None,
+                pack_tokens=pack_tokens,
+                logprobs_out=prox if own_prox and len(plan.orders) > 1 else None,
+                logprobs_rows=rows,
+                micro_batches=micro_batches,
             )
+        )
     summed = ("micro_batches", *SPLIT_KEYS)
     out = {
         key: sum(r[key] for r in results) / len(results)

@@ -72,25 +72,3 @@ def test_e2e_cpu_quick(tmp_path):
     result = _bench("e2e-cpu", tmp_path)
     assert [r["mode"] for r in result["rows"]] == ["sync", "async"]
     assert all(r["steps"] == 3 and r["s_per_step"] > 0 for r in result["rows"])
-
-
-def test_policy_probe_scores_boards_exactly(tmp_path):
-    from rollhub.inference.models import init_tiny_model
-
-    model = init_tiny_model(tmp_path / "model", "5m", seed=0)
-    result = _bench("policy-probe", tmp_path, "--set", f"models={model}")
-    rows = {r["boards"]: r for r in result["rows"]}
-    assert set(rows) == {"solver", "after-wall"}
-    for row in rows.values():
-        assert row["n"] > 0
-        # probabilities of whole answers: each part of the total, the total at most 1
-        assert 0 <= row["p_optimal"] <= row["p_any_move"] <= 1
-        assert 0 <= row["p_wall"] <= row["p_any_move"]
-    # an untrained model spreads its mass over the whole vocabulary: far from any move
-    assert rows["solver"]["p_any_move"] < 0.05
-
-
-def test_policy_probe_needs_models(tmp_path):
-    from rollhub.cli import main as cli_main
-
-    assert cli_main(["bench", "policy-probe", "--quick", "--out", str(tmp_path / "p")]) != 0

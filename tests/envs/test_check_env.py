@@ -121,6 +121,65 @@ async def test_broken_envs_are_caught(env_cls, message):
         await check_env(env_cls())
 
 
+class ToolsAsTextEnv(GuessEnv):
+    tools = "guess(n)"  # not a list of tool specs
+
+
+class TemplateToolsWithoutToolsEnv(GuessEnv):
+    chat_template_tools = True
+
+
+class TaskListOfNamesEnv(GuessEnv):
+    def task_set(self):
+        return ["game-1", "game-2"]  # a list, not key -> name
+
+
+class DrawsUnaskedKeysEnv(GuessEnv):
+    def could_draw(self, keys):
+        return set(keys) | {"a task nobody asked about"}
+
+
+class StepLimitAsTextEnv(GuessEnv):
+    max_steps = "4"
+
+
+@pytest.mark.parametrize(
+    "env_cls,message",
+    [
+        (ToolsAsTextEnv, "tools must be None or a non-empty list"),
+        (TemplateToolsWithoutToolsEnv, "chat_template_tools is True but the env declares no tools"),
+        (TaskListOfNamesEnv, r"task_set\(\) must return None or a dict"),
+        (DrawsUnaskedKeysEnv, r"could_draw\(keys\) must return None or a subset of keys"),
+        (StepLimitAsTextEnv, "max_steps must be an int >= 1"),
+    ],
+)
+async def test_broken_optional_members_are_caught(env_cls, message):
+    with pytest.raises(EnvCheckError, match=message):
+        await check_env(env_cls())
+
+
+def test_every_optional_member_has_a_default_on_the_base_class():
+    """Callers read these directly (no getattr), so a bare env must answer every one."""
+
+    class Bare(Env):
+        async def reset(self, *, seed=None, options=None):
+            return [], {}
+
+        async def step(self, action):
+            return [], 0.0, True, False, {}
+
+    env = Bare()
+    assert (env.action_tag, env.tools, env.max_steps, env.spec, env.chat_template_tools) == (
+        "action",
+        None,
+        50,
+        None,
+        False,
+    )
+    assert Bare.CHECK_BY_BUILDING is False and env.unwrapped is env
+    assert env.task_set() is None and env.could_draw({"k"}) is None and env.render_text() == ""
+
+
 async def test_bad_types_list_every_problem():
     with pytest.raises(EnvCheckError) as caught:
         await check_env(BadTypesEnv())

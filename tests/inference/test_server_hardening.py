@@ -262,7 +262,7 @@ async def test_api_key_guards_every_endpoint_but_health(served_with_key):
 
 
 async def test_clients_send_the_key_given_or_from_the_environment(served_with_key, monkeypatch):
-    from rollhub.rollout.cluster.router import EngineRouter
+    from rollhub.inference.engines.router import EngineRouter
 
     _, url = served_with_key
     sampling = SamplingParams(max_new_tokens=2, stop_token_ids=tuple(NO_STOP))
@@ -351,15 +351,16 @@ async def test_ray_engine_servers_bind_the_node_ip_and_require_the_runs_key(
 ):
     """Driver -> engine server (key as an argument) and driver -> shard (key in its
     environment): a group completes only if the shard's router authenticates."""
+    from rollhub.rollout.agent import AgentConfig
     from rollhub.rollout.cluster.backend import RayRollout
     from rollhub.rollout.cluster.config import ClusterConfig
-    from rollhub.rollout.manager import EnvManagerConfig
+    from rollhub.rollout.config import EnvConfig, RolloutConfig
 
     monkeypatch.delenv("ROLLHUB_API_KEY", raising=False)
-    config = EnvManagerConfig(env_id="rollhub/Sokoban-v0", env_kwargs={"max_steps": 2}, group_size=1)
-    config.agent.max_new_tokens = 4
+    env = EnvConfig(id="rollhub/Sokoban-v0", kwargs={"max_steps": 2})
+    sections = {"env": env, "rollout": RolloutConfig(group_size=1), "agent": AgentConfig(max_new_tokens=4)}
     cluster = ClusterConfig(backend="ray", num_env_shards=1, num_engines=1, max_replacements=0)
-    rollout = RayRollout(tiny_model_dir, config, cluster, run_dir=tmp_path)
+    rollout = RayRollout(tiny_model_dir, cluster, **sections, run_dir=tmp_path)
     try:
         (group,) = await asyncio.wait_for(rollout.collect_batch(1), timeout=300)
         assert rollout.ledger.groups_failed == 0 and len(group.trajectories) == 1

@@ -86,3 +86,17 @@ class RecordingEngine(InferenceEngine):
 
     async def abort(self, request_id):
         await self.inner.abort(request_id)
+
+
+def sections(env_id: str, *, env_kwargs: dict | None = None, agent=None, max_concurrent: int = 256, **rollout) -> dict:
+    """The run sections an EnvManager takes, from a few knobs by their run names (`rollout` keys:
+    group_size, redundant_groups, lockstep, ...; async_ratio 0 unless given, as lockstep needs)."""
+    from rollhub.rollout.agent import AgentConfig
+    from rollhub.rollout.config import EnvConfig, RolloutConfig
+
+    rollout.setdefault("async_ratio", 0.0)
+    return {
+        "env": EnvConfig(id=env_id, kwargs=dict(env_kwargs or {}), max_concurrent=max_concurrent),
+        "rollout": RolloutConfig(**rollout),
+        "agent": agent if agent is not None else AgentConfig(),
+    }

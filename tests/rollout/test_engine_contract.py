@@ -173,18 +173,18 @@ async def test_server_speaks_sglang_shapes(served):
 
 async def test_env_manager_over_the_http_client_with_a_state_dict_update(served, tiny_model_and_tokenizer):
     """The full rollout stack on the SGLang client path: groups, then pause -> update -> resume."""
-    from rollout_testing import CountdownEnv
+    from rollout_testing import CountdownEnv, sections
 
     from rollhub.rollout.agent import AgentConfig
-    from rollhub.rollout.manager import EnvManager, EnvManagerConfig
+    from rollhub.rollout.manager import EnvManager
 
     backend, url = served
     model, tokenizer = tiny_model_and_tokenizer
     client = SGLangEngine(url)
-    config = EnvManagerConfig(
-        env_id="test/Countdown-v0", group_size=2, agent=AgentConfig(max_new_tokens=4), env_kwargs={"max_steps": 2}
+    config = sections(
+        "test/Countdown-v0", group_size=2, agent=AgentConfig(max_new_tokens=4), env_kwargs={"max_steps": 2}
     )
-    manager = EnvManager(client, tokenizer, config, env_factory=lambda env_id, **kw: CountdownEnv(**kw))
+    manager = EnvManager(client, tokenizer, **config, env_factory=lambda env_id, **kw: CountdownEnv(**kw))
     try:
         before = await manager.collect_batch(2)
         await manager.update_weights({k: v.clone() for k, v in model.state_dict().items()}, version=2)

@@ -7,14 +7,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from rollout_testing import CountdownEnv
+from rollout_testing import CountdownEnv, sections
 
 from rollhub.envs.base import Env
 from rollhub.envs.registry import register
 from rollhub.inference.engines.base import SamplingParams
 from rollhub.rollout.agent import AgentConfig, EpisodeRunner, run_episode
 from rollhub.rollout.buffer import GroupBuffer
-from rollhub.rollout.manager import EnvManager, EnvManagerConfig
+from rollhub.rollout.manager import EnvManager
 from rollhub.rollout.types import RolloutFailureError, TrajectoryStatus
 from rollhub.sandbox.base import SandboxError
 from rollhub.trainer.batch import AlgorithmConfig, build_training_batch
@@ -63,9 +63,10 @@ register("test/BrokenReset-v0", BrokenResetEnv, gymnasium_compat=False)
 register("test/ActionCrash-v0", ActionCrashEnv, gymnasium_compat=False)
 
 
-def _manager(engine, env_id: str, **config) -> EnvManager:
-    defaults = dict(group_size=2, max_infra_retries=1, infra_failure_window=8, agent=AGENT)
-    return EnvManager(engine, engine.tokenizer, EnvManagerConfig(env_id=env_id, **{**defaults, **config}))
+def _manager(engine, env_id: str, max_infra_retries: int = 1, **rollout) -> EnvManager:
+    defaults = dict(group_size=2, infra_failure_window=8, agent=AGENT)
+    config = sections(env_id, **{**defaults, **rollout})
+    return EnvManager(engine, engine.tokenizer, **config, max_infra_retries=max_infra_retries)
 
 
 # --- infra: bounded, with a clear error ----------------------------------------------------
@@ -90,10 +91,8 @@ async def test_collect_batch_with_an_env_that_never_resets_stops_with_a_clear_er
 
 async def test_run_with_an_env_that_never_resets_raises_and_frees_the_buffer(engine):
     buffer = GroupBuffer(2, alpha=1.0)
-    config = EnvManagerConfig(
-        env_id="test/BrokenReset-v0", group_size=2, max_infra_retries=1, infra_failure_window=8, agent=AGENT
-    )
-    manager = EnvManager(engine, engine.tokenizer, config, buffer=buffer)
+    config = sections("test/BrokenReset-v0", group_size=2, infra_failure_window=8, agent=AGENT)
+    manager = EnvManager(engine, engine.tokenizer, **config, max_infra_retries=1, buffer=buffer)
     with pytest.raises(RolloutFailureError, match="8 of the last 8"):
         await asyncio.wait_for(manager.run(asyncio.Event()), timeout=30)
     assert manager.failure is not None
@@ -116,10 +115,8 @@ async def test_a_healthy_share_of_infra_failures_keeps_running(engine):
     def two_envs_break(env_id, **kwargs):
         return CountdownEnv(max_steps=1, fail_reset=next(made) in (1, 6))
 
-    config = EnvManagerConfig(
-        env_id="test/Countdown-v0", group_size=2, max_infra_retries=2, infra_failure_window=8, agent=AGENT
-    )
-    manager = EnvManager(engine, engine.tokenizer, config, env_factory=two_envs_break)
+    config = sections("test/Countdown-v0", group_size=2, infra_failure_window=8, agent=AGENT)
+    manager = EnvManager(engine, engine.tokenizer, **config, max_infra_retries=2, env_factory=two_envs_break)
     groups = await asyncio.wait_for(manager.collect_batch(6), timeout=60)
     assert len(groups) == 6 and manager.failure is None
     assert manager.metrics.infra_failures == 2 and manager.metrics.infra_retries == 2
@@ -207,8 +204,8 @@ async def test_lockstep_group_with_an_infra_failed_member_is_baselined_on_the_ot
     def third_env_dies(env_id, **kwargs):  # the third member's worker crashes on its second step
         return CountdownEnv(max_steps=3, fail_on_step=2 if next(made) == 2 else None)
 
-    config = EnvManagerConfig(env_id="test/Countdown-v0", group_size=4, lockstep=True, agent=AGENT)
-    manager = EnvManager(engine, engine.tokenizer, config, env_factory=third_env_dies)
+    config = sections("test/Countdown-v0", group_size=4, lockstep=True, agent=AGENT)
+    manager = EnvManager(engine, engine.tokenizer, **config, env_factory=third_env_dies)
     [group] = await manager.collect_batch(1)
     statuses = [t.status for t in group.trajectories]
     assert statuses.count(TrajectoryStatus.INFRA_FAILED) == 1 and statuses[2] == TrajectoryStatus.INFRA_FAILED

@@ -6,21 +6,20 @@ import asyncio
 import json
 
 import pytest
-from rollout_testing import CountdownEnv
+from rollout_testing import CountdownEnv, sections
 
 from rollhub.rollout.agent import AgentConfig
 from rollhub.rollout.buffer import GroupBuffer
-from rollhub.rollout.manager import EnvManager, EnvManagerConfig
+from rollhub.rollout.config import RolloutConfig
+from rollhub.rollout.manager import EnvManager
 from rollhub.rollout.types import RolloutFailureError, TrajectoryStatus
 
 FAST_AGENT = AgentConfig(max_new_tokens=6, max_turns=4, max_context_tokens=1024)
 
 
 async def test_64_sokoban_trajectories_every_token_accounted(engine, tmp_path):
-    config = EnvManagerConfig(
-        env_id="rollhub/Sokoban-v0", group_size=4, agent=FAST_AGENT, jsonl_path=str(tmp_path / "t.jsonl")
-    )
-    manager = EnvManager(engine, engine.tokenizer, config)
+    config = sections("rollhub/Sokoban-v0", group_size=4, agent=FAST_AGENT)
+    manager = EnvManager(engine, engine.tokenizer, **config, jsonl_path=str(tmp_path / "t.jsonl"))
     tokens_before = engine.stats.generated_tokens
     groups = await manager.collect_batch(16)
     await manager.close()
@@ -50,14 +49,14 @@ async def test_redundancy_cancels_stragglers_and_leaves_nothing_behind(engine, c
         # every third env is a straggler; redundancy must not wait for it
         return CountdownEnv(max_steps=3, step_sleep_s=5.0 if next(slow_every) % 3 == 2 else 0.0)
 
-    config = EnvManagerConfig(
-        env_id="test/Countdown-v0",
+    config = sections(
+        "test/Countdown-v0",
         group_size=2,
-        group_redundancy=1,
-        batch_redundancy=1,
+        redundant_trajectories=1,
+        redundant_groups=1,
         agent=AgentConfig(max_new_tokens=4),
     )
-    manager = EnvManager(engine, engine.tokenizer, config, env_factory=factory)
+    manager = EnvManager(engine, engine.tokenizer, **config, env_factory=factory)
     live_before = CountdownEnv.live
     groups = await asyncio.wait_for(manager.collect_batch(3), timeout=60)
     assert len(groups) == 3 and all(len(g.trajectories) == 2 for g in groups)
@@ -72,20 +71,20 @@ async def test_redundancy_cancels_stragglers_and_leaves_nothing_behind(engine, c
 
 
 async def test_lockstep_baseline_steps_all_envs_together(engine, countdown_factory):
-    config = EnvManagerConfig(
-        env_id="test/Countdown-v0",
+    config = sections(
+        "test/Countdown-v0",
         group_size=3,
         lockstep=True,
         agent=AgentConfig(max_new_tokens=5),
         env_kwargs={"max_steps": 2},
     )
-    manager = EnvManager(engine, engine.tokenizer, config, env_factory=countdown_factory)
+    manager = EnvManager(engine, engine.tokenizer, **config, env_factory=countdown_factory)
     groups = await manager.collect_batch(2)
     assert [len(g.trajectories) for g in groups] == [3, 3]
     assert all(len(t.turns) == 2 for g in groups for t in g.trajectories)
     assert manager.open_envs == 0
     with pytest.raises(ValueError, match="lockstep"):
-        EnvManagerConfig(lockstep=True, group_redundancy=1).validate()
+        RolloutConfig(lockstep=True, async_ratio=0, redundant_trajectories=1).validate()
 
 
 async def test_infra_failures_are_retried_then_group_dropped(engine):
@@ -94,10 +93,8 @@ async def test_infra_failures_are_retried_then_group_dropped(engine):
     def flaky(env_id, **kwargs):
         return CountdownEnv(max_steps=2, fail_on_step=1 if next(calls) % 2 == 0 else None)
 
-    config = EnvManagerConfig(
-        env_id="test/Countdown-v0", group_size=2, max_infra_retries=2, agent=AgentConfig(max_new_tokens=3)
-    )
-    manager = EnvManager(engine, engine.tokenizer, config, env_factory=flaky)
+    config = sections("test/Countdown-v0", group_size=2, agent=AgentConfig(max_new_tokens=3))
+    manager = EnvManager(engine, engine.tokenizer, **config, max_infra_retries=2, env_factory=flaky)
     groups = await manager.collect_batch(2)
     assert all(t.status != TrajectoryStatus.INFRA_FAILED for g in groups for t in g.trajectories)
     assert manager.metrics.infra_failures >= 1 and manager.metrics.infra_retries >= 1
@@ -105,9 +102,8 @@ async def test_infra_failures_are_retried_then_group_dropped(engine):
     always_broken = EnvManager(
         engine,
         engine.tokenizer,
-        EnvManagerConfig(
-            env_id="test/Countdown-v0", group_size=2, max_infra_retries=1, agent=AgentConfig(max_new_tokens=3)
-        ),
+        **sections("test/Countdown-v0", group_size=2, agent=AgentConfig(max_new_tokens=3)),
+        max_infra_retries=1,
         env_factory=lambda env_id, **kw: CountdownEnv(fail_reset=True),
     )
     with pytest.raises(RolloutFailureError, match="infra"):  # a permanently broken env stops the run, never spins
@@ -127,14 +123,14 @@ async def test_per_env_concurrency_limit(engine):
             return await super().step(action)
 
     baseline = CountdownEnv.live
-    config = EnvManagerConfig(
-        env_id="test/Countdown-v0",
+    config = sections(
+        "test/Countdown-v0",
         group_size=4,
         env_concurrency={"test/Countdown-v0": 2},
         agent=AgentConfig(max_new_tokens=3),
     )
     manager = EnvManager(
-        engine, engine.tokenizer, config, env_factory=lambda env_id, **kw: Tracked(max_steps=2, step_sleep_s=0.01)
+        engine, engine.tokenizer, **config, env_factory=lambda env_id, **kw: Tracked(max_steps=2, step_sleep_s=0.01)
     )
     await manager.collect_batch(2)
     assert 1 <= peak <= 2
@@ -144,14 +140,14 @@ async def test_async_run_with_weight_updates_tags_versions_and_respects_alpha(en
     model, _ = tiny_model_and_tokenizer
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     buffer = GroupBuffer(2, alpha=1, staleness_rule="oldest")  # the per-token lag bound below is this rule's
-    config = EnvManagerConfig(
-        env_id="test/Countdown-v0",
+    config = sections(
+        "test/Countdown-v0",
         group_size=2,
         agent=AgentConfig(max_new_tokens=8),
         env_kwargs={"max_steps": 3, "step_sleep_s": 0.01},
     )
     manager = EnvManager(
-        engine, engine.tokenizer, config, buffer=buffer, env_factory=lambda env_id, **kw: CountdownEnv(**kw)
+        engine, engine.tokenizer, **config, buffer=buffer, env_factory=lambda env_id, **kw: CountdownEnv(**kw)
     )
     stop = asyncio.Event()
     running = asyncio.create_task(manager.run(stop))

@@ -16,10 +16,13 @@ import torch
 
 ray = pytest.importorskip("ray", reason="cluster.backend=ray needs the 'ray' extra: pip install -e '.[ray]'")
 
+from rollout_testing import sections  # noqa: E402
+
+from rollhub.rollout.agent import AgentConfig  # noqa: E402
 from rollhub.rollout.buffer import GroupBuffer  # noqa: E402
 from rollhub.rollout.cluster.backend import RayRollout  # noqa: E402
 from rollhub.rollout.cluster.config import ClusterConfig  # noqa: E402
-from rollhub.rollout.manager import EnvManager, EnvManagerConfig  # noqa: E402
+from rollhub.rollout.manager import EnvManager  # noqa: E402
 
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[2]
@@ -151,13 +154,14 @@ async def test_ray_accounting_matches_single_process_with_faults(ray_cluster, ti
 
     model, tokenizer = load_model_and_tokenizer(tiny_model_dir)
     weights = {k: v.clone() for k, v in model.state_dict().items()}
-    config = EnvManagerConfig(env_id="rollhub/Sokoban-v0", env_kwargs={"max_steps": 4}, group_size=GROUP_SIZE)
-    config.agent.max_new_tokens = 8
+    config = sections(
+        "rollhub/Sokoban-v0", env_kwargs={"max_steps": 4}, group_size=GROUP_SIZE, agent=AgentConfig(max_new_tokens=8)
+    )
 
     # single process: one EnvManager, in-process engine
     engine = HFEngine(model, tokenizer, threads=1)
     local_buffer = GroupBuffer(BATCH, ALPHA)
-    manager = EnvManager(engine, tokenizer, config, buffer=local_buffer)
+    manager = EnvManager(engine, tokenizer, **config, buffer=local_buffer)
     try:
         local = await _consume(manager, local_buffer, weights)
     finally:
@@ -169,7 +173,7 @@ async def test_ray_accounting_matches_single_process_with_faults(ray_cluster, ti
     # Ray: shard 1 dies while it runs groups; engine 0 dies after the first batch
     cluster = ClusterConfig(backend="ray", num_env_shards=2, num_engines=2, health_interval_s=0.5)
     ray_buffer = GroupBuffer(BATCH, ALPHA)
-    rollout = RayRollout(tiny_model_dir, config, cluster, buffer=ray_buffer, run_dir=tmp_path)
+    rollout = RayRollout(tiny_model_dir, cluster, **config, buffer=ray_buffer, run_dir=tmp_path)
     await rollout.start()
     killed_running: list[int] = []
 

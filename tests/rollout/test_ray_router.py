@@ -1,6 +1,6 @@
-"""EngineRouter over two real `rollhub serve` apps (no Ray needed), as the Ray shards use it
-(imported by its old path, rollhub.rollout.cluster.router): affinity, balance, re-routing
-around a dead server, and exact versions across hold -> update -> release."""
+"""EngineRouter over two real `rollhub serve` apps (no Ray needed), as the Ray shards use it:
+affinity, balance, re-routing around a dead server, and exact versions across hold -> update
+-> release."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from rollhub.inference.engines.base import SamplingParams
-from rollhub.rollout.cluster.router import EngineRouter, affinity_key
+from rollhub.inference.engines.router import EngineRouter, affinity_key
 
 PROMPT = [1, 300, 301, 302, 2, 200, 17, 18]
 SAMPLING = SamplingParams(max_new_tokens=4, temperature=1.0, stop_token_ids=(10**9,))

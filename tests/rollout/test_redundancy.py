@@ -8,15 +8,15 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from rollout_testing import CountdownEnv
+from rollout_testing import CountdownEnv, sections
 
 from rollhub.core.errors import UserError
 from rollhub.rollout.agent import AgentConfig
 from rollhub.rollout.buffer import GroupBuffer
-from rollhub.rollout.manager import EnvManager, EnvManagerConfig
+from rollhub.rollout.manager import EnvManager
 from rollhub.trainer.build import build_buffer, build_rollout
 from rollhub.trainer.config import RunConfig
-from rollhub.trainer.loop import _rollout_metrics
+from rollhub.trainer.step_metrics import rollout_metrics
 
 
 class HardSeedsCountdown(CountdownEnv):
@@ -44,9 +44,10 @@ def test_recipe_knobs_reach_manager_and_buffer(engine, tmp_path: Path):
         config, engine, engine.tokenizer, model_dir=tmp_path, buffer=buffer, seeds=iter(range(100)), run_dir=tmp_path
     )
     assert isinstance(manager, EnvManager)
-    assert manager.config.batch_redundancy == 2 and manager.config.group_redundancy == 1
-    assert manager.config.env_concurrency == {"test/Countdown-v0": 3}
-    assert manager.config.redundancy_mode == "carry"  # the unbiased mode is the default
+    assert manager.rollout is config.rollout and manager.env is config.env and manager.agent is config.agent
+    assert manager.rollout.redundant_groups == 2 and manager.rollout.redundant_trajectories == 1
+    assert set(manager._env_limits) == {"test/Countdown-v0"}
+    assert manager.redundancy_mode == "carry"  # the unbiased mode is the default
     assert buffer.capacity == 2 * 4 + 2 and buffer.staleness_rule == "newest"  # (alpha+1)*B + g
     config.rollout.env_concurrency = {"test/Countdwn-v0": 3}
     with pytest.raises(UserError, match="env_concurrency names test/Countdwn-v0"):
@@ -60,13 +61,7 @@ async def test_carry_mode_trains_every_started_task(engine, mode):
     """5 batches of 2 groups with 2 redundant groups; seeds 0, 4, 8 ... are 15x slower.
     cancel: the slow seeds lose the race and are cancelled, so none is trained.
     carry: they run on and are trained a batch later; nothing is cancelled."""
-    config = EnvManagerConfig(
-        env_id="test/Countdown-v0",
-        group_size=2,
-        batch_redundancy=2,
-        redundancy_mode=mode,
-        agent=AgentConfig(max_new_tokens=3),
-    )
+    config = sections("test/Countdown-v0", group_size=2, redundant_groups=2, agent=AgentConfig(max_new_tokens=3))
     drawn: list[int] = []
 
     def seeds():
@@ -74,7 +69,9 @@ async def test_carry_mode_trains_every_started_task(engine, mode):
             drawn.append(seed)
             yield seed
 
-    manager = EnvManager(engine, engine.tokenizer, config, env_factory=hard_factory, seeds=seeds())
+    manager = EnvManager(
+        engine, engine.tokenizer, **config, redundancy_mode=mode, env_factory=hard_factory, seeds=seeds()
+    )
     trained: list[int] = []
     for _ in range(5):
         groups = await asyncio.wait_for(manager.collect_batch(2), timeout=60)
@@ -98,17 +95,15 @@ async def test_async_run_gives_redundant_groups_slots_and_keeps_late_ones(engine
     model, _ = tiny_model_and_tokenizer
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     buffer = GroupBuffer(2, alpha=1, redundant_groups=2)
-    config = EnvManagerConfig(
-        env_id="test/Countdown-v0", group_size=2, batch_redundancy=2, agent=AgentConfig(max_new_tokens=3)
-    )
-    manager = EnvManager(engine, engine.tokenizer, config, buffer=buffer, env_factory=hard_factory)
+    config = sections("test/Countdown-v0", group_size=2, redundant_groups=2, agent=AgentConfig(max_new_tokens=3))
+    manager = EnvManager(engine, engine.tokenizer, **config, buffer=buffer, env_factory=hard_factory)
     stop = asyncio.Event()
     running = asyncio.create_task(manager.run(stop))
     trained = []
     for version in range(4):
         batch = await asyncio.wait_for(buffer.get_batch(version), timeout=60)
         trained += [g.seed for g in batch]
-        record = _rollout_metrics(manager, buffer)  # what the trainer logs each step
+        record = rollout_metrics(manager, buffer)  # what the trainer logs each step
         assert record["buffer/redundant_slots"] == 2 and "rollout/redundant_cancelled" in record
         await asyncio.sleep(0.5)  # the trainer's step: slow groups keep running meanwhile
         await manager.update_weights(weights, version + 1)
@@ -125,7 +120,7 @@ async def test_async_run_gives_redundant_groups_slots_and_keeps_late_ones(engine
 
 
 def test_rollout_section_validation():
-    from rollhub.trainer.config import RolloutConfig
+    from rollhub.rollout.config import RolloutConfig
 
     for kwargs, match in (
         ({"redundant_groups": -1}, "redundant_groups"),

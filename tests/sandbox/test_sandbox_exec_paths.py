@@ -1,4 +1,4 @@
-"""The two ways a Docker sandbox runs commands (issue 21): the persistent shell and one
+"""The two ways a Docker sandbox runs commands: the persistent shell and one
 `docker exec` per command must behave the same. Every test here runs on both paths (the
 `docker_backend` fixture is parametrized); the ones about the controller itself say so."""
 

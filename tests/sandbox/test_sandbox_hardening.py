@@ -1,4 +1,4 @@
-"""Sandboxes that cannot hurt the host (issue 19, item 3), against the real engine.
+"""Sandboxes that cannot hurt the host, against the real engine.
 
 The commands here are what an adversarial policy would try: escaping the command's process
 group, filling the disk (one big file, many files, the container log), reading a huge file

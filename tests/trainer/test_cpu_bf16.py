@@ -74,6 +74,8 @@ def test_dtype_options_are_checked_and_sft_takes_the_engine_threads(tmp_path):
         with pytest.raises(Exception) as caught:
             load_config(RunConfig, overrides=[bad])
         assert bad.split("=")[0] in str(caught.value)
-    with pytest.raises(ValueError, match="launch command"):
-        EngineConfig(backend="server", dtype="bfloat16").validate()
+    EngineConfig(backend="server", dtype="bfloat16").validate()  # launched `rollhub serve` takes --dtype
+    for refused in ({"urls": ["http://127.0.0.1:1"]}, {"launch": "sglang"}):
+        with pytest.raises(ValueError, match="engine.dtype"):
+            EngineConfig(backend="server", dtype="bfloat16", **refused).validate()
     EngineConfig(dtype="bfloat16").validate()

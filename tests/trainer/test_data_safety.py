@@ -296,7 +296,7 @@ def _config(tmp_path: Path, model_dir: Path, **sections) -> RunConfig:
 
 
 def _train(config: RunConfig, *, resume: bool):
-    from rollhub.trainer.loop import run_training
+    from rollhub.trainer.job import run_training
 
     return asyncio.run(run_training(config, resume=resume, progress=False, print_fn=lambda _: None))
 

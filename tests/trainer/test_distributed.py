@@ -1,4 +1,4 @@
-"""Trainer ranks (rollhub.trainer.distributed) on CPU with gloo: the data-parallel step is the
+"""Trainer ranks (rollhub.trainer.ranks) on CPU with gloo: the data-parallel step is the
 single-process step, token balancing, per-layer activation checkpointing.
 
 The 2-rank runs are real processes joined by torch.distributed (gloo), started by
@@ -17,13 +17,14 @@ import textwrap
 import pytest
 import torch
 
-from rollhub.trainer.distributed import split_by_tokens
+from rollhub.trainer.ranks.sharding import split_by_tokens
 
 STEP_SCRIPT = textwrap.dedent(
     """
     import json, sys, torch
     torch.set_num_threads(1)
-    from rollhub.trainer.distributed import RankGroup, end_follower_process, init_ranks
+    from rollhub.trainer.ranks.group import RankGroup, init_ranks
+    from rollhub.trainer.ranks.launch import end_follower_process
     from rollhub.trainer.losses import LossConfig
     from rollhub.trainer.policy import Policy
     sys.path.insert(0, sys.argv[3])
@@ -50,10 +51,6 @@ STEP_SCRIPT = textwrap.dedent(
     metrics = group.ppo_update(policy, optimizer, make_batch(samples=case.get("samples", 1)), loss,
                                minibatches=case["minibatches"], seed=3,
                                reference=reference, pack_tokens=case.get("pack"))
-    if case.get("reset"):  # every rank's KL anchor becomes the policy, then a second step against it
-        group.reset_reference()
-        metrics = group.ppo_update(policy, optimizer, make_batch(seed=1), loss, minibatches=case["minibatches"],
-                                   seed=4, reference=reference)
     state = policy.engine_state_dict()
     group.stop()
     torch.distributed.destroy_process_group()
@@ -88,7 +85,7 @@ def make_batch(rows: int = 7, seed: int = 0, samples: int = 1):
 def _two_rank_step(model_dir, tmp_path, case: dict) -> dict:
     import json
 
-    from rollhub.trainer.distributed import free_port
+    from rollhub.trainer.ranks.launch import free_port
 
     script = tmp_path / "step.py"
     script.write_text(STEP_SCRIPT)
@@ -123,13 +120,6 @@ def _one_process_step(model_dir, case: dict) -> tuple[dict, dict]:
         reference=reference,
         pack_tokens=case.get("pack"),
     )
-    if case.get("reset"):
-        from rollhub.trainer.loop import copy_into_reference
-
-        copy_into_reference(reference, policy)
-        metrics = ppo_update(
-            policy, optimizer, make_batch(seed=1), loss, minibatches=case["minibatches"], seed=4, reference=reference
-        )
     return policy.engine_state_dict(), metrics
 
 
@@ -143,8 +133,6 @@ def _one_process_step(model_dir, case: dict) -> tuple[dict, dict]:
             {"minibatches": 2, "kl": 0.1, "aggregation": "seq-mean-token-mean", "micro": 3, "lr": 1e-3, "atol": 1e-4},
             marks=pytest.mark.slow,
         ),
-        # loss.reference_reset_every: the followers' anchors must move too (a stale one adds a KL gradient)
-        {"minibatches": 1, "kl": 0.5, "aggregation": "token-mean", "micro": 2, "lr": 1e-3, "atol": 1e-4, "reset": True},
         # packed micro-batches of <= 40 tokens: the ranks' plans differ in length (one rank's share
         # of the second mini-batch is empty) and the shorter is padded, or FSDP2 would hang
         {
@@ -158,7 +146,7 @@ def _one_process_step(model_dir, case: dict) -> tuple[dict, dict]:
             "samples": 2,  # prompts answered twice: each prompt's rows go to one rank
         },
     ],
-    ids=["one-step", "two-minibatches-prox-kl", "kl-anchor-reset", "packed-two-minibatches-kl"],
+    ids=["one-step", "two-minibatches-prox-kl", "packed-two-minibatches-kl"],
 )
 def test_two_ranks_give_the_parameters_of_one_process(tiny_model_dir, tmp_path, case):
     case = {**case, "out": str(tmp_path / "two_ranks.pt")}
@@ -242,7 +230,7 @@ def test_torchrun_two_ranks_trains_the_sokoban_recipe(tiny_model_dir, tmp_path):
         "eval.select.episodes": 0,
         "rollout.groups_per_batch": 2,
     }
-    from rollhub.trainer.distributed import free_port
+    from rollhub.trainer.ranks.launch import free_port
 
     args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port())]
     args += ["-m", "rollhub", "train", str(repo / "configs" / "sokoban_tiny.yaml"), "--no-progress"]
@@ -260,8 +248,8 @@ def test_torchrun_two_ranks_trains_the_sokoban_recipe(tiny_model_dir, tmp_path):
 
 
 def test_shards_cover_every_row_once_with_equal_row_counts_and_the_global_normaliser():
-    from rollhub.trainer.distributed import plan_parts, shard_parts
     from rollhub.trainer.losses import BatchNormaliser
+    from rollhub.trainer.ranks.sharding import plan_parts, shard_parts
 
     batch = make_batch(rows=7)
     parts = plan_parts(batch, minibatches=2, epochs=2, seed=1)
@@ -286,7 +274,7 @@ def prompts(batch) -> list[tuple[int, ...]]:
 
 def test_packed_shards_keep_each_prompts_rows_on_one_rank():
     """Packing runs a prompt shared by a group's samples once; split over two ranks, both would run it."""
-    from rollhub.trainer.distributed import plan_parts, shard_parts
+    from rollhub.trainer.ranks.sharding import plan_parts, shard_parts
 
     batch = make_batch(rows=24, samples=4)
     parts = plan_parts(batch, minibatches=2, epochs=2, seed=5, pack_tokens=64)
@@ -301,7 +289,7 @@ def test_packed_shards_keep_each_prompts_rows_on_one_rank():
 
 def test_packed_shards_split_a_prompt_rather_than_leave_a_rank_idle():
     """One prompt answered 6 times and two ranks: both ranks get rows (an idle rank costs more)."""
-    from rollhub.trainer.distributed import split_by_prompt
+    from rollhub.trainer.ranks.sharding import split_by_prompt
 
     batch = make_batch(rows=6, samples=6)
     shares = split_by_prompt(batch, 2)
@@ -318,7 +306,7 @@ def test_packed_shards_split_a_prompt_rather_than_leave_a_rank_idle():
 def test_metrics_merge_when_a_rank_held_only_padding_rows():
     """A small mini-batch can leave one rank only padding rows: it reports no loss metrics, and
     the merge must take each name from the ranks that reported it (it raised KeyError)."""
-    from rollhub.trainer.distributed import combine_results
+    from rollhub.trainer.ranks.sharding import combine_results
 
     full = {"loss": 0.25, "grad_norm": 2.0, "skipped_nonfinite": 0.0, "local_tokens": 10.0, "offpolicy/w": 0.5}
     padding = {"loss": 0.0, "grad_norm": 2.0, "skipped_nonfinite": 0.0, "local_tokens": 0.0}

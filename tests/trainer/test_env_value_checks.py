@@ -1,6 +1,6 @@
 """`check_run_envs` builds cheap envs once, so a bad env value is a one-line error before any
-model loads, and refuses an evaluation env with a training-only argument on (an easier reading
-than the env's own distribution would be an inflated number nobody sees as an error)."""
+model loads, and refuses an evaluation env wrapped by a training-only wrapper (a reading on
+another distribution than the env's own would be an altered number nobody sees as an error)."""
 
 from __future__ import annotations
 
@@ -24,11 +24,11 @@ def _config(*overrides: str) -> RunConfig:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["env.kwargs={solution_start: 1.5}"], r"env.kwargs: solution_start must be in \[0, 1\]"),
+        (["env.kwargs={num_boxes: 0}"], "env.kwargs: num_boxes, max_steps and search_depth must all be >= 1"),
         (["sft.env_kwargs={min_solution_steps: 99}"], "sft.env_kwargs: min_solution_steps must be in"),
-        (["eval.env.kwargs={solution_start_distance: [0, 3]}"], "eval.env.kwargs: solution_start_distance must be"),
-        (["env.kwargs={solution_start: 0.5}"], "eval.env.kwargs.solution_start is 0.5"),  # eval inherits it
-        (["eval.env.kwargs={solution_start: 1.0}"], "evaluation would read an inflated success"),
+        (["eval.env.kwargs={min_solution_steps: 99}"], "eval.env.kwargs: min_solution_steps must be in"),
+        (["env.kwargs={min_solution_steps: 8}"], "eval.env.kwargs.min_solution_steps is 8"),  # eval inherits it
+        (["eval.env.kwargs={min_solution_steps: 8}"], "evaluation would read another distribution"),
     ],
 )
 def test_bad_values_and_training_only_eval_arguments_are_refused(overrides, message):
@@ -36,12 +36,10 @@ def test_bad_values_and_training_only_eval_arguments_are_refused(overrides, mess
         check_run_envs(_config(*overrides))
 
 
-def test_a_curriculum_for_training_with_evaluation_switched_off_passes():
-    config = _config(
-        "env.kwargs={solution_start: 0.75, solution_start_distance: [8, 12]}", "eval.env.kwargs={solution_start: 0}"
-    )
+def test_a_floor_for_training_with_evaluation_switched_off_passes():
+    config = _config("env.kwargs={min_solution_steps: 8}", "eval.env.kwargs={min_solution_steps: 0}")
     check_run_envs(config)
-    assert config.env.kwargs["solution_start"] == 0.75 and config.eval.env.kwargs["solution_start"] == 0
+    assert config.env.kwargs["min_solution_steps"] == 8 and config.eval.env.kwargs["min_solution_steps"] == 0
 
 
 def test_the_cli_says_it_in_one_line(tmp_path, capsys):
@@ -52,9 +50,9 @@ def test_the_cli_says_it_in_one_line(tmp_path, capsys):
             "--set",
             f"run_dir={tmp_path}/run",
             "--set",
-            "env.kwargs.solution_start=2",
+            "env.kwargs.min_solution_steps=99",
         ]
     )
     error = capsys.readouterr().err
-    assert code == 2 and "solution_start must be in [0, 1]" in error and "Traceback" not in error
+    assert code == 2 and "min_solution_steps must be in [0, " in error and "Traceback" not in error
     assert not (tmp_path / "run" / "sft_model").exists()

@@ -17,8 +17,9 @@ from rollhub.rollout.types import Group, RolloutFailureError, Trajectory, Trajec
 from rollhub.sandbox.base import SandboxError
 from rollhub.trainer.batch import AlgorithmConfig, batch_failed, build_training_batch
 from rollhub.trainer.config import RunConfig
-from rollhub.trainer.loop import _batch_reward_metrics, run_training
+from rollhub.trainer.job import run_training
 from rollhub.trainer.metrics import read_jsonl
+from rollhub.trainer.step_metrics import batch_reward_metrics
 
 
 class NeverStartsEnv(Env):
@@ -111,7 +112,7 @@ def test_reward_metrics_leave_infra_failures_out_and_count_model_failures():
         0,
         [_trajectory([1.0], ["s"], success=True), crashed, _trajectory([0.0], ["s"], TrajectoryStatus.INFRA_FAILED)],
     )
-    record = _batch_reward_metrics([group])
+    record = batch_reward_metrics([group])
     assert record["train/success_rate"] == pytest.approx(0.5)  # 1 of the 2 scored, not 1 of 3
     assert record["train/mean_return"] == pytest.approx(0.5)
     assert record["train/infra_failed_trajectories"] == 1.0

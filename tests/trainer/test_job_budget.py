@@ -7,8 +7,9 @@ import pytest
 from trainer_testing import tiny_recipe as _recipe
 
 from rollhub.cli import main
-from rollhub.trainer.loop import LoopState, final_reserve_s, job_deadline
+from rollhub.trainer.job import final_reserve_s, job_deadline
 from rollhub.trainer.metrics import read_jsonl
+from rollhub.trainer.run import JobState
 
 
 def test_the_reserve_is_the_final_readings_measured_on_the_warm_start():
@@ -23,13 +24,13 @@ def test_the_deadline_counts_earlier_processes_and_keeps_the_reserve_free():
         config=SimpleNamespace(train=SimpleNamespace(max_job_wall_s=600.0)),
         started=1000.0,
         prior_wall_s=200.0,  # a resumed run: an earlier process already spent 200 s of the budget
-        state=LoopState(final_reserve_s=30.0),
+        state=JobState(final_reserve_s=30.0),
     )
     assert job_deadline(run) == pytest.approx(1000.0 + 600.0 - 200.0 - 30.0)
     run.config.train.max_job_wall_s = None
     assert job_deadline(run) is None
     # the reserve travels in the checkpointed loop state, so a resumed process keeps it free too
-    assert LoopState(**LoopState(final_reserve_s=30.0).as_dict()).final_reserve_s == 30.0
+    assert JobState(**JobState(final_reserve_s=30.0).as_dict()).final_reserve_s == 30.0
 
 
 def test_rl_stops_so_that_the_whole_job_ends_within_its_budget(tiny_model_dir, tmp_path, capsys):

@@ -43,7 +43,7 @@ KEEP_CHECKPOINTS = 2
 #: save lasts 0.1-0.2 s here, so about half of those kills land inside it; "anywhere" counts
 #: from the start of the attempt, through restore and about two steps
 MAX_DELAY_S = {"sft-save": 0.1, "checkpoint-save": 0.2, "anywhere": 7.0}
-PRELOAD = ["rollhub.cli", "rollhub.trainer.loop", "transformers.models.qwen3.modeling_qwen3"]
+PRELOAD = ["rollhub.cli", "rollhub.trainer.job", "transformers.models.qwen3.modeling_qwen3"]
 
 
 def _recipe(folder: Path, model_dir: Path, steps: int) -> Path:

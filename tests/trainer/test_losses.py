@@ -180,3 +180,191 @@ def test_full_kl_sees_mass_moved_onto_a_token_never_sampled():
     logits = torch.zeros(1, 3, requires_grad=True)
     full_kl(torch.log_softmax(logits, -1), reference).backward()
     assert logits.grad.abs().sum() > 0  # the penalty trains every token's logit
+
+
+# --- every objective against frozen values ---------------------------------------------------
+# Values of the loss before the objectives became named functions (hand-checked on the ppo row:
+# token (0, 1) is inside the clip, so d/dlogp = -min(w, 2) * r * A / 7 = -exp(-0.2) * exp(-0.3) * 1.5 / 7).
+# The tensors put tokens on every branch: clipped above and below, a dual-clip hit (r = e^1.3, A < 0), a
+# negative-advantage token with r < 1 (TOPR's truncation), w above the TIS cap and outside the MIS band.
+
+
+def _frozen_tensors():
+    prox = torch.log(t([0.5, 0.2, 0.6, 0.3], [0.4, 0.1, 0.7, 0.25]))
+    logp = (prox + t([0.5, -0.3, 0.1, 0.0], [1.3, -0.4, 0.2, 0.05])).requires_grad_(True)
+    behaviour = prox + t([-0.9, 0.2, 0.8, 0.0], [0.3, -0.1, -0.6, 1.0])
+    adv = t([1.5, 1.5, -0.5, 0.0], [-2.0, -2.0, -2.0, 0.7])
+    mask = t([1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0])
+    return logp, prox, behaviour, adv, mask
+
+
+FROZEN = [  # objective, correction, aggregation, loss, d loss / d logp (row-major), clip fraction
+    (
+        "ppo",
+        "tis",
+        "token-mean",
+        0.8417203708435546,
+        [0.0, -0.129970855653, 0.035470378842, -0.0, 0.0, 0.0, 0.635868836712, -0.038674102345],
+        0.42857142857142855,
+    ),
+    (
+        "gspo",
+        "tis",
+        "token-mean",
+        0.7179634515370831,
+        [-0.473644679175, -0.193893732436, 0.035470378842, -0.0, 0.282165085855, 0.420940843891, 0.69401412303, 0.0],
+        0.14285714285714285,
+    ),
+    (
+        "cispo",
+        "tis",
+        "token-mean",
+        -0.26730874481071143,
+        [
+            -0.548571428571,
+            -0.140353843385,
+            0.035470378842,
+            -0.0,
+            0.270927806421,
+            0.25261049556,
+            0.635868836712,
+            -0.038674102345,
+        ],
+        0.5714285714285714,
+    ),
+    (
+        "topr",
+        "tis",
+        "token-mean",
+        -0.11863686646462854,
+        [
+            -0.428571428571,
+            -0.175442304231,
+            0.032094926008,
+            -0.0,
+            0.211662348766,
+            0.211662348766,
+            0.52060537154,
+            -0.036787944117,
+        ],
+        0.42857142857142855,
+    ),
+    (
+        "reinforce",
+        "tis",
+        "token-mean",
+        -0.3999780574843443,
+        [
+            -0.428571428571,
+            -0.175442304231,
+            0.032094926008,
+            -0.0,
+            0.211662348766,
+            0.31576311945,
+            0.52060537154,
+            -0.036787944117,
+        ],
+        0.0,
+    ),
+    (
+        "ppo",
+        "mis",
+        "seq-mean-token-mean",
+        1.0701461343696128,
+        [0.0, -0.18520455517, 0.0, -0.0, 0.0, 0.0, 0.30535068954, -0.0],
+        0.42857142857142855,
+    ),
+    (
+        "gspo",
+        "none",
+        "seq-mean-token-sum",
+        2.1698081288950486,
+        [-0.828878188557, -0.828878188557, 0.276292729519, -0.0, 1.333090592163, 1.333090592163, 1.333090592163, 0.0],
+        0.14285714285714285,
+    ),
+    (
+        "cispo",
+        "mis",
+        "seq-mean-token-mean",
+        -0.08368327247705792,
+        [-0.0, -0.2, 0.0, -0.0, 0.32, 0.2, 0.30535068954, -0.0],
+        0.5714285714285714,
+    ),
+    (
+        "topr",
+        "none",
+        "seq-mean-token-sum",
+        0.3573728004321098,
+        [-0.75, -0.75, 0.25, -0.0, 1.0, 0.670320046036, 1.0, -0.35],
+        0.42857142857142855,
+    ),
+    (
+        "reinforce",
+        "mis",
+        "token-mean",
+        -0.2981349527089593,
+        [-0.0, -0.214285714286, 0.0, -0.0, 0.285714285714, 0.285714285714, 0.285714285714, -0.0],
+        0.0,
+    ),
+]
+
+
+@pytest.mark.parametrize(("objective", "correction", "aggregation", "loss", "grad", "clip_fraction"), FROZEN)
+def test_every_objective_gives_its_frozen_loss_and_gradient(
+    objective, correction, aggregation, loss, grad, clip_fraction
+):
+    logp, prox, behaviour, adv, mask = _frozen_tensors()
+    cfg = LossConfig(objective=objective, correction=correction, aggregation=aggregation)
+    value, metrics = policy_loss(logp, prox, behaviour, adv, mask, cfg)
+    value.backward()
+    assert float(value.detach()) == pytest.approx(loss, rel=1e-12, abs=1e-12)
+    assert logp.grad.flatten().tolist() == pytest.approx(grad, rel=1e-9, abs=1e-11)
+    assert metrics["offpolicy/ratio_clip_fraction"] == pytest.approx(clip_fraction)
+
+
+def test_ppo_without_dual_clip_with_kl_and_entropy_penalty_keeps_its_frozen_values():
+    logp, prox, behaviour, adv, mask = _frozen_tensors()
+    cfg = LossConfig(dual_clip=None, kl_coef=0.1, entropy_coef=-0.01)
+    value, metrics = policy_loss(
+        logp, prox, behaviour, adv, mask, cfg, reference_logp=prox - 0.3, entropy=0.5 + 0.1 * logp
+    )
+    value.backward()
+    assert float(value.detach()) == pytest.approx(1.0058807417787758, rel=1e-12)
+    assert logp.grad.flatten().tolist() == pytest.approx(
+        [
+            0.008009586227,
+            -0.12982799851,
+            0.040322949613,
+            0.0,
+            0.788196286446,
+            -0.001359584544,
+            0.641632684431,
+            -0.034312503627,
+        ],
+        rel=1e-9,
+        abs=1e-11,
+    )
+    assert metrics == pytest.approx(
+        {
+            "entropy": 0.4096392021901877,
+            "kl_reference_k3": 0.18399074223635872,
+            "offpolicy/kl_behaviour_prox_k3": 0.20909288695306713,
+            "offpolicy/ratio_clip_fraction": 0.2857142857142857,
+            "offpolicy/ratio_mean": 1.4438572825212244,
+            "offpolicy/w_abs_dev_mean": 0.572876492939249,
+            "offpolicy/w_abs_dev_p95": 1.2683576345443726,
+            "offpolicy/w_capped_fraction": 0.14285714285714285,
+        },
+        rel=1e-6,
+    )
+
+
+def test_the_objective_table_holds_every_name_the_config_accepts():
+    from typing import get_args
+
+    from rollhub.trainer.losses import OBJECTIVES, Objective
+
+    assert set(OBJECTIVES) == set(get_args(Objective))
+    logp, prox, behaviour, adv, mask = _frozen_tensors()
+    with pytest.raises(ValueError, match="unknown objective"):
+        policy_loss(logp, prox, behaviour, adv, mask, LossConfig(objective="vtrace"))

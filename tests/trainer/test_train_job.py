@@ -88,10 +88,10 @@ def test_train_rejects_unknown_keys_and_env_ids(tiny_model_dir, tmp_path, capsys
 def test_alpha0_lockstep_loop_equals_a_plain_synchronous_step(tiny_model_dir, tmp_path):
     """The loop with alpha = 0 and lockstep rollout performs exactly a plain sync update."""
     from rollhub.inference.engines.build import build_engine
-    from rollhub.rollout.manager import EnvManager, EnvManagerConfig
+    from rollhub.rollout.manager import EnvManager
     from rollhub.trainer.batch import build_training_batch
-    from rollhub.trainer.build import build_optimizer
-    from rollhub.trainer.loop import run_training, seed_everything
+    from rollhub.trainer.build import build_optimizer, seed_everything
+    from rollhub.trainer.job import run_training
     from rollhub.trainer.policy import Policy
     from rollhub.trainer.update import policy_update
 
@@ -111,16 +111,7 @@ def test_alpha0_lockstep_loop_equals_a_plain_synchronous_step(tiny_model_dir, tm
         policy = Policy(tiny_model_dir, device="cpu", micro_batch_size=config.optim.micro_batch_size)
         optimizer = build_optimizer(policy, config)
         engine = build_engine(config.engine, tiny_model_dir)
-        manager_config = EnvManagerConfig(
-            env_id=config.env.id,
-            env_kwargs=config.env.kwargs,
-            group_size=config.rollout.group_size,
-            lockstep=True,
-            agent=config.agent,
-        )
-        manager = EnvManager(
-            engine, policy.tokenizer, manager_config, seeds=iter(range(config.env.train_seed_offset, 10**9))
-        )
+        manager = EnvManager(engine, policy.tokenizer, env=config.env, rollout=config.rollout, agent=config.agent)
         try:
             groups = await manager.collect_batch(config.rollout.groups_per_batch)
         finally:
@@ -251,7 +242,7 @@ def test_rollhub_eval_reports_success(tiny_model_dir, tmp_path, capsys):
 
 
 def test_collapse_warning_names_the_cause():
-    from rollhub.trainer.loop import collapse_warning
+    from rollhub.trainer.learner import collapse_warning
 
     healthy = {"batch/groups": 8, "batch/zero_advantage_groups": 3, "train/format_error_rate": 0.9}
     assert collapse_warning(healthy) is None
@@ -266,36 +257,6 @@ def test_collapse_warning_names_the_cause():
     never_taught = collapse_warning(collapsed, start_format_errors=0.9)
     assert "collapsed" not in never_taught and "does not know the answer format" in never_taught
     assert "collapsed" in collapse_warning(collapsed, start_format_errors=0.1)
-
-
-def test_grad_snr_bench_reads_a_runs_groups(tiny_model_dir, tmp_path):
-    recipe = _recipe(tmp_path, tiny_model_dir)
-    assert main(["train", str(recipe), "--no-progress"]) == 0
-    out = tmp_path / "snr"
-    args = [
-        "bench",
-        "grad-snr",
-        "--out",
-        str(out),
-        "--set",
-        f"run={tmp_path / 'run'}",
-        "--set",
-        f"model={tiny_model_dir}",
-        "--set",
-        "sizes=[1]",
-        "--set",
-        "repeats=2",
-        "--set",
-        "max_version=5",
-    ]
-    assert main(args) == 0
-    result = json.loads((out / "result.json").read_text())
-    assert result["groups_available"] >= 2
-    (row,) = result["rows"]
-    assert len(row["cosines"]) == 2 and all(-1.0 <= c <= 1.0 for c in row["cosines"])
-    assert (out / "grad_snr.png").stat().st_size > 0
-    # too few groups for the batch size asked: a clear error, not a stack trace
-    assert main([*args[:-6], "--set", "sizes=[1000]", "--set", "repeats=1", "--set", "max_version=5"]) != 0
 
 
 def test_eval_samples_per_seed_plays_every_seed_that_many_times(tiny_model_dir, tmp_path, capsys):

@@ -1,16 +1,19 @@
-"""A thin training driver for scheduling benchmarks: the real rollout stack, simulated costs.
+"""A thin training driver for scheduling benchmarks: the shipped loop, simulated costs.
 
-What runs for real: `EnvManager` (lockstep, env-level async, redundancy, weight updates),
-`GroupBuffer` (α admission and staleness drops), the agent layer with the real tokenizer.
-What is simulated: the engine (`LatencyModelEngine`), the envs (`bench/Latency*-v0`) and
-the trainer, whose step is a sleep of `train_step_s`. Everything runs on the virtual-clock
+What runs for real: the training loop itself (`rollhub.trainer.rl_loop`), `EnvManager`
+(lockstep, env-level async, redundancy, weight updates), `GroupBuffer` (α admission,
+redundant groups' slots, staleness drops), the agent layer with the real tokenizer, each
+built from the run sections a training run with these knobs would have. What is simulated:
+the engine (`LatencyModelEngine`), the envs (`bench/Latency*-v0`) and the learner, whose
+step is a sleep of `train_step_s` (`SleepLearner`). Everything runs on the virtual-clock
 loop, so a 900 s simulated step costs only the CPU the scheduling itself needs; that CPU
 time is reported as the scheduler overhead.
 
-The driver is the same loop `rollhub/trainer/loop.py` runs, with the model work replaced by sleeps:
-sync (α = 0): collect a batch (lockstep or env-async, with batch redundancy) -> train ->
-push weights; async (α > 0): the manager fills the buffer in the background while the
-trainer takes batches, trains, and pushes weights (pause -> abort -> update -> resume).
+As in a training run, lockstep collects each batch when the loop asks for it; otherwise the
+manager fills the buffer in the background (with α = 0 it never runs ahead of the batch the
+trainer is about to take) while the loop takes batches, trains and pushes weights (pause ->
+abort -> update -> resume). Per-step waits and step ends come from the learner's and the
+loop's after-step records, on the virtual clock.
 """
 
 from __future__ import annotations
@@ -231,13 +234,111 @@ def make_tokenizer(kind: str = "sim") -> Any:
     return SimTokenizer()
 
 
+class SleepLearner:
+    """A `rollhub.trainer.rl_loop.Learner` whose step is a sleep of `train_step_s` (simulated
+    seconds on the virtual clock); it records, on the loop's clock, when each batch reached it
+    and what the batch held."""
+
+    def __init__(self, train_step_s: float) -> None:
+        self.train_step_s = train_step_s
+        self.batches: list[list[Any]] = []
+        self.arrivals: list[float] = []  # loop time at which each batch reached the learner
+
+    async def step(self, groups: list[Any], version: int) -> dict[str, Any]:
+        self.arrivals.append(asyncio.get_running_loop().time())
+        self.batches.append(groups)
+        await asyncio.sleep(self.train_step_s)
+        return {}
+
+    async def weights(self) -> Any:
+        return None  # the simulated engine loads nothing
+
+
+async def train_simulated(
+    learner: SleepLearner,
+    manager: Any,
+    buffer: Any,
+    *,
+    groups: int,
+    steps: int,
+    after_step: list[Any] | None = None,
+) -> list[float]:
+    """The shipped loop (`rl_loop`) with `learner`, the producer started and stopped around it as
+    the training job does; returns the loop time at which each step ended (weights pushed)."""
+    from rollhub.trainer.rl_loop import LoopState, rl_loop
+
+    loop = asyncio.get_running_loop()
+    step_ends: list[float] = []
+
+    async def mark_end(state: Any, record: dict[str, Any]) -> None:
+        step_ends.append(loop.time())
+
+    stop = asyncio.Event()
+    producer = None if buffer is None else asyncio.ensure_future(manager.run(stop))
+    try:
+        await rl_loop(
+            learner,
+            manager,
+            buffer,
+            LoopState(),
+            groups_per_batch=groups,
+            steps=steps,
+            after_step=[mark_end, *(after_step or [])],
+        )
+    finally:
+        stop.set()
+        if producer is not None:
+            await producer
+    return step_ends
+
+
+def rollout_sections(run: SimRun) -> dict[str, Any]:
+    """The run sections (`env`, `rollout`, `agent`) a training run with these knobs would have."""
+    from rollhub.rollout.agent import AgentConfig
+    from rollhub.rollout.config import EnvConfig, RolloutConfig
+
+    sync = run.alpha == 0
+    concurrency = (
+        (run.groups + run.extra_groups) * (run.group_size + run.extra_per_group) * (1 if sync else int(run.alpha + 2))
+    )
+    return {
+        "env": EnvConfig(
+            id=run.env_id, kwargs=dict(run.env_kwargs), train_seed_offset=run.seed * 100_000, max_concurrent=concurrency
+        ),
+        "rollout": RolloutConfig(
+            group_size=run.group_size,
+            groups_per_batch=run.groups,
+            async_ratio=run.alpha,
+            lockstep=run.mode == "lockstep",
+            redundant_groups=run.extra_groups,
+            redundant_trajectories=run.extra_per_group,
+        ),
+        "agent": AgentConfig(
+            max_new_tokens=run.max_new_tokens, min_new_tokens=1, max_context_tokens=1 << 20, resume_mode=run.resume_mode
+        ),
+    }
+
+
+def run_buffer(rollout: Any) -> Any:
+    """The hand-off a training run builds for `rollout` (rollhub.trainer.build): none in lockstep;
+    otherwise the α-bounded buffer with the redundant groups' own slots and the staleness rule."""
+    from rollhub.rollout.buffer import GroupBuffer
+
+    if rollout.lockstep:
+        return None
+    return GroupBuffer(
+        rollout.groups_per_batch,
+        rollout.async_ratio,
+        redundant_groups=rollout.redundant_groups,
+        staleness_rule=rollout.staleness_rule,
+    )
+
+
 async def simulate(run: SimRun, tokenizer: Any | None = None) -> SimResult:
     """Run `run` on the current (virtual-clock) loop."""
     from rollhub.bench.sim.latency_model import LatencyModelEngine
     from rollhub.envs.registry import make
-    from rollhub.rollout.agent import AgentConfig
-    from rollhub.rollout.buffer import GroupBuffer
-    from rollhub.rollout.manager import EnvManager, EnvManagerConfig
+    from rollhub.rollout.manager import EnvManager
 
     run.validate()
     tokenizer = tokenizer or make_tokenizer()
@@ -261,34 +362,15 @@ async def simulate(run: SimRun, tokenizer: Any | None = None) -> SimResult:
         envs.append(env)
         return env
 
-    sync = run.alpha == 0
-    concurrency = (
-        (run.groups + run.extra_groups) * (run.group_size + run.extra_per_group) * (1 if sync else int(run.alpha + 2))
-    )
-    config = EnvManagerConfig(
-        env_id=run.env_id,
-        env_kwargs=dict(run.env_kwargs),
-        group_size=run.group_size,
-        group_redundancy=run.extra_per_group,
-        batch_redundancy=run.extra_groups if sync else 0,
-        max_concurrent_trajectories=max(1, concurrency),
-        lockstep=run.mode == "lockstep",
-        seed_start=run.seed * 100_000,
-        agent=AgentConfig(
-            max_new_tokens=run.max_new_tokens, min_new_tokens=1, max_context_tokens=1 << 20, resume_mode=run.resume_mode
-        ),
-    )
-    buffer = None
-    if not sync:
-        buffer = GroupBuffer(run.groups, run.alpha)
-        buffer.capacity += run.extra_groups  # redundant groups get admission slots of their own
-    manager = EnvManager(engine, tokenizer, config, buffer=buffer, env_factory=env_factory)
+    sections = rollout_sections(run)
+    buffer = run_buffer(sections["rollout"])
+    manager = EnvManager(engine, tokenizer, **sections, buffer=buffer, env_factory=env_factory)
+    learner = SleepLearner(run.train_step_s)
+    env_marks = [0]  # envs made before each step's batch was asked for
 
-    step_ends: list[float] = []
-    waits: list[float] = []
-    longest: list[float] = []
-    env_marks: list[int] = []
-    consumed: list[Any] = []  # the trajectories the trainer took after warm-up (GPU work: after the run)
+    async def mark_envs(state: Any, record: dict[str, Any]) -> None:
+        env_marks.append(len(envs))
+
     peak = 0
 
     async def sample_in_flight() -> None:
@@ -301,27 +383,10 @@ async def simulate(run: SimRun, tokenizer: Any | None = None) -> SimResult:
     start = loop.time()
     cpu_start = time.process_time()
     wall_start = time.perf_counter()
-    producer = None
-    stop = asyncio.Event()
-    if not sync:
-        producer = asyncio.ensure_future(manager.run(stop))
     try:
-        for step in range(run.steps):
-            waited_from = loop.time()
-            env_marks.append(len(envs))
-            if sync:
-                batch = await manager.collect_batch(run.groups)
-                longest.append(loop.time() - waited_from)
-            else:
-                batch = await buffer.get_batch(step)
-            waits.append(loop.time() - waited_from)
-            if step >= run.warmup_steps:
-                consumed += [t for group in batch for t in group.trajectories]
-            await asyncio.sleep(run.train_step_s)  # the trainer's step (simulated)
-            await manager.update_weights(None, step + 1)
-            if buffer is not None:
-                buffer.set_trainer_version(step + 1)
-            step_ends.append(loop.time())
+        step_ends = await train_simulated(
+            learner, manager, buffer, groups=run.groups, steps=run.steps, after_step=[mark_envs]
+        )
         cpu = time.process_time() - cpu_start
         # The simulators time themselves with perf_counter (a CPU-time syscall per call
         # would cost more than what it measures); their share of the wall time, applied to
@@ -332,10 +397,12 @@ async def simulate(run: SimRun, tokenizer: Any | None = None) -> SimResult:
         summary = manager.summary()  # before shutdown cancels what is still running
     finally:
         sampler.cancel()
-        stop.set()
-        if producer is not None:
-            await producer
         await manager.close()
+    # a step's wait: from the end of the previous step (or the start) to its batch reaching the learner
+    waits = [arrival - begun for arrival, begun in zip(learner.arrivals, [start, *step_ends[:-1]])]
+    # with sync training (alpha = 0) the wait is the batch's collection, set by its slowest trajectory
+    longest = waits if run.alpha == 0 else []
+    consumed = [t for batch in learner.batches[run.warmup_steps :] for group in batch for t in group.trajectories]
     w = run.warmup_steps
     span = step_ends[-1] - step_ends[w - 1] if w else step_ends[-1] - start
     measured_steps = run.steps - w

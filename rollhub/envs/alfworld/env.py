@@ -24,8 +24,8 @@ The env object lives in the caller's event loop; the game itself runs in a worke
   `game_dir=` plays any folder of games instead (giving both is refused).
 * `action_format="index"`: the admissible commands are listed numbered, one per line, and the
   action is the number of one (`<action>3</action>`). A small model then picks a command
-  instead of spelling it: a 5M model trained on text commands garbles object names (95.6%
-  of its valid_unseen commands inadmissible), which starves RL of any successful episode.
+  instead of spelling it: a tiny model trained on text commands garbles object names (most
+  of its commands inadmissible), which starves RL of any successful episode.
   The engine still receives the full command; only the agent's interface changes.
 """
 

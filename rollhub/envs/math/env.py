@@ -48,8 +48,8 @@ SYSTEM_PROMPT = (
 )
 
 # `example=True`: one worked exchange before the problem, showing the format by doing it. Small
-# instruct models (SmolLM2-135M) ignore the instruction alone (tag in 0-15% of greedy replies)
-# and follow it after one example (100%). Its problem lies outside difficulty 1's space.
+# instruct models (SmolLM2-135M) mostly ignore the instruction alone and follow it after one
+# example. Its problem lies outside difficulty 1's space.
 EXAMPLE_EXCHANGE = (
     {"role": "user", "content": "Compute 23 + 19."},
     {"role": "assistant", "content": "23 + 19 = 42. <answer>42</answer>"},

@@ -15,9 +15,10 @@ from typing import Any, Literal
 import numpy as np
 
 from rollhub.envs.base import Env, Observation, StepResult, extract_action, invalid_step_info, wrap_action
-from rollhub.envs.sokoban.generator import RoomGenerationError, generate_room
+from rollhub.envs.sokoban.generator import generate_room
 from rollhub.envs.sokoban.grid import LEGEND, MOVES, Board
 from rollhub.envs.sokoban.solver import push_distances, solve
+from rollhub.envs.wrappers import DifficultyFloor
 
 logger = logging.getLogger(__name__)
 
@@ -97,15 +98,13 @@ class SokobanEnv(Env):
             Without the cap a dead push from a live position more than max_steps + 2 moves out
             would have earned a reward.
         progress_clip: a push into a dead position costs -progress_reward, what any move away
-            costs. Unpriced, a dead push from distance d costs k * (max_steps + 1 - d): in the
-            two-box room (20 moves) that is ~10x a move away, and RL learned to stop pushing,
-            trading deadlocks for running out of moves (issue 22). With `end_on_deadlock` the
-            success the episode forfeits still counts through the return. Only dead pushes are
-            repriced: dead positions are absorbing, so no loop passes through one and moves
-            between live positions keep the potential's zero sum around every loop. (Clipping
-            every move to [-k, k] instead, as first built, paid +2k a lap around a loop whose
-            push costs 3 moves: `rollhub bench shaping-loops` finds such a loop in 16 of 40 one-box and 23 of
-            40 two-box training rooms, and none under this pricing.)
+            costs. Unpriced, a dead push from distance d costs k * (max_steps + 1 - d), many times
+            a move away in a long room, which can teach a policy to stop pushing and run out of
+            moves instead. With `end_on_deadlock` the success the episode forfeits still counts
+            through the return. Only dead pushes are repriced: dead positions are absorbing, so
+            no loop passes through one and moves between live positions keep the potential's
+            zero sum around every loop (clipping every move to [-k, k] instead would pay a lap
+            around a loop whose push costs more than one move).
         solvable_within_max_steps: only produce rooms solvable in max_steps moves.
         observation: "grid" (the legend's symbols, one line a row), "cells" (a space before
             every symbol so each cell is one token of a BPE tokenizer, outer wall ring left
@@ -117,37 +116,13 @@ class SokobanEnv(Env):
             cannot change the outcome; playing them out costs generation, and their
             advantages (only the wall-move penalty differs) are noise to the trainer.
         max_reverse_states: cap on positions explored while building a room.
-        min_solution_steps: difficulty floor for training: reset keeps drawing rooms (from the
-            same seeded generator, so a seed still gives one room) until the room's shortest
-            solution (`distance_to_go` of the first position) is at least this many moves.
-            From a strong policy most short rooms are solved by every sample of a group, which
-            leaves GRPO / GiGPO no signal. At most max_steps and search_depth (reverse play
-            builds no longer room); 0 (default) = off. Evaluate without it (`eval.env.kwargs:
-            {min_solution_steps: 0}`), or the reading is on a harder distribution than the env's.
-            Hand-made boards (`options={"board": ...}`) are played as they are.
-        solution_start: share of resets that start partway along the room's optimal plan
-            (a start-state curriculum: Backplay, Resnick et al. 2018; reverse curriculum,
-            Florensa et al. 2017). A room no sample of a group ever solves gives GRPO / GiGPO
-            no signal; from a start closer to the goal some samples do. Such a reset plays the
-            plan's first moves for the agent, which then has the whole `max_steps` from there.
-            The draws come from the seeded generator after the room, so a seed still gives one
-            start, the same for every sample of a group; 0 (default) = off and draws nothing,
-            so rooms are unchanged. Training only: evaluate with `eval.env.kwargs:
-            {solution_start: 0}`.
-        solution_start_distance: (lo, hi), where a moved start lies: d moves from the goal,
-            d uniform in lo..min(hi, n - 1) for an n-move plan; a room of n <= lo moves stays
-            as it is. The default (1, max_steps) cuts the plan anywhere short of the goal, which
-            in the two-box room put most moved starts 1-4 moves out, where every sample
-            succeeds (no signal either); a band where groups are mixed spends the batch there.
     Options of reset: {"board": text} plays a hand-made level drawn with the legend's symbols.
+
+    The training-only difficulty floor `min_solution_steps` is a wrapper that the registered
+    ids apply from their kwargs (`with_min_solution_steps`), not an argument of this class.
     """
 
     action_tag = "action"
-    #: arguments that make episodes easier than the env's own distribution: evaluation must
-    #: leave them off (`check_run_envs` refuses a reading with them on)
-    TRAINING_ONLY_KWARGS = ("solution_start",)
-    #: construction is cheap and checks every value, so a run builds one env up front to turn a
-    #: bad value into a one-line error before any model loads
     CHECK_BY_BUILDING = True
 
     def __init__(
@@ -169,9 +144,6 @@ class SokobanEnv(Env):
         observation: Literal["grid", "grid+positions", "cells", "cells+positions"] = "grid",
         action_tag: str = "action",
         end_on_deadlock: bool = False,
-        min_solution_steps: int = 0,
-        solution_start: float = 0.0,
-        solution_start_distance: tuple[int, int] | list[int] | None = None,
     ):
         if not isinstance(dim, int) and len(dim) != 2:
             raise ValueError(f"dim must be one int or (rows, cols), got {dim!r}")
@@ -197,29 +169,6 @@ class SokobanEnv(Env):
             raise ValueError(f"action_tag must be a tag name like 'action' or '' (bare moves), got {action_tag!r}")
         self.action_tag = action_tag
         self.end_on_deadlock = bool(end_on_deadlock)
-        if isinstance(min_solution_steps, bool) or not isinstance(min_solution_steps, int):
-            raise ValueError(f"min_solution_steps must be an int, got {min_solution_steps!r}")
-        ceiling = min(max_steps, search_depth)  # no room needs more: it must fit the episode and reverse play's depth
-        if not 0 <= min_solution_steps <= ceiling:
-            raise ValueError(
-                f"min_solution_steps must be in [0, min(max_steps, search_depth)] = [0, {ceiling}] (0 = off), "
-                f"got {min_solution_steps}"
-            )
-        self.min_solution_steps = min_solution_steps
-        if isinstance(solution_start, bool) or not isinstance(solution_start, (int, float)):
-            raise ValueError(f"solution_start must be a number in [0, 1], got {solution_start!r}")
-        if not 0.0 <= solution_start <= 1.0:
-            raise ValueError(f"solution_start must be in [0, 1] (0 = off), got {solution_start}")
-        self.solution_start = float(solution_start)
-        band = (1, max_steps) if solution_start_distance is None else solution_start_distance
-        if (
-            not isinstance(band, (list, tuple))
-            or len(band) != 2
-            or any(isinstance(v, bool) or not isinstance(v, int) for v in band)
-            or not 1 <= band[0] <= band[1]
-        ):
-            raise ValueError(f"solution_start_distance must be two ints 1 <= lo <= hi, got {solution_start_distance!r}")
-        self.solution_start_distance = (int(band[0]), int(band[1]))
         preset = SokobanRewards.preset(reward)
         overrides = {
             "step": step_reward,
@@ -259,8 +208,6 @@ class SokobanEnv(Env):
             self._board, self._construction_plan = Board.from_text(board_text), []
         else:
             self._generate()
-            if self.solution_start:
-                self._start_along_plan()
         self._steps = 0
         self._done = False
         self._plan, self._plan_anchor = [], None
@@ -273,48 +220,18 @@ class SokobanEnv(Env):
         return obs, info
 
     def _generate(self) -> None:
-        """A new room from the env's generator, drawn again until it meets `min_solution_steps`.
-
-        Every draw advances the same seeded generator, so the room of a seed does not depend
-        on anything but the seed and the env's arguments. The first position's distance stays
-        cached for `progress_reward`.
-        """
-        for _ in range(MIN_SOLUTION_TRIES):
-            room = generate_room(
-                self._rng,
-                dim=self.dim,
-                num_boxes=self.num_boxes,
-                search_depth=self.search_depth,
-                max_states=self.max_reverse_states,
-                max_solution_steps=self.max_steps if self.solvable_within_max_steps else None,
-            )
-            self._board, self._construction_plan = room.board, list(room.solution)
-            self._plans = {}
-            if not self.min_solution_steps or self.distance_to_go(room.board) >= self.min_solution_steps:
-                return
-        raise RoomGenerationError(
-            f"no room of {MIN_SOLUTION_TRIES} drawn needs min_solution_steps={self.min_solution_steps} moves "
-            f"(dim {self.dim}, {self.num_boxes} boxes, max_steps {self.max_steps}, search_depth {self.search_depth}); "
-            "lower min_solution_steps or raise search_depth"
+        """A new room from the env's generator: the room of a seed depends on nothing but the
+        seed and the env's arguments, and an unseeded reset draws the next room of the stream."""
+        room = generate_room(
+            self._rng,
+            dim=self.dim,
+            num_boxes=self.num_boxes,
+            search_depth=self.search_depth,
+            max_states=self.max_reverse_states,
+            max_solution_steps=self.max_steps if self.solvable_within_max_steps else None,
         )
-
-    def _start_along_plan(self) -> None:
-        """With probability `solution_start`, play an optimal plan's first moves, so the episode
-        starts d moves from the goal, d in `solution_start_distance` and never 0."""
-        board = self._require_board()
-        if self._rng.random() >= self.solution_start:
-            return
-        plan = self._optimal_plan(board) or self._construction_plan
-        lo, hi = self.solution_start_distance
-        if len(plan) <= lo:
-            return
-        k = len(plan) - int(self._rng.integers(lo, min(hi, len(plan) - 1) + 1))
-        for move in plan[:k]:
-            moved, why = board.try_move(move)
-            if moved is None:  # both plans are played forward from this very board
-                raise RoomGenerationError(f"the room's own plan does not replay: {why}")
-            board = moved
-        self._board, self._construction_plan = board, list(plan[k:])
+        self._board, self._construction_plan = room.board, list(room.solution)
+        self._plans = {}
 
     async def step(self, action: str) -> StepResult:
         board = self._require_board()
@@ -357,8 +274,8 @@ class SokobanEnv(Env):
 
     def move_reward(self, before: Board, after: Board) -> float:
         """The whole reward of a valid move from `before` to `after`: the preset's terms plus
-        the progress shaping. Public so `rollhub bench shaping-loops` searches a room's state
-        graph for loops that pay with the env's own pricing, not a copy of it."""
+        the progress shaping. Public so a search of a room's state graph for loops that pay
+        uses the env's own pricing, not a copy of it."""
         on_before, on_after = before.boxes_on_target, after.boxes_on_target
         reward = self.rewards.step
         reward += self.rewards.box_on_target * max(on_after - on_before, 0)
@@ -388,8 +305,7 @@ class SokobanEnv(Env):
     def _optimal_plan(self, board: Board) -> list[str] | None:
         """`solve(board)`, once per position and episode. Every suffix of an optimal plan is
         optimal from the position it starts at, so one solve also answers for each position
-        along the plan: shaping and the expert then solve only where an episode leaves it
-        (a moved start is one such position: its room was solved to move it)."""
+        along the plan: shaping and the expert then solve only where an episode leaves it."""
         key = board.anchor()
         if key not in self._plans:
             plan = solve(board)
@@ -443,16 +359,6 @@ class SokobanEnv(Env):
     def random_action(self, rng: np.random.Generator) -> str:
         return wrap_action(MOVES[int(rng.integers(len(MOVES)))], self.action_tag)
 
-    def rejected_action(self, rng: np.random.Generator) -> str | None:
-        """A random move the board rejects (into a wall, or a box that cannot move), or None.
-
-        SFT demos that play one now and then show the board after a rejected move (the
-        "Invalid:" line), which clean demos never do; a policy imitating only clean demos
-        repeats the rejected move there (docs/sokoban-rl-log.md, issue 22)."""
-        board = self._require_board()
-        blocked = [m for m in MOVES if board.try_move(m)[0] is None]
-        return wrap_action(blocked[int(rng.integers(len(blocked)))], self.action_tag) if blocked else None
-
     def render_text(self) -> str:
         return self._board.render() if self._board is not None else ""
 
@@ -465,3 +371,35 @@ class SokobanEnv(Env):
         if self._board is None:
             raise RuntimeError("call reset() before using the env")
         return self._board
+
+
+def with_min_solution_steps(env: SokobanEnv, min_solution_steps: int) -> Env:
+    """The training-only difficulty floor of the registered Sokoban ids (env kwarg
+    `min_solution_steps`): resets draw rooms until the shortest solution of the first position
+    (`distance_to_go`) is at least this many moves. 0 (the default) = off: the env unwrapped.
+
+    At most max_steps and search_depth (reverse play builds no longer room). Evaluation plays
+    the env unwrapped (`eval.env.kwargs: {min_solution_steps: 0}`); hand-made boards
+    (`options={"board": ...}`) are played as they are.
+    """
+    if isinstance(min_solution_steps, bool) or not isinstance(min_solution_steps, int):
+        raise ValueError(f"min_solution_steps must be an int, got {min_solution_steps!r}")
+    ceiling = min(env.max_steps, env.search_depth)  # no room needs more: it must fit the episode and reverse play
+    if not 0 <= min_solution_steps <= ceiling:
+        raise ValueError(
+            f"min_solution_steps must be in [0, min(max_steps, search_depth)] = [0, {ceiling}] (0 = off), "
+            f"got {min_solution_steps}"
+        )
+    if not min_solution_steps:
+        return env
+    return DifficultyFloor(
+        env,
+        min_solution_steps,
+        lambda inner: inner.distance_to_go(inner.board),
+        name="min_solution_steps",
+        tries=MIN_SOLUTION_TRIES,
+        hint=(
+            f"dim {env.dim}, {env.num_boxes} boxes, max_steps {env.max_steps}, search_depth {env.search_depth}: "
+            "lower min_solution_steps or raise search_depth"
+        ),
+    )

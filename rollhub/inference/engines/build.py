@@ -25,15 +25,15 @@ class EngineConfig:
     threads: int = 1  # torch threads of the engine (the trainer has its own, model.threads)
     max_batch_size: int = 64  # requests decoded together
     seed: int = 0  # sampling seed of the engine (replica i of a server backend: seed + i)
-    # weights and compute of the in-process engine: auto = bf16 on CUDA, fp32 on the CPU; bfloat16 on
-    # a CPU with AMX (Sapphire Rapids and later) prefills ~1.7x faster than fp32 (benchmarks/README.md)
+    # weights and compute of the engine (in-process, or launched `rollhub serve` replicas): auto = bf16 on
+    # CUDA, fp32 on the CPU; bfloat16 on a CPU with AMX (Sapphire Rapids and later) prefills ~1.7x faster
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     # a prompt repeated under one weight version (the samples of a group on the same board) takes
     # its twin's KV and first-token logits instead of a forward (exact; off = every prompt runs)
     share_prompts: bool = True
     # --- backend: server ---
     # command template for launched servers: "rollhub" (rollhub serve), "sglang", or a command with
-    # {python} {model} {host} {port} {replica} {threads} {max_batch_size} {seed} {device} {api_key};
+    # {python} {model} {host} {port} {replica} {threads} {max_batch_size} {seed} {device} {dtype} {api_key};
     # null with no urls = "rollhub"
     launch: str | None = None
     replicas: int = 1  # launched servers, each on its own port
@@ -59,10 +59,11 @@ class EngineConfig:
             raise ValueError(f"engine.seed must be >= 0, got {self.seed}")
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ValueError(f"engine.dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
-        if self.backend == "server" and self.dtype != "auto":
+        if self.backend == "server" and self.dtype != "auto" and not self._launch_takes_dtype():
             raise ValueError(
-                "engine.dtype sets the in-process engine's precision; a server backend takes its dtype "
-                "from its launch command (e.g. sglang's --dtype)"
+                f"engine.dtype={self.dtype} reaches launched servers through {{dtype}} in engine.launch (the "
+                "rollhub template passes it); attached servers (engine.urls) or a template without {dtype} set "
+                "their own: set engine.dtype=auto, or add --dtype {dtype} to the template"
             )
         if self.replicas < 1:
             raise ValueError(f"engine.replicas must be >= 1, got {self.replicas}")
@@ -88,6 +89,17 @@ class EngineConfig:
                 template_words(self.launch)
             except Exception as exc:  # UserError: reported under the section's key
                 raise ValueError(str(exc)) from None
+
+    def _launch_takes_dtype(self) -> bool:
+        """Whether launched servers are told `engine.dtype` (attached ones are not launched by us)."""
+        if self.urls:
+            return False
+        from rollhub.inference.engines.launcher import template_words
+
+        try:
+            return any("{dtype}" in word for word in template_words(self.launch or "rollhub"))
+        except Exception:  # a bad template is reported below, under its own key
+            return True
 
 
 def resolve_device(device: str) -> str:
@@ -159,6 +171,7 @@ def _build_server_engine(config: EngineConfig, model: Any, device: str, run_dir:
             "max_batch_size": config.max_batch_size,
             "seed": config.seed,
             "device": device,
+            "dtype": config.dtype,
         },
         timeout_s=config.request_timeout_s,
         watchdog_interval_s=config.watchdog_interval_s,

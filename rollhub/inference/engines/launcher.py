@@ -51,7 +51,7 @@ logger = logging.getLogger(__name__)
 #: `engine.launch: rollhub` -- the transformers engine behind rollhub's SGLang-native server
 ROLLHUB_SERVE_TEMPLATE = (
     "{python} -m rollhub.cli serve --model {model} --host {host} --port {port} --threads {threads} "
-    "--max-batch-size {max_batch_size} --seed {seed} --device {device}"
+    "--max-batch-size {max_batch_size} --seed {seed} --device {device} --dtype {dtype}"
 )
 #: `engine.launch: sglang` -- SGLang's own server (GPU machines)
 SGLANG_TEMPLATE = (
@@ -70,6 +70,7 @@ TEMPLATE_FIELDS = (
     "max_batch_size",
     "seed",
     "device",
+    "dtype",
     "api_key",
 )
 
@@ -284,6 +285,7 @@ class ServerEngine(EngineRouter):
             "port": port,
             "replica": index,
             "api_key": self.api_key or "",
+            "dtype": "auto",
             **self.template_values,
         }
         values["seed"] = int(values.get("seed", 0)) + index  # replicas must not draw the same samples

@@ -50,8 +50,11 @@ from typing import Any
 from rollhub.core.errors import MissingExtraError, UserError
 from rollhub.inference.engines.build import EngineConfig
 from rollhub.inference.engines.sglang import API_KEY_ENV
+from rollhub.rollout.admission import fill_buffer
+from rollhub.rollout.agent import AgentConfig
 from rollhub.rollout.buffer import GroupBuffer, Ticket
 from rollhub.rollout.cluster.config import ClusterConfig
+from rollhub.rollout.config import EnvConfig, RolloutConfig
 from rollhub.rollout.tasks import TaskOwner
 from rollhub.rollout.types import Group
 
@@ -158,23 +161,29 @@ class RayRollout(TaskOwner):
     def __init__(
         self,
         model_path: str | Path,
-        manager_config: Any,
         cluster: ClusterConfig,
         *,
+        env: EnvConfig | None = None,
+        rollout: RolloutConfig | None = None,
+        agent: AgentConfig | None = None,
         engine: EngineConfig | None = None,
         buffer: GroupBuffer | None = None,
         seeds: Iterator[int] | None = None,
         run_dir: str | Path = "runs/ray",
+        jsonl_path: str | None = None,
         weight_version: int = 0,
         name_prefix: str | None = None,
     ) -> None:
         cluster.validate()  # load_config validates too; this covers direct construction
         self.model_path = str(model_path)
-        self.config = manager_config
+        self.env = env or EnvConfig()
+        self.rollout = rollout or RolloutConfig()
+        self.agent = agent or AgentConfig()
+        self.jsonl_path = jsonl_path
         self.cluster = cluster
         self.engine_config = engine or EngineConfig()
         self.buffer = buffer
-        self._seeds = seeds if seeds is not None else itertools.count(manager_config.seed_start)
+        self._seeds = seeds if seeds is not None else itertools.count(self.env.train_seed_offset)
         self.run_dir = Path(run_dir)
         self.weights_dir = Path(cluster.weights_dir) if cluster.weights_dir else self.run_dir / "weights"
         self.weight_version = weight_version
@@ -209,10 +218,10 @@ class RayRollout(TaskOwner):
         self._died = _actor_died_errors(self._ray)
         self._started = True
         self._fatal = asyncio.get_running_loop().create_future()
-        if self.config.jsonl_path:
+        if self.jsonl_path:
             from rollhub.rollout.trajectory_log import TrajectoryWriter
 
-            self._writer = TrajectoryWriter(self.config.jsonl_path)
+            self._writer = TrajectoryWriter(self.jsonl_path)
         started = time.perf_counter()
         await asyncio.gather(*(self._start_engine(slot) for slot in self._engines))
         from rollhub.inference.engines.router import EngineRouter
@@ -284,7 +293,9 @@ class RayRollout(TaskOwner):
             .remote(
                 f"{slot.slot_id}.{slot.incarnation}",
                 self.model_path,
-                self.config,
+                self.env,
+                self.rollout,
+                self.agent,
                 urls,
                 version,
                 reap_orphan_sandboxes=c.reap_orphan_sandboxes,
@@ -346,26 +357,7 @@ class RayRollout(TaskOwner):
         if self.buffer is None:
             raise ValueError("run() needs a GroupBuffer (RayRollout(..., buffer=GroupBuffer(B, alpha)))")
         await self.start()
-        groups: set[asyncio.Task] = set()
-        stopper = asyncio.ensure_future(stop_event.wait())
-        try:
-            while not stop_event.is_set():
-                acquire = asyncio.ensure_future(self.buffer.acquire())
-                await asyncio.wait({acquire, stopper, self._fatal}, return_when=asyncio.FIRST_COMPLETED)
-                if self._fatal.done():
-                    acquire.cancel()
-                    await asyncio.gather(acquire, return_exceptions=True)
-                    raise self._fatal.result()
-                if not acquire.done():
-                    acquire.cancel()
-                    await asyncio.gather(acquire, return_exceptions=True)
-                    break
-                task = self._spawn(self._dispatch(acquire.result()))
-                groups.add(task)
-                task.add_done_callback(groups.discard)
-        finally:
-            stopper.cancel()
-            await self._cancel(set(groups))
+        await fill_buffer(self, self.buffer, stop_event, self._fatal, self._dispatch)
 
     async def collect_batch(self, num_groups: int) -> list[Group]:
         """Sync use: `num_groups` groups spread over the shards (lost ones are re-dispatched)."""
@@ -393,7 +385,7 @@ class RayRollout(TaskOwner):
             raise
         except self._died as exc:
             self.ledger.groups_lost += 1
-            self.ledger.trajectories_lost += self.config.group_size + self.config.group_redundancy
+            self.ledger.trajectories_lost += self.rollout.group_size + self.rollout.redundant_trajectories
             self._release(ticket)
             logger.warning(
                 "%s died with group of seed %d in flight (%s); counted as lost", slot.slot_id, seed, type(exc).__name__

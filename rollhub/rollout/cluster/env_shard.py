@@ -50,7 +50,9 @@ class EnvShard:
         self,
         shard_id: str,
         model_path: str,
-        manager_config: Any,
+        env: Any,
+        rollout: Any,
+        agent: Any,
         engine_urls: dict[str, str],
         weight_version: int = 0,
         *,
@@ -58,8 +60,8 @@ class EnvShard:
     ) -> None:
         self.shard_id = shard_id
         self.model_path = model_path
-        # one group per call; the driver's buffer owns batching, and the driver writes the JSONL log
-        self.manager_config = dataclasses.replace(manager_config, batch_redundancy=0, jsonl_path=None)
+        # one group per call: the driver's buffer owns batching (and the driver writes the JSONL log)
+        self.env, self.rollout, self.agent = env, dataclasses.replace(rollout, redundant_groups=0), agent
         self.engine_urls = dict(engine_urls)
         self.weight_version = weight_version
         self.reap_orphan_sandboxes = reap_orphan_sandboxes
@@ -75,7 +77,7 @@ class EnvShard:
         import ray
         from transformers import AutoTokenizer
 
-        from rollhub.rollout.cluster.router import EngineRouter
+        from rollhub.inference.engines.router import EngineRouter
         from rollhub.rollout.manager import EnvManager
 
         if self.reap_orphan_sandboxes:
@@ -83,7 +85,9 @@ class EnvShard:
         tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.router = EngineRouter(self.engine_urls)
         self.router.set_weight_version(self.weight_version)
-        self.manager = EnvManager(self.router, tokenizer, self.manager_config, seeds=self._seeds)
+        self.manager = EnvManager(
+            self.router, tokenizer, env=self.env, rollout=self.rollout, agent=self.agent, seeds=self._seeds
+        )
         context = ray.get_runtime_context()
         self._info = {
             "shard_id": self.shard_id,

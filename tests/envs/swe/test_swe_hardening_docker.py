@@ -1,4 +1,4 @@
-"""Issue 19 on real containers: the diff ignores the agent's git set-up, nothing is written
+"""SWE grading hardened, on real containers: the diff ignores the agent's git set-up, nothing is written
 where `git apply` refuses, and what the model breaks is the model's failure (reward 0,
 terminated, no `infra_failure`: the rollout layer marks a trajectory INFRA_FAILED only on
 that key), while bad tool arguments are tool errors and the episode goes on."""

@@ -1,0 +1,317 @@
+"""The training job, phase by phase: prepare -> SFT -> build -> restore -> evaluate -> reinforce
+-> finish -> report.
+
+  prepare    refuse to overwrite another run, find the checkpoint to resume (rollhub.trainer.run_dir),
+             the model dir (a tiny model is built if missing)
+  SFT        the warm-start on scripted-expert demonstrations, if enabled and not done yet
+             (rollhub.trainer.sft_job)
+  build      everything the job trains with, once (`rollhub.trainer.build.build_run`)
+  restore    a checkpoint over all of it, when resuming
+  evaluate   the warm-start on the held-out seeds
+  reinforce  the rollout source (`EnvManager`, or `RayRollout` on Ray) feeds `rl_loop`, which
+             drives the `PolicyLearner` (rollhub.trainer.rl_loop, rollhub.trainer.learner)
+  finish     the same held-out seeds again (the policy eval.select picked, if on), final_model/
+  report     summary.json, the learning curve, the before/after lines (rollhub.trainer.report)
+
+Generation never stops while the trainer computes: the env manager keeps filling the buffer up
+to (alpha+1)*B groups, and the heavy tensor work runs in a worker thread so the event loop keeps
+stepping envs. Sync training is the same loop with alpha = 0 and `lockstep: true` (each batch is
+generated, then trained on; nothing runs ahead).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rollhub.rollout.source import RolloutSource
+from rollhub.trainer.build import (
+    build_rollout,
+    build_run,
+    check_run_envs,
+    ensure_model,
+    seed_everything,
+    start_engine,
+    unsharded_config,
+)
+from rollhub.trainer.config import RunConfig
+from rollhub.trainer.evaluate import EvalResult, evaluate_held_out
+from rollhub.trainer.learner import PolicyLearner
+from rollhub.trainer.ranks.group import RankGroup
+from rollhub.trainer.report import TrainingSummary, greedy_metrics, report
+from rollhub.trainer.rl_loop import AfterStep, LoopState, rl_loop
+from rollhub.trainer.run import Run
+from rollhub.trainer.run_dir import SFT_MODEL_DIR, WARMSTART_FILE, open_run_dir, restore, save, sft_model_ready
+from rollhub.trainer.selection import CheckpointSelector
+from rollhub.trainer.sft_job import warm_start
+from rollhub.trainer.step_metrics import rollout_metrics
+from rollhub.trainer.update import ppo_update
+
+logger = logging.getLogger(__name__)
+
+
+async def run_training(
+    config: RunConfig,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    print_fn: Callable[[str], None] = print,
+    ranks: RankGroup | None = None,
+) -> TrainingSummary:
+    """The whole job (see module docstring). Returns warm-start and final evaluations.
+
+    `ranks`: this process is rank 0 of a group of trainer ranks (rollhub.trainer.ranks);
+    everything but the tensor work of the policy (updates, weight gathers, checkpoints) stays here.
+    """
+    job_started = time.perf_counter()
+    # prepare
+    torch.set_num_threads(config.model.threads)
+    check_run_envs(config)  # both envs' names and types, and train/eval overlap, before the model loads
+    if config.cluster.backend == "ray":  # fail before the warm-start, not after it
+        from rollhub.rollout.cluster.backend import import_ray
+
+        import_ray()
+    checkpoint = open_run_dir(config, resume=resume)
+    run_dir = Path(config.run_dir)
+    seed_everything(config.seed)
+    t = time.perf_counter()
+    model_dir = ensure_model(config)
+    sft_dir = run_dir / SFT_MODEL_DIR
+    sft_done = config.sft.enabled and sft_model_ready(run_dir)  # a half-written sft_model/ is removed
+    phases = {"prepare_s": time.perf_counter() - t}
+
+    # SFT (with ranks on rank 0 alone, on an unsharded policy: the other ranks wait to build theirs)
+    if checkpoint is None and config.sft.enabled and not sft_done:
+        sft_config = config if ranks is None else unsharded_config(config)
+        phases["sft_s"] = await warm_start(sft_config, model_dir, sft_dir, print_fn=print_fn)
+        sft_done = True
+
+    # build, from the warm-start
+    t = time.perf_counter()
+    run = build_run(config, sft_dir if sft_done else model_dir, ranks=ranks, started=job_started)
+    run.phases = phases
+    phases["prepare_s"] += time.perf_counter() - t
+    if checkpoint is None:
+        run.metrics_log.truncate_after(-1)  # a resume without a complete checkpoint starts over
+    else:
+        await restore(run, checkpoint, print_fn=print_fn)
+    selector = (
+        CheckpointSelector(config, run_dir, resumed_at=run.state.version if checkpoint is not None else None)
+        if config.eval.select.enabled
+        else None
+    )
+
+    warmstart: EvalResult | None = None
+    try:
+        await start_engine(run.engine)  # launched servers up and ready before the first evaluation
+        if checkpoint is None:
+            warmstart = await evaluate_warm_start(run, print_fn=print_fn)
+            if selector is not None:  # the warm-start is a candidate too: RL that only hurts hands it back
+                run.metrics_log.log(0, await validate(run, selector, 0, force=True))
+            run.state.final_reserve_s = final_reserve_s(run.phases)
+        await reinforce(run, progress=progress, selector=selector)
+        # final evaluation on the same held-out seeds (of the policy eval.select picked, if on)
+        final, last, selected_step = await finish(run, selector)
+        # the engine holds the final policy's weights (the picked one's with eval.select)
+        final_greedy = await evaluate(run, "final_greedy", greedy=True) if config.eval.greedy_reading else None
+        if last is None:
+            record = {**final.metrics(), **greedy_metrics(final_greedy)}
+        else:  # the curve's point at the last step is the last step's policy; the picked one is final/
+            picked = {**final.metrics(prefix="final/"), **greedy_metrics(final_greedy, prefix="final/")}
+            record = {**last.metrics(), **picked, "final/selected_step": selected_step}
+        run.metrics_log.log(run.state.version, {**record, "policy/version": run.state.version})
+    finally:
+        await run.engine.close()
+        run.metrics_log.close()
+    return report(
+        run, warmstart, final, print_fn=print_fn, last=last, selected_step=selected_step, final_greedy=final_greedy
+    )
+
+
+# --- reinforce ----------------------------------------------------------------------------
+
+
+async def reinforce(run: Run, *, progress: bool, selector: CheckpointSelector | None = None) -> None:
+    """The RL phase: start the rollout source, run `rl_loop`, stop everything it started."""
+    config = run.config
+    deadline = job_deadline(run)
+    if deadline is not None and time.perf_counter() > deadline:  # before any rollout worker starts
+        logger.warning(
+            "no RL: the warm-start used up train.max_job_wall_s=%s (%.0f s so far)",
+            config.train.max_job_wall_s,
+            run.wall_s(),
+        )
+        return
+    rollout = build_rollout(
+        config,
+        run.engine,
+        run.policy.tokenizer,
+        model_dir=run.engine_model_dir,
+        buffer=run.buffer,
+        seeds=run.seeds,
+        run_dir=run.run_dir,
+    )
+    if config.cluster.backend == "ray" and run.state.version:  # fresh remote engines load the base weights
+        await rollout.update_weights(run.policy.engine_state_dict(), run.state.version)
+    update = run.ranks.ppo_update if run.ranks is not None else ppo_update
+    learner = PolicyLearner(config, run.policy, run.optimizer, reference=run.reference, update=update)
+    stop = asyncio.Event()
+    producer = None if run.buffer is None else asyncio.ensure_future(rollout.run(stop))
+    started = time.perf_counter()
+    with _progress(progress) as bar:
+        try:
+            await rl_loop(
+                learner,
+                rollout,
+                run.buffer,
+                run.state,
+                groups_per_batch=config.rollout.groups_per_batch,
+                steps=config.train.steps,
+                after_step=_after_step(run, rollout, selector, bar),
+                max_wall_s=config.train.max_wall_s,
+                deadline=deadline,
+            )
+        finally:
+            learner.close()
+            stop.set()
+            if producer is not None:
+                await asyncio.gather(producer, return_exceptions=True)
+            await rollout.close()
+    run.phases["rl_s"] = time.perf_counter() - started
+    every = config.train.checkpoint_every
+    if run.state.version and (not every or run.state.version % every):
+        save(run, run.state)
+
+
+def _after_step(run: Run, rollout: RolloutSource, selector: CheckpointSelector | None, bar: Any) -> list[AfterStep]:
+    """After each step, in order: the rollout's metrics, the periodic held-out reading (eval.every),
+    the validation reading (eval.select), the log line and progress bar, the checkpoint."""
+    config = run.config
+    task = bar.add_task("RL", total=config.train.steps, completed=run.state.version, info="") if bar else None
+
+    async def describe_rollout(state: LoopState, record: dict[str, Any]) -> None:
+        record.update(rollout_metrics(rollout, run.buffer))
+
+    async def periodic_eval(state: LoopState, record: dict[str, Any]) -> None:
+        every = config.eval.every
+        if every and state.version % every == 0 and state.version < config.train.steps:
+            record.update((await evaluate(run, "periodic")).metrics())
+
+    async def select(state: LoopState, record: dict[str, Any]) -> None:
+        if selector is not None:
+            record.update(await validate(run, selector, state.version))
+
+    async def log(state: LoopState, record: dict[str, Any]) -> None:
+        run.metrics_log.log(state.version, record)
+        if bar is not None:
+            info = f"success {record.get('train/success_rate', 0):.2f}  idle {record['trainer/idle_fraction']:.2f}"
+            bar.update(task, completed=state.version, info=info)
+        logger.info("step %d: %s", state.version, {k: v for k, v in record.items() if isinstance(v, float)})
+
+    async def checkpoint(state: LoopState, record: dict[str, Any]) -> None:
+        if config.train.checkpoint_every and state.version % config.train.checkpoint_every == 0:
+            save(run, run.state)
+
+    return [describe_rollout, periodic_eval, select, log, checkpoint]
+
+
+def _progress(enabled: bool):
+    if not enabled:
+        return contextlib.nullcontext(None)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[info]}"),
+    )
+
+
+def final_reserve_s(phases: dict[str, float]) -> float:
+    """What the final readings will cost, from the warm-start's: the held-out reading twice (the
+    last step and, with eval.select, the picked one), one validation reading and the greedy one.
+    A trained policy solves rooms in fewer turns than its warm-start, so this errs long."""
+    return (
+        2 * phases.get("eval_warmstart_s", 0.0)
+        + phases.get("eval_warmstart_greedy_s", 0.0)
+        + phases.get("select_s", 0.0)
+    )
+
+
+def job_deadline(run: Run) -> float | None:
+    """The `time.perf_counter()` reading after which RL must stop for the job to end within
+    train.max_job_wall_s (earlier processes of a resumed run count too); None without one."""
+    budget = run.config.train.max_job_wall_s
+    if budget is None:
+        return None
+    return run.started + budget - run.prior_wall_s - run.state.final_reserve_s
+
+
+# --- readings -----------------------------------------------------------------------------
+
+
+async def evaluate(run: Run, label: str, *, greedy: bool = False) -> EvalResult:
+    """Success on the held-out seeds with the current weights (timed under `eval_{label}_s`);
+    greedy: one episode per seed at T = 0 (eval.greedy)."""
+    started = time.perf_counter()
+    if run.engine.weight_version != run.state.version:  # cluster.backend=ray pushes to remote engines only
+        await run.engine.update_weights(run.policy.engine_state_dict(), run.state.version)
+    result = await evaluate_held_out(run.engine, run.policy.tokenizer, run.config, greedy=greedy)
+    key = f"eval_{label}_s"
+    run.phases[key] = run.phases.get(key, 0.0) + time.perf_counter() - started
+    return result
+
+
+async def validate(run: Run, selector: CheckpointSelector, step: int, *, force: bool = False) -> dict[str, float]:
+    """eval.select: score the current weights on the validation seeds when due; keep the best."""
+    if not (force or selector.due(step)):
+        return {}
+    started = time.perf_counter()
+    if run.engine.weight_version != run.state.version:
+        await run.engine.update_weights(run.policy.engine_state_dict(), run.state.version)
+    result = await selector.score(run.engine, run.policy.tokenizer)
+    selector.consider(step, result, run.policy)
+    run.phases["select_s"] = run.phases.get("select_s", 0.0) + time.perf_counter() - started
+    return selector.metrics(result)
+
+
+async def evaluate_warm_start(run: Run, *, print_fn: Callable[[str], None]) -> EvalResult:
+    result = await evaluate(run, "warmstart")
+    greedy = await evaluate(run, "warmstart_greedy", greedy=True) if run.config.eval.greedy_reading else None
+    run.state.warmstart_success = result.success_rate
+    record = result.metrics(prefix="") | greedy_metrics(greedy, prefix="")
+    (run.run_dir / WARMSTART_FILE).write_text(json.dumps(record))
+    run.metrics_log.log(0, {**result.metrics(), **greedy_metrics(greedy), "policy/version": 0})
+    print_fn(f"warm-start success on {run.config.eval.label}: {100 * result.success_rate:.1f}%")
+    if greedy is not None:
+        print_fn(f"warm-start success on {run.config.eval.greedy_label}: {100 * greedy.success_rate:.1f}%")
+    return result
+
+
+async def finish(run: Run, selector: CheckpointSelector | None) -> tuple[EvalResult, EvalResult | None, int | None]:
+    """The final held-out evaluation and final_model/: the last step's policy, or with
+    eval.select the best one on the validation seeds (then the last one is scored too).
+    Returns (final, last step's result if another policy was picked, the picked step)."""
+    state, final_dir = run.state, run.run_dir / "final_model"
+    final = await evaluate(run, "final")
+    if selector is not None:
+        if selector.last is None or selector.last.step != state.version:
+            run.metrics_log.log(state.version, await validate(run, selector, state.version, force=True))
+        best = selector.best
+        if best is not None and best.step != state.version:
+            await run.engine.update_weights(selector.best_state_dict(), state.version)
+            selected = await evaluate(run, "selected")
+            selector.hand_over(final_dir)
+            return selected, final, best.step
+    run.policy.save_pretrained(final_dir)
+    return final, None, (state.version if selector is not None else None)

@@ -1,0 +1,135 @@
+"""A run's folder: who may write it, the SFT model's completion marker, checkpoints and resume.
+
+Layout: config.json (what `--resume` reads back), metrics.jsonl, trajectories.jsonl,
+sft_model/ + sft_done.json, warmstart.json, checkpoints/, final_model/, summary.json.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from rollhub.core.config import config_to_dict
+from rollhub.core.errors import UserError
+from rollhub.rollout.trajectory_log import RUN_TRAJECTORY_LOG, log_size, truncate_log
+from rollhub.trainer.checkpoint import (
+    atomic_write_text,
+    latest_checkpoint,
+    load_checkpoint,
+    read_checkpoint,
+    save_checkpoint,
+    set_rng_state,
+)
+from rollhub.trainer.config import RunConfig
+from rollhub.trainer.run import JobState, Run
+
+logger = logging.getLogger(__name__)
+
+WARMSTART_FILE = "warmstart.json"
+SFT_MODEL_DIR = "sft_model"
+SFT_DONE_FILE = "sft_done.json"  # written after sft_model/ is complete: the only proof that it is
+
+
+def open_run_dir(config: RunConfig, *, resume: bool) -> Path | None:
+    """Create the run folder, refuse to overwrite another run, and return the checkpoint to resume (if any).
+
+    config.json is replaced atomically: `rollhub train --resume` reads it back, so a torn one
+    would make the run unresumable. A run that starts from step 0 drops any trajectory log of
+    an earlier attempt, as `run_training` does with the metrics, so no group is logged twice.
+    """
+    run_dir = Path(config.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint = latest_checkpoint(run_dir) if resume else None
+    if resume and checkpoint is None and (run_dir / "metrics.jsonl").exists():
+        logger.warning("no complete checkpoint in %s; starting the run over", run_dir)
+    if not resume and (run_dir / "metrics.jsonl").exists():
+        raise UserError(
+            f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, or choose another run_dir"
+        )
+    atomic_write_text(run_dir / "config.json", json.dumps(config_to_dict(config), indent=2))
+    if checkpoint is None:
+        truncate_log(run_dir / RUN_TRAJECTORY_LOG, 0)
+    return checkpoint
+
+
+def sft_finished(run_dir: Path) -> bool:
+    """Whether `run_dir` holds a finished SFT model: its marker is written only after the folder is whole."""
+    return (run_dir / SFT_DONE_FILE).is_file() and (run_dir / SFT_MODEL_DIR / "config.json").is_file()
+
+
+def sft_model_ready(run_dir: Path) -> bool:
+    """`sft_finished`, and when it is not, remove what a killed SFT left, so SFT is redone on a clean slate."""
+    if sft_finished(run_dir):
+        return True
+    sft_dir = run_dir / SFT_MODEL_DIR
+    if sft_dir.exists():
+        logger.warning("%s has no %s (its save was interrupted): removing it and redoing SFT", sft_dir, SFT_DONE_FILE)
+        shutil.rmtree(sft_dir)
+    (run_dir / SFT_DONE_FILE).unlink(missing_ok=True)
+    return False
+
+
+def warmstart_greedy(run_dir: Path) -> float | None:
+    """The warm-start's greedy reading, also after a resume (it lives in warmstart.json)."""
+    warm = run_dir / WARMSTART_FILE
+    return json.loads(warm.read_text()).get("greedy_success_rate") if warm.exists() else None
+
+
+def save(run: Run, state: JobState) -> None:
+    """Checkpoint the job; also records how long trajectories.jsonl is now, so that a resume
+    cuts the lines of groups it will generate again (`restore`)."""
+    state.wall_s = run.wall_s()
+    rollout_state = {
+        "next_seed": run.seeds.next_seed,
+        "seed_source": run.seeds.state_dict(),
+        "buffer": run.buffer.state_dict() if run.buffer else None,
+        "trajectories_bytes": log_size(run.run_dir / RUN_TRAJECTORY_LOG),
+    }
+    # with ranks: every rank's shard gathered into the full state, on this rank (rank 0)
+    model_state, optimizer_state = run.ranks.checkpoint_state() if run.ranks else (None, None)
+    save_checkpoint(
+        run.run_dir,
+        state.version,
+        model=run.policy.model,
+        optimizer=run.optimizer,
+        trainer_state=state.as_dict(),
+        rollout_state=rollout_state,
+        keep_last=run.config.train.keep_checkpoints,
+        model_state=model_state,
+        optimizer_state=optimizer_state,
+    )
+
+
+async def restore(run: Run, checkpoint: Path, *, print_fn: Callable[[str], None]) -> None:
+    """Trainer, optimizer, seed cursor, buffer and logs as they were at `checkpoint`.
+
+    Both logs are cut back to the checkpoint: metrics by step, trajectories.jsonl to the length
+    the checkpoint recorded (the groups after it are generated again from the restored seed cursor).
+    A "reference" entry of older checkpoints (a KL anchor that had moved) is ignored.
+    """
+    if run.ranks is not None:  # the full state read here, sharded onto every rank (any world size)
+        payload = read_checkpoint(checkpoint)
+        run.ranks.load_state(payload["model"], payload["optimizer"])
+        set_rng_state(payload["rng"])
+    else:
+        payload = load_checkpoint(checkpoint, model=run.policy.model, optimizer=run.optimizer)
+    run.state = JobState(**payload["trainer"])
+    run.prior_wall_s = run.state.wall_s
+    # checkpoints from before seed sources hold next_seed alone
+    saved = payload["rollout"]
+    run.seeds.load_state_dict(
+        {"next_seed": saved.get("next_seed", run.seeds.next_seed), **(saved.get("seed_source") or {})}
+    )
+    if run.buffer is not None and payload["rollout"].get("buffer"):
+        run.buffer.load_state_dict(payload["rollout"]["buffer"])
+    run.metrics_log.truncate_after(run.state.version)
+    if payload["rollout"].get("trajectories_bytes") is not None:
+        truncate_log(run.run_dir / RUN_TRAJECTORY_LOG, payload["rollout"]["trajectories_bytes"])
+    await run.engine.update_weights(run.policy.engine_state_dict(), run.state.version)
+    print_fn(f"resumed {run.run_dir} at step {run.state.version}")
+    warm = run.run_dir / WARMSTART_FILE
+    if warm.exists():
+        run.state.warmstart_success = json.loads(warm.read_text()).get("success_rate", run.state.warmstart_success)
