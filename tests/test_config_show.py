@@ -54,11 +54,11 @@ def test_table_marks_the_recipe_values(capsys):
     code, out, err = _run(capsys, "config", "show", "configs/sokoban_tiny.yaml", "--only", "engine.")
     assert code == 0, err
     lines = out.splitlines()
-    dtype = next(line for line in lines if " engine.dtype " in line)
-    assert dtype.startswith("*") and "bfloat16" in dtype and "default auto" in dtype
-    replicas = next(line for line in lines if " engine.replicas " in line)
-    assert replicas.startswith(" ") and "launched servers" in replicas
-    assert all(" engine." in line for line in lines[1:])
+    assert lines[1].split() == ["knob", "value", "default", "doc"]
+    rows = {line[2:].split()[0]: line for line in lines[2:]}
+    assert all(key.startswith("engine.") for key in rows)
+    assert rows["engine.dtype"].startswith("*") and rows["engine.dtype"][2:].split()[1:3] == ["bfloat16", "auto"]
+    assert rows["engine.replicas"].startswith(" ") and "launched servers" in rows["engine.replicas"]
 
 
 def test_defaults_without_a_recipe_and_user_errors(capsys):

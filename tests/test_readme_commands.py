@@ -41,11 +41,17 @@ QUICK_TRAIN = [
 
 #: commands (by their first words) that run for minutes, or need what a test machine may lack;
 #: they are parsed and their recipes loaded like every other command, and the slow ones run under -m slow
-SLOW = {
+SLOW_ALONE = {
     "rollhub bench envs": "every registered env's reset and step latency: about a minute on 2 cores",
     "rollhub train configs/sokoban_tiny.yaml --set engine.backend=server": "starts two `rollhub serve` processes",
     "rollhub train configs/sokoban_tiny.yaml --set trainer.world_size=2": "starts a second trainer rank",
 }
+#: run in order on the quick run, but only under -m slow (each costs a model load and an evaluation)
+SLOW_IN_ORDER = {
+    "rollhub train --resume": "resumes the quick run",
+    "rollhub sft": "a second SFT phase",
+}
+SLOW = {**SLOW_ALONE, **SLOW_IN_ORDER}
 PARSE_ONLY = {
     "rollhub serve": "serves until stopped",
     "rollhub sandbox gc": "needs a Docker engine",
@@ -143,7 +149,9 @@ def _in_process(command: str) -> bool:
 
 
 def _training(command: str) -> bool:
-    return rollhub_argv(command)[0] in ("train", "sft", "eval", "view") and not _listed(command, {**SLOW, **PARSE_ONLY})
+    """The Training section's run-folder commands, run in order on one quick run."""
+    argv = rollhub_argv(command)
+    return argv[0] in ("train", "sft", "eval", "view") and not _listed(command, {**SLOW_ALONE, **PARSE_ONLY})
 
 
 def test_every_command_is_run_or_says_why_not():
@@ -198,22 +206,32 @@ def _quick(argv: list[str], run_dir: Path, model_dir: Path) -> list[str]:
     return argv
 
 
-def test_training_commands_run_in_a_quick_form(tmp_path, tiny_model_dir):
-    """The Training section's commands in order: train, resume, sft, eval, view (one RL step each)."""
+def _run_training_commands(tmp_path: Path, model_dir: Path, *, slow: bool) -> None:
     order = ["train", "sft", "eval", "view"]
-    commands = list(dict.fromkeys(c for c in readme_commands() if _training(c)))
+    commands = [c for c in dict.fromkeys(readme_commands()) if _training(c) and (slow or not _listed(c, SLOW_IN_ORDER))]
     assert "rollhub train configs/sokoban_tiny.yaml" in commands
     commands.sort(key=lambda c: (order.index(rollhub_argv(c)[0]), "--resume" in c))
     run_dir = tmp_path / "run"
     for command in commands:
-        argv = _quick(rollhub_argv(command), run_dir, tiny_model_dir)
+        argv = _quick(rollhub_argv(command), run_dir, model_dir)
         done = _subprocess(argv, tmp_path)
         assert done.returncode == 0, f"`{command}` as {argv}:\n{done.stderr[-3000:]}"
     assert (run_dir / "trajectories.html").is_file()
 
 
+def test_training_commands_run_in_a_quick_form(tmp_path, tiny_model_dir):
+    """The Training section's train, eval and view on one quick run (one RL step)."""
+    _run_training_commands(tmp_path, tiny_model_dir, slow=False)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("command", [c for c in readme_commands() if _listed(c, SLOW)])
+def test_all_training_commands_run_in_a_quick_form(tmp_path, tiny_model_dir):
+    """... and resume and SFT between them."""
+    _run_training_commands(tmp_path, tiny_model_dir, slow=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [c for c in readme_commands() if _listed(c, SLOW_ALONE)])
 def test_slow_commands_run_in_a_quick_form(command, tmp_path, tiny_model_dir):
     argv = _quick(rollhub_argv(command), tmp_path / "run", tiny_model_dir)
     if argv[0] == "bench":

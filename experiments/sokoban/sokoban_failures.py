@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from experiments.sokoban.cli import default_out
 from experiments.sokoban.cli import main as tool_main
 from rollhub.bench.report import print_table, save_json, save_plot
 from rollhub.core.errors import UserError
@@ -60,8 +59,8 @@ class FailuresConfig:
     seed_offset: int = 1_000_000  # the recipe's held-out evaluation seeds (eval.seed_offset)
     samples_per_seed: int = 4  # at temperature 0 one sample per seed is played (greedy samples are identical)
     temperature: float = 1.0  # 0 = greedy
-    # the JSON; the PNG goes next to it. An explicit `--out DIR` writes DIR/result.json instead
-    out: str = "experiments/sokoban/results/sokoban-failures.json"
+    # the JSON, the PNG next to it; empty: OUT_DIR/result.json (`--out`)
+    out: str = ""
     progress: bool = True  # a tqdm bar per model on stderr
 
     def validate(self) -> None:
@@ -71,7 +70,7 @@ class FailuresConfig:
             raise ValueError(f"seed_offset must be >= 0, got {self.seed_offset}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not self.out.endswith(".json"):
+        if self.out and not self.out.endswith(".json"):
             raise ValueError(f"out is the JSON file to write (ending in .json), got {self.out!r}")
 
 
@@ -442,13 +441,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _json_path(cfg: FailuresConfig, args: argparse.Namespace) -> Path:
-    """`--set out=FILE.json`, else an explicit `--out DIR` (DIR/result.json, as other benches), else
-    the default under experiments/sokoban/results (the command line fills `--out` with its default when absent)."""
-    explicit_out = any(o.split("=", 1)[0].strip() == "out" for o in args.overrides)
-    folder = getattr(args, "out", None)
-    if not explicit_out and folder and Path(folder) != Path(default_out("sokoban-failures")):
-        return Path(folder) / "result.json"
-    return Path(cfg.out)
+    """`--set out=FILE.json`, else OUT_DIR/result.json as the other tools write."""
+    return Path(cfg.out) if cfg.out else Path(args.out) / "result.json"
 
 
 def _draw(ax: Any, summaries: dict[str, dict[str, Any]]) -> None:

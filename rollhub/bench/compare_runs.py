@@ -2,9 +2,9 @@
 
 Under a fixed wall budget, which split between SFT and RL gives the best final policy? A run's
 learning curve plots against trainer steps, so a run that spent 5 minutes on SFT and one that
-spent 90 seconds cannot be read on one axis. Here every held-out reading is placed at the minute of the job it was taken (SFT wall time, then
-RL's elapsed time), the warm-start reading at the end of SFT, and the final (picked) policy is
-marked; a vertical line shows the budget when one is given.
+spent 90 seconds cannot be read on one axis. Here every held-out reading is placed at the minute
+of the job it was taken (SFT wall time, then RL's elapsed time), the warm-start reading at the end
+of SFT, and the final (picked) policy is marked; a vertical line shows the budget when one is given.
 
 It reads only what a run writes (`metrics.jsonl`, `summary.json`, `sft_done.json`,
 `config.json`), so it works on any run folder, finished or not (an unfinished run has no final).

@@ -74,9 +74,9 @@ class AgentConfig:
     min_new_tokens: int = 8  # context guard: end the episode if less room than this is left
     max_context_tokens: int = 2048  # prompt + response must fit
     max_turns: int | None = None  # extra cap on top of the env's own step limit
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
+    temperature: float = 1.0  # sampling temperature of training episodes
+    top_p: float = 1.0  # nucleus sampling: 1 = off
+    top_k: int = -1  # sample among the k likeliest tokens: -1 = off
     format_penalty: float = 0.0  # added to the turn reward when the env reports format_ok=False
     resume_mode: Literal["partial", "regenerate"] = (
         "partial"  # partial = continue aborted output; regenerate = redo the turn

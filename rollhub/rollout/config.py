@@ -18,8 +18,8 @@ def _at_least(key: str, value: float, low: float) -> None:
 
 @dataclass
 class EnvConfig:
-    id: str = "rollhub/Sokoban-v0"
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    id: str = "rollhub/Sokoban-v0"  # registered env id (`rollhub envs list`)
+    kwargs: dict[str, Any] = field(default_factory=dict)  # env constructor arguments
     train_seed_offset: int = 0  # training tasks use seeds offset, offset+1, ...
     max_concurrent: int = 64  # env episodes running at once (coroutines)
 
@@ -43,7 +43,7 @@ class RolloutConfig:
     # an error once more than this fraction of the last `infra_failure_window` finished trajectories
     # failed for infrastructure reasons (at 1.0: once all of them did), instead of re-rolling forever
     max_infra_failure_rate: float = 0.5
-    infra_failure_window: int = 200
+    infra_failure_window: int = 200  # finished trajectories the infra failure rate is taken over
     # ... or after this many consecutive batches in which every trajectory failed (none succeeded and
     # no group had an advantage signal); 0 = never stop for that
     max_failed_batches: int = 20

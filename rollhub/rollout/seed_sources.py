@@ -13,8 +13,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from rollhub.rollout.types import Group
-
 
 class SeedSource(Protocol):
     """What the run builds for its rollout source and checkpoints (`rollhub.trainer.run_dir`)."""
@@ -43,10 +41,6 @@ class SeedCursor:
         seed = self.next_seed
         self.next_seed += 1
         return seed
-
-    def observe(self, groups: list[Group]) -> dict[str, float]:
-        """Fresh seeds only: nothing to learn from a batch."""
-        return {}
 
     def state_dict(self) -> dict[str, Any]:
         return {"next_seed": self.next_seed}

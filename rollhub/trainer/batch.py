@@ -39,11 +39,12 @@ class BatchStats:
 class AlgorithmConfig:
     """`algorithm:` section: how rewards become per-token advantages."""
 
-    estimator: Literal["gigpo", "grpo"] = "gigpo"
+    estimator: Literal["gigpo", "grpo"] = "gigpo"  # grpo: returns within a group; gigpo adds anchor-state groups
     omega: float = 1.0  # GiGPO step-advantage weight
     episode_weight: float = 1.0  # GiGPO episode-advantage weight (ROLL's episode_reward_weight)
     gamma: float = 0.95  # GiGPO step-return discount
-    normalize_std: bool = False
+    normalize_std: bool = False  # divide advantages by their group's std (+eps) at every level
+    # GiGPO episode statistics per trajectory, or per step row (which weights long episodes more)
     episode_baseline: Literal["trajectory", "step_weighted"] = "trajectory"
     invalid_action_penalty: float = 0.0  # extra penalty (<= 0) on turns the env rejected
     drop_zero_advantage_groups: bool = False  # DAPO-style filter of groups with equal rewards
@@ -53,7 +54,7 @@ class AlgorithmConfig:
     # a turn whose own env reward falls short of turn_bar gets turn_bar_weight * (reward - turn_bar)
     # added to its advantage, whatever the rest of its group did (see turn_advantages); 0 = off
     turn_bar_weight: float = 0.0
-    turn_bar: float = 0.0
+    turn_bar: float = 0.0  # the bar b of turn_bar_weight: a turn's own reward below it is marked
 
     def validate(self) -> None:
         # written `not (in range)` so that nan fails too (the loader refuses it; direct construction does not)

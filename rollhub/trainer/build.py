@@ -45,12 +45,21 @@ def seed_everything(seed: int) -> None:
 
 
 def build_run(
-    config: RunConfig, model_dir: Path, *, ranks: RankGroup | None = None, started: float | None = None
+    config: RunConfig,
+    model_dir: Path,
+    *,
+    policy: Policy | None = None,
+    ranks: RankGroup | None = None,
+    started: float | None = None,
 ) -> Run:
     """Everything a training job trains with, from the warm-start in `model_dir` (the SFT model, or
-    the base model): policy, optimizer, engine, KL reference, buffer, seeds and metrics log. With
-    `ranks` the policy is this rank's shard, and the other ranks build theirs now."""
-    policy = build_policy(config if ranks is None else sharded_config(config), model_dir)
+    the base model): policy, optimizer, engine, KL reference, buffer, seeds and metrics log.
+
+    `policy`: the one SFT just trained in this process, trained on as it is (it still holds SFT's
+    last gradients; a policy loaded from `model_dir` has none). With `ranks` the policy is this
+    rank's shard, loaded from `model_dir`, and the other ranks build theirs now."""
+    if policy is None:
+        policy = build_policy(config if ranks is None else sharded_config(config), model_dir)
     metrics_log = MetricsLog(config.run_dir)
     engine = build_engine(config, model_dir)
     optimizer = build_optimizer(policy, config)

@@ -63,7 +63,7 @@ class ModelConfig:
     device: str = "auto"
     threads: int = 1  # torch threads of the trainer (the engine has its own)
     # the trainer's compute dtype (parameters and optimizer stay fp32): auto = bf16 autocast on CUDA,
-    # fp32 on the CPU; bfloat16 autocasts on the CPU too (AMX: ~1.3x per update, benchmarks/README.md)
+    # fp32 on the CPU; bfloat16 autocasts on the CPU too (faster where the CPU has AMX)
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     # recompute each decoder layer in the backward pass instead of keeping its activations
     # (less memory, about one more forward of compute)
@@ -93,13 +93,13 @@ class TrainerConfig:
     launcher's WORLD_SIZE is used and this must be 1 or equal to it.
     """
 
-    world_size: int = 1
+    world_size: int = 1  # trainer ranks (data parallel); > 1 starts the others itself
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl when the trainer runs on CUDA, else gloo
     # followers wait inside a collective while rank 0 generates, evaluates and saves
     collective_timeout_s: float = 86400.0
     # Ray actor group: resources of each rank's bundle (one rank per GPU on GPU nodes: ray_num_gpus 1)
     ray_num_cpus: float = 1.0
-    ray_num_gpus: float = 0.0
+    ray_num_gpus: float = 0.0  # GPUs of each rank's bundle
 
     def validate(self) -> None:
         _at_least("trainer.world_size", self.world_size, 1)
@@ -110,14 +110,14 @@ class TrainerConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.999
+    lr: float = 1e-5  # AdamW learning rate of RL (after warmup_steps)
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
+    beta1: float = 0.9  # AdamW first-moment decay
+    beta2: float = 0.999  # AdamW second-moment decay
     eps: float = 1e-8  # AdamW epsilon; larger values damp the full-size steps Adam gives near-zero gradients
-    max_grad_norm: float = 1.0
-    micro_batch_size: int = 16
-    warmup_steps: int = 0
+    max_grad_norm: float = 1.0  # gradients are clipped to this global norm before each optimizer step
+    micro_batch_size: int = 16  # padded rows per forward pass; bounds activation memory (gradients accumulate exactly)
+    warmup_steps: int = 0  # optimizer steps of linear lr warmup from 0
     lr_end_factor: float = 1.0  # lr decays linearly to lr * lr_end_factor at the last RL step (1 = constant)
     minibatches: int = 1  # PPO mini-batches per batch: each is one optimizer step
     epochs: int = 1  # PPO passes over each batch
@@ -150,7 +150,7 @@ class OptimConfig:
 class TrainConfig:
     steps: int = 20  # trainer steps (policy versions) of RL
     checkpoint_every: int = 5  # 0 = only at the end
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = 2  # newest checkpoints kept on disk; 0 = all
     log_trajectories: bool = True  # write trajectories.jsonl for `rollhub view`
     max_wall_s: float | None = None  # stop RL early (cleanly, after a step) when exceeded
     # the whole job's budget (SFT, evaluations, RL and the final readings, across resumes): RL
@@ -170,12 +170,12 @@ class TrainConfig:
 
 @dataclass
 class SftConfig:
-    enabled: bool = False
+    enabled: bool = False  # warm-start on the env's scripted expert demos before RL
     episodes: int = 200  # expert demonstrations (seeds disjoint from evaluation)
-    epochs: float = 1.0
-    lr: float = 1e-3
-    batch_size: int = 32
-    seed_offset: int = 500_000
+    epochs: float = 1.0  # passes over the demos (fractions allowed)
+    lr: float = 1e-3  # AdamW learning rate of SFT
+    batch_size: int = 32  # demo turns per SFT optimizer step
+    seed_offset: int = 500_000  # demos use seeds offset, offset+1, ...
     # DART-style noise: each demo turn plays a random move with this probability; those turns
     # are context, not labels, so the demos show recoveries from off-path states
     noise: float = 0.0
@@ -221,8 +221,8 @@ class EvalEnvConfig:
     (ALFWorld games, SWE packages), and evaluating on the training set reports memorisation.
     """
 
-    id: str = ""
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    id: str = ""  # env id evaluation plays; empty = the training env's
+    kwargs: dict[str, Any] = field(default_factory=dict)  # env arguments (laid over env.kwargs for the same id)
 
 
 @dataclass
@@ -240,10 +240,10 @@ class SelectConfig:
     selecting on the held-out seeds would report the best of several draws as if it were one.
     """
 
-    episodes: int = 0
-    seed_offset: int = 2_000_000
-    samples_per_seed: int = 2
-    every: int = 50
+    episodes: int = 0  # validation seeds the pick is read on; 0 = off (the last step's policy is final)
+    seed_offset: int = 2_000_000  # validation seeds start here (apart from training, SFT and held-out seeds)
+    samples_per_seed: int = 2  # episodes per validation seed
+    every: int = 50  # a validation reading every N RL steps (and after the warm-start and the last step)
 
     def validate(self) -> None:
         _at_least("eval.select.episodes", self.episodes, 0)
@@ -267,7 +267,7 @@ class SelectConfig:
 @dataclass
 class EvalConfig:
     episodes: int = 100  # held-out seeds (never used for training or SFT)
-    seed_offset: int = 1_000_000
+    seed_offset: int = 1_000_000  # held-out seeds start here
     temperature: float = 0.0  # 0 = greedy
     every: int = 0  # also evaluate every N RL steps (0 = only after warm-start and at the end)
     # episodes per held-out seed; the success rate is their mean (at T > 0 one draw per
@@ -323,8 +323,8 @@ class EvalConfig:
 class RunConfig:
     """Everything one `rollhub train` run needs."""
 
-    run_dir: str = "runs/train"
-    seed: int = 0
+    run_dir: str = "runs/train"  # checkpoints, metrics, trajectories and models of the run
+    seed: int = 0  # the run's seed: torch, numpy and random, a built tiny model's init, mini-batch shuffles
     model: ModelConfig = field(default_factory=ModelConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)  # ranks: world_size > 1 = data parallel
     env: EnvConfig = field(default_factory=EnvConfig)

@@ -36,6 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a value first"
     )
     show.add_argument("--only", metavar="PREFIX", default=None, help="knobs whose name starts with PREFIX, e.g. loss.")
+    show.add_argument("--full", action="store_true", help="the whole doc comment of each knob, not its first words")
     show.add_argument("--json", action="store_true", help="one JSON object per knob, with the whole doc comment")
     show.set_defaults(func=_cmd_show)
     config.set_defaults(func=lambda args: (config.print_help(), 2)[1])
@@ -49,11 +50,13 @@ class Knob:
     set: bool  # named by the recipe or a --set
     doc: str  # the field's whole comment, one line
 
-    @property
-    def summary(self) -> str:
-        """The doc's first sentence: a table row's worth."""
-        match = re.search(r"(?<=[a-z0-9)\]`'])[.;] (?=[A-Z(`])", self.doc)
-        return self.doc[: match.start() + 1].rstrip(";") if match else self.doc
+    def summary(self, limit: int = 100) -> str:
+        """The doc's first sentence, cut at a word near `limit` characters: a table row's worth."""
+        match = re.search(r"(?<=[a-z0-9)\]`'])\. (?=[A-Z(`])", self.doc)
+        text = self.doc[: match.start() + 1] if match else self.doc
+        if len(text) <= limit:
+            return text
+        return text[:limit].rsplit(" ", 1)[0].rstrip(",;:(") + " …"
 
 
 def knobs(config: Any = None, set_keys: set[str] | None = None) -> list[Knob]:
@@ -172,17 +175,25 @@ def _cmd_show(args: argparse.Namespace) -> int:
         for row in rows:
             print(json.dumps(dataclasses.asdict(row), default=str))
         return 0
-    print(f"# {args.config or 'no recipe: the defaults'}; * = set by the recipe or --set")
-    width = max(len(row.key) for row in rows) + 2
-    for row in rows:
-        value, default = _show(row.value), _show(row.default)
-        mark = "*" if row.set else " "
-        line = f"{mark} {row.key:<{width}}{_clip(value):<24} default {_clip(default):<18} {row.summary}"
-        print(line.rstrip())
+    print(f"# {args.config or 'no recipe: the defaults'}; * = set by the recipe or --set; --full for whole docs")
+    table = [
+        (
+            "*" if row.set else " ",
+            row.key,
+            _clip(_show(row.value)),
+            _clip(_show(row.default)),
+            row.doc if args.full else row.summary(),
+        )
+        for row in rows
+    ]
+    widths = [max(len(cells[i]) for cells in table) for i in range(1, 4)]
+    print(f"  {'knob':<{widths[0]}}  {'value':<{widths[1]}}  {'default':<{widths[2]}}  doc")
+    for mark, key, value, default, doc in table:
+        print(f"{mark} {key:<{widths[0]}}  {value:<{widths[1]}}  {default:<{widths[2]}}  {doc}".rstrip())
     return 0
 
 
-def _clip(text: str, limit: int = 22) -> str:
+def _clip(text: str, limit: int = 26) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

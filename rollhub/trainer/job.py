@@ -34,6 +34,7 @@ import torch
 
 from rollhub.rollout.source import RolloutSource
 from rollhub.trainer.build import (
+    build_policy,
     build_rollout,
     build_run,
     check_run_envs,
@@ -88,15 +89,18 @@ async def run_training(
     sft_done = config.sft.enabled and sft_model_ready(run_dir)  # a half-written sft_model/ is removed
     phases = {"prepare_s": time.perf_counter() - t}
 
-    # SFT (with ranks on rank 0 alone, on an unsharded policy: the other ranks wait to build theirs)
+    # SFT, unless done: the policy it trains is the one RL trains on (with ranks SFT runs on rank 0
+    # alone, on an unsharded policy, and every rank then loads its shard of the SFT model)
+    sft_policy = None
     if checkpoint is None and config.sft.enabled and not sft_done:
-        sft_config = config if ranks is None else unsharded_config(config)
-        phases["sft_s"] = await warm_start(sft_config, model_dir, sft_dir, print_fn=print_fn)
+        sft_policy = build_policy(config if ranks is None else unsharded_config(config), model_dir)
+        phases["sft_s"] = await warm_start(config, sft_policy, sft_dir, print_fn=print_fn)
         sft_done = True
 
     # build, from the warm-start
     t = time.perf_counter()
-    run = build_run(config, sft_dir if sft_done else model_dir, ranks=ranks, started=job_started)
+    policy = sft_policy if ranks is None else None
+    run = build_run(config, sft_dir if sft_done else model_dir, policy=policy, ranks=ranks, started=job_started)
     run.phases = phases
     phases["prepare_s"] += time.perf_counter() - t
     if checkpoint is None:

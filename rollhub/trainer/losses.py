@@ -39,15 +39,15 @@ Proximal = Literal["recompute", "behaviour"]
 
 @dataclass
 class LossConfig:
-    objective: Objective = "ppo"
-    correction: Correction = "tis"
-    clip_low: float = 0.2
+    objective: Objective = "ppo"  # the per-token loss, one of OBJECTIVES: ppo, gspo, cispo, topr, reinforce
+    correction: Correction = "tis"  # weight pi_prox/mu: tis truncates at is_cap, mis masks outside the band
+    clip_low: float = 0.2  # PPO clip below: ratio >= 1 - clip_low
     clip_high: float = 0.28  # "clip-higher" (DAPO); set equal to clip_low for symmetric PPO
     dual_clip: float | None = 3.0  # lower bound c*A on the objective of negative-advantage tokens; None = off
     is_cap: float = 2.0  # C for "tis"
     mis_low: float = 0.5  # band for "mis"
-    mis_high: float = 2.0
-    aggregation: AggregationMode = "token-mean"
+    mis_high: float = 2.0  # upper end of the "mis" band
+    aggregation: AggregationMode = "token-mean"  # per-token losses to one number over the whole batch (see aggregate)
     kl_coef: float = 0.0  # KL(pi_theta || reference) penalty (needs a reference policy)
     # k3: sampled-token estimate (cheap, blind to mass moving onto tokens never sampled);
     # full: exact sum over the vocabulary at each response position, which also sees

@@ -82,15 +82,14 @@ def _with_threads(threads: int, fn: Callable[..., Any], *args: Any, **kwargs: An
         torch.set_num_threads(before)
 
 
-async def warm_start(config: RunConfig, model_dir: Path, sft_dir: Path, *, print_fn: Callable[[str], None]) -> float:
-    """SFT of the model in `model_dir` on scripted-expert demos, saved to `sft_dir`; returns its wall time.
+async def warm_start(config: RunConfig, policy: Policy, sft_dir: Path, *, print_fn: Callable[[str], None]) -> float:
+    """SFT of `policy` on scripted-expert demos, saved to `sft_dir`; returns its wall time.
 
     The model folder is saved atomically (`Policy.save_pretrained`), and `SFT_DONE_FILE` is
     written after it: the job trusts the SFT model only when that marker exists. An
     interrupted SFT is redone from scratch, so its metrics log starts empty too.
     """
     started = time.perf_counter()
-    policy = build_policy(config, model_dir)
     demos, history = await fine_tune_on_demos(config, policy, sft_dir.parent)
     policy.save_pretrained(sft_dir)
     wall = time.perf_counter() - started

