@@ -310,3 +310,21 @@ def test_readme_stays_a_manual():
     assert where < text.index("## Two commands")
     for path in ("rollhub/envs/base.py", "rollhub/trainer/rl_loop.py", "rollhub/trainer/losses.py"):
         assert path in text[where : text.index("## Two commands")]
+
+
+def test_the_server_example_passes_the_recipes_dtype_to_its_servers(tmp_path):
+    """The main recipe sets engine.dtype; launched `rollhub serve` replicas are started with it."""
+    from rollhub.core.config import load_config
+    from rollhub.inference.engines.build import build_engine
+    from rollhub.trainer.config import RunConfig
+
+    overrides = ["engine.backend=server", "engine.replicas=2", "model.device=cpu"]
+    config = load_config(RunConfig, str(ROOT / "configs/sokoban_tiny.yaml"), overrides)
+    assert config.engine.dtype == "bfloat16"
+    engine = build_engine(config.engine, str(tmp_path), device="cpu", run_dir=tmp_path)
+    for replica in range(2):
+        command = engine.command_for(replica, 30000 + replica)
+        assert command[command.index("--dtype") + 1] == "bfloat16"
+        assert command[2:4] == ["rollhub.cli", "serve"]
+    args = build_parser().parse_args(command[3:])  # `rollhub serve` accepts what the launcher passes
+    assert args.dtype == "bfloat16"

@@ -9,10 +9,12 @@ optional extra is missing still shows in `rollhub envs list`.
 
 from rollhub.envs.base import Env, Message, Observation, extract_action, wrap_action
 from rollhub.envs.registry import EnvSpec, all_specs, make, register, spec
+from rollhub.envs.wrappers import EnvWrapper
 
 __all__ = [
     "Env",
     "EnvSpec",
+    "EnvWrapper",
     "Message",
     "Observation",
     "all_specs",

@@ -31,7 +31,7 @@ class EvalResult:
     invalid_action_rate: float
     format_error_rate: float
     infra_failures: int
-    # success among scored episodes without a format error (issue 17): a gain that only comes from
+    # success among scored episodes without a format error: a gain that only comes from
     # learning the answer format shows as a falling format_error_rate and a flat well_formed_accuracy
     well_formed_accuracy: float = 0.0
     well_formed_episodes: int = 0

@@ -1,7 +1,7 @@
 """Checkpoint selection on validation seeds (`eval.select`): which weights a run hands over.
 
-A small policy's held-out success swings by several points within tens of RL steps
-(experiments/sokoban/LOG.md), so the policy of the last step is a noisy pick. With
+A small policy's held-out success can swing by several points within tens of RL steps, so
+the policy of the last step is a noisy pick. With
 `eval.select.episodes > 0` the loop scores the policy on validation seeds after the
 warm-start (so RL that only hurts hands the warm-start back), every `eval.select.every`
 steps and after the last; the best weights are kept in

@@ -281,12 +281,13 @@ def plan_step(
     seed: int = 0,
     pack_tokens: int | None = None,
     micro_batch_size: int = 8,
-    world_size: int = 1,
+    ranks: bool = False,
 ) -> StepPlan:
     """The step's mini-batches, micro-batches and proximal source (see `StepPlan`).
 
-    `world_size` > 1 (trainer ranks) never plans "first_minibatch": a rank's first mini-batch
-    forward holds only its shard of the rows, so ranks take a sharded no-grad pass instead.
+    `ranks`: the plan is for trainer ranks (rollhub.trainer.ranks), which never take
+    "first_minibatch": a rank's first mini-batch forward holds only its shard of the rows, so
+    the ranks take a sharded no-grad pass instead.
     """
     if minibatches < 1 or epochs < 1:
         raise ValueError("minibatches and epochs must be >= 1")
@@ -295,7 +296,7 @@ def plan_step(
         proximal: ProximalSource = "behaviour"
     elif single:
         proximal = "update"
-    elif pack_tokens is not None and world_size == 1:
+    elif pack_tokens is not None and not ranks:
         proximal = "first_minibatch"
     else:
         proximal = "recompute"

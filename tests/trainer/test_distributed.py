@@ -248,13 +248,16 @@ def test_torchrun_two_ranks_trains_the_sokoban_recipe(tiny_model_dir, tmp_path):
 
 
 def test_shards_cover_every_row_once_with_equal_row_counts_and_the_global_normaliser():
-    from rollhub.trainer.losses import BatchNormaliser
-    from rollhub.trainer.ranks.sharding import plan_parts, shard_parts
+    from rollhub.trainer.losses import BatchNormaliser, LossConfig
+    from rollhub.trainer.ranks.sharding import shard_parts
+    from rollhub.trainer.update import plan_step
 
     batch = make_batch(rows=7)
-    parts = plan_parts(batch, minibatches=2, epochs=2, seed=1)
+    plan = plan_step(batch, LossConfig(), minibatches=2, epochs=2, seed=1, ranks=True)
+    parts = plan.parts
     assert len(parts) == 4 and sorted(torch.cat(parts[:2]).tolist()) == list(range(7))
-    shards = shard_parts(batch, parts, 3, prox=None, reference=None)
+    assert plan.proximal == "recompute"  # the ranks' sharded no-grad pass
+    shards = shard_parts(batch, plan, 3, prox=None, reference=None)
     for index, rows in enumerate(parts):
         mine = [shards[rank][index] for rank in range(3)]
         assert len({len(part.batch) for part in mine}) == 1  # same row count: same number of forward passes
@@ -274,17 +277,20 @@ def prompts(batch) -> list[tuple[int, ...]]:
 
 def test_packed_shards_keep_each_prompts_rows_on_one_rank():
     """Packing runs a prompt shared by a group's samples once; split over two ranks, both would run it."""
-    from rollhub.trainer.ranks.sharding import plan_parts, shard_parts
+    from rollhub.trainer.losses import LossConfig
+    from rollhub.trainer.ranks.sharding import shard_parts
+    from rollhub.trainer.update import plan_step
 
     batch = make_batch(rows=24, samples=4)
-    parts = plan_parts(batch, minibatches=2, epochs=2, seed=5, pack_tokens=64)
-    shards = shard_parts(batch, parts, 2, prox=None, reference=None, pack_tokens=64)
-    for index, rows in enumerate(parts):
+    plan = plan_step(batch, LossConfig(), minibatches=2, epochs=2, seed=5, pack_tokens=64, ranks=True)
+    assert plan.proximal == "recompute"  # one process would serve the first mini-batch's rows from its forward
+    shards = shard_parts(batch, plan, 2, prox=None, reference=None)
+    for index, rows in enumerate(plan.parts):
         mine = [prompts(shards[rank][index].batch) for rank in range(2)]
         assert not set(mine[0]) & set(mine[1])  # no prompt on both ranks
         assert sorted(mine[0] + mine[1]) == sorted(prompts(batch.select(rows.tolist())))  # every row once
         assert mine[0] and mine[1]  # both ranks got work
-        assert len(shards[0][index].plan) == len(shards[1][index].plan)  # as many forwards on each rank
+        assert len(shards[0][index].micro_batches) == len(shards[1][index].micro_batches)  # as many forwards per rank
 
 
 def test_packed_shards_split_a_prompt_rather_than_leave_a_rank_idle():

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from rollhub.core.errors import UserError
-from rollhub.trainer.ranks.sharding import ShardPart, combine_results, plan_parts, shard_parts, shard_rows
+from rollhub.trainer.ranks.sharding import ShardPart, combine_results, shard_parts, shard_rows
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def run_parts(
             reference=reference,
             normaliser=part.normaliser,
             pack_tokens=pack_tokens,
-            packed_plan=part.plan,
+            micro_batches=part.micro_batches,
         )
         result["local_tokens"] = part.tokens
         results.append(result)
@@ -181,24 +181,26 @@ class RankGroup:
         reference: Any = None,
         pack_tokens: int | None = None,
     ) -> dict[str, float]:
-        """`rollhub.trainer.update.ppo_update` over all ranks: same shuffle, same loss, same result."""
-        if minibatches < 1 or epochs < 1:
-            raise ValueError("minibatches and epochs must be >= 1")
+        """`rollhub.trainer.update.ppo_update` over all ranks: the same step plan, each mini-batch split
+        across ranks; same shuffle, same loss, same result."""
+        from rollhub.trainer.update import plan_step, proximal_logprobs
+
+        plan = plan_step(
+            batch,
+            loss_config,
+            minibatches=minibatches,
+            epochs=epochs,
+            seed=seed,
+            pack_tokens=pack_tokens,
+            micro_batch_size=policy.micro_batch_size,
+            ranks=True,
+        )
         if loss_config.kl_coef > 0 and reference is None:
             raise ValueError("loss.kl_coef > 0 needs a reference policy")
         sampled_kl = loss_config.kl_coef > 0 and loss_config.kl_estimator == "k3"
         reference_logprobs = reference.compute_logprobs(batch) if sampled_kl else None  # replicated: local
-        single = minibatches == 1 and epochs == 1
-        if loss_config.proximal == "behaviour":
-            prox = batch.behaviour_logprobs * batch.response_mask
-        elif single:
-            prox = None
-        else:
-            prox = self.proximal_logprobs(batch)
-        parts = plan_parts(batch, minibatches=minibatches, epochs=epochs, seed=seed, pack_tokens=pack_tokens)
-        shards = shard_parts(
-            batch, parts, self.world_size, prox=prox, reference=reference_logprobs, pack_tokens=pack_tokens
-        )
+        prox = proximal_logprobs(plan, batch, self.proximal_logprobs)
+        shards = shard_parts(batch, plan, self.world_size, prox=prox, reference=reference_logprobs)
         options = {"max_grad_norm": max_grad_norm, "loss_config": loss_config, "pack_tokens": pack_tokens}
         mine = self.announce("update", [(rank_parts, options) for rank_parts in shards])
         local = run_parts(

@@ -5,17 +5,21 @@ one): shards are padded with empty rows (one token, no response) to the same row
 the padded micro-batch plan has the same length everywhere. Packed micro-batches
 (`optim.pack_tokens`) plan by tokens, so their count differs per rank: rank 0 plans every
 rank's micro-batches and pads the shorter plans with micro-batches of one empty row. The
-mini-batches are drawn as the one-process packed step draws them (`prompt_split`), and a
-prompt's rows stay on one rank (`split_by_prompt`), so no two ranks run the same prompt.
+mini-batches are those of the step's plan (`rollhub.trainer.update.plan_step`), the ones the
+single process runs, and a prompt's rows stay on one rank (`split_by_prompt`), so no two ranks
+run the same prompt.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from rollhub.trainer.update import StepPlan
 
 
 def split_by_tokens(lengths: Sequence[int], parts: int) -> list[list[int]]:
@@ -105,40 +109,29 @@ class ShardPart:
     reference: torch.Tensor | None  # sampled-token reference log-probs (k3 KL), or None
     normaliser: Any  # BatchNormaliser of the WHOLE mini-batch (all ranks)
     tokens: float  # this rank's response tokens (weights the metrics)
-    plan: list[list[int]] | None = None  # packed micro-batches, as many on every rank (pack_tokens)
-
-
-def plan_parts(
-    batch: Any, *, minibatches: int, epochs: int, seed: int, pack_tokens: int | None = None
-) -> list[torch.Tensor]:
-    """The rows of each PPO mini-batch, in order: exactly the shuffle `ppo_update` draws."""
-    from rollhub.trainer.update import minibatch_orders
-
-    if minibatches == 1 and epochs == 1:
-        return [torch.arange(len(batch))]
-    orders = minibatch_orders(batch, minibatches=minibatches, epochs=epochs, seed=seed, pack_tokens=pack_tokens)
-    return [torch.as_tensor(rows) for epoch in orders for rows in epoch]
+    micro_batches: list[list[int]] | None = None  # packed micro-batches, as many on every rank (pack_tokens)
 
 
 def shard_parts(
     batch: Any,
-    parts: list[torch.Tensor],
+    plan: StepPlan,
     world_size: int,
     *,
     prox: torch.Tensor | None,
     reference: torch.Tensor | None,
-    pack_tokens: int | None = None,
 ) -> list[list[ShardPart]]:
-    """For each rank, its share of every mini-batch (token-balanced, padded to equal row counts).
+    """For each rank, its share of every mini-batch of `plan` (token-balanced, padded to equal row counts).
 
-    With `pack_tokens` each share is padded instead to an equal count of packed micro-batches.
+    With `plan.pack_tokens` each share is padded instead to an equal count of packed micro-batches.
     """
     from rollhub.trainer.losses import BatchNormaliser
-    from rollhub.trainer.packing import plan_packed_micro_batches, sequence_lengths
+    from rollhub.trainer.packing import sequence_lengths
+    from rollhub.trainer.update import micro_batch_rows
 
+    pack_tokens = plan.pack_tokens
     lengths = batch.attention_mask.sum(-1).tolist()
     out: list[list[ShardPart]] = [[] for _ in range(world_size)]
-    for rows in parts:
+    for rows in plan.parts:
         rows = rows.tolist()
         whole = batch.select(rows)
         normaliser = BatchNormaliser.from_mask(whole.response_mask)
@@ -155,21 +148,25 @@ def shard_parts(
                 extra = [None if t is None else t[picked, :width] for t in (prox, reference)]
             else:
                 part, extra = _empty_rows(0), [None if t is None else t[:0, :1] for t in (prox, reference)]
-            plan = None
+            micro = None
             if pack_tokens is not None:
-                plan = plan_packed_micro_batches(sequence_lengths(part.attention_mask), pack_tokens) if picked else []
-            shares.append((part, extra, plan))
+                micro = (
+                    micro_batch_rows(sequence_lengths(part.attention_mask), pack_tokens, plan.micro_batch_size)
+                    if picked
+                    else []
+                )
+            shares.append((part, extra, micro))
         if pack_tokens is None:
             common = max(max(len(s) for s in split), 1)
         else:
-            count = max(max(len(plan) for _, _, plan in shares), 1)
-        for rank, (part, extra, plan) in enumerate(shares):
-            rows_needed = common if plan is None else len(part) + count - len(plan)
-            if plan is not None:  # one empty row per missing micro-batch
-                plan = plan + [[len(part) + i] for i in range(count - len(plan))]
+            count = max(max(len(micro) for _, _, micro in shares), 1)
+        for rank, (part, extra, micro) in enumerate(shares):
+            rows_needed = common if micro is None else len(part) + count - len(micro)
+            if micro is not None:  # one empty row per missing micro-batch
+                micro = micro + [[len(part) + i] for i in range(count - len(micro))]
             part, (part_prox, part_ref) = _pad_to_rows(part, rows_needed, extra)
             tokens = float(part.response_mask.sum())
-            out[rank].append(ShardPart(part, part_prox, part_ref, normaliser, tokens, plan))
+            out[rank].append(ShardPart(part, part_prox, part_ref, normaliser, tokens, micro))
     return out
 
 
