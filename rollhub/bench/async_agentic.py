@@ -14,8 +14,9 @@ default is 16 x 8 = 128 to fit a shared CPU machine):
 Workloads: `bench/LatencySokoban-v0` (short episodes, step N(10 s, σ)) swept over σ and
 over the simulated GPU count, and `bench/LatencySWE-v0` (long episodes, container start).
 
-Everything runs through the real EnvManager / GroupBuffer on a virtual clock (see
-`rollhub/bench/sim/training.py`); times are simulated seconds. Options: `--set key=value` on
+Everything runs through the shipped training loop (`rl_loop`, with a learner that sleeps) and
+the real EnvManager / GroupBuffer on a virtual clock (see `rollhub/bench/sim/training.py`);
+times are simulated seconds. Options: `--set key=value` on
 `AgenticBenchConfig`. Row columns: bound_S / bound_vs_lockstep / of_prop2_bound are Prop. 2;
 bound_agentic_S (over env-async) / bound_agentic_vs_lockstep / of_bound are the agentic bound
 at the best GPU split beta_star; *_at_beta the same at the run's own split; floor_s / of_floor

@@ -1,8 +1,9 @@
 """`rollhub bench async-rlvr`: RLVR on Math-v0 with long-tailed output lengths.
 
-The real `rollhub/Math-v0` env and the real EnvManager / GroupBuffer, with the SIMULATED
-latency-model engine (long-CoT lengths: lognormal, capped at `max_new_tokens`) and a
-simulated trainer, on a virtual clock. Per simulated GPU count K, at equal GPU budget:
+The real `rollhub/Math-v0` env, the shipped training loop and the real EnvManager /
+GroupBuffer, with the SIMULATED latency-model engine (long-CoT lengths: lognormal, capped at
+`max_new_tokens`) and a learner that sleeps instead of training, on a virtual clock. Per
+simulated GPU count K, at equal GPU budget:
 
   sync, prompt-pinned   α = 0; all samples of a prompt on one replica (ROLL's affinity
                         router without replication) - the baseline

@@ -137,9 +137,16 @@ async def simulate_mode(cfg: BiasBenchConfig, mode: Mode, tokenizer: Any) -> dic
         redundancy_mode=mode.redundancy_mode,  # type: ignore[arg-type]
     )
     learner = SleepLearner(cfg.train_s)
+    summary: dict[str, Any] = {}
+
+    async def count_at_last_step(state: Any, record: dict[str, Any]) -> None:
+        if state.version == cfg.steps:  # before the producer stops: its cancellations are shutdown
+            summary.update(manager.summary())
+
     try:
-        ends = await train_simulated(learner, manager, buffer, groups=cfg.groups, steps=cfg.steps)
-        summary = manager.summary()
+        ends = await train_simulated(
+            learner, manager, buffer, groups=cfg.groups, steps=cfg.steps, after_step=[count_at_last_step]
+        )
     finally:
         await manager.close()
     trained = [group for batch in learner.batches[cfg.warmup_steps :] for group in batch]

@@ -1,11 +1,11 @@
 """`rollhub bench sched-overhead`: CPU the rollout scheduler spends per training step at
 ~1,000 concurrent trajectories, as a share of the step time it schedules.
 
-The EnvManager, GroupBuffer, agent layer and asyncio run for real on a virtual clock; the
-engine and the envs are simulations whose own CPU is measured and subtracted (the
-simulated engine's timing model, the simulation tokenizer). What remains is what the
-scheduling stack would cost a real run, compared with the simulated step time. Target:
-< 1%.
+The training loop (`rl_loop`), EnvManager, GroupBuffer, agent layer and asyncio run for real
+on a virtual clock; the engine and the envs are simulations whose own CPU is measured and
+subtracted (the simulated engine's timing model, the simulation tokenizer), and the learner
+sleeps instead of training. What remains is what the scheduling stack would cost a real run,
+compared with the simulated step time. Target: < 1%.
 
 A second table prices the agent layer's tokenisation with the real BPE tokenizer (chat
 template + encode per turn), which a real run pays on top of scheduling.

@@ -5,16 +5,18 @@
   of the batch waits for the whole batch's generations, then all step together.
 * Groups: N trajectories of the same env id and seed; seeds come from a seed iterator.
 * Redundancy: N+r trajectories per group (`rollout.redundant_trajectories`) and/or G+g groups
-  per batch (`rollout.redundant_groups`); the first to finish
-  are kept. Surplus trajectories of a group are cancelled at once (engine requests aborted
-  through task cancellation, envs closed, so their containers go away) and counted as
-  redundant work. Surplus groups depend on `redundancy_mode`:
+  per batch (`rollout.redundant_groups`); the first to finish are kept. Surplus trajectories
+  of a group are cancelled at once (engine requests aborted through task cancellation, envs
+  closed, so their containers go away) and counted as redundant work. Surplus groups depend
+  on `redundancy_mode`:
   - `carry` (default): they run on and are kept for the next batch (`collect_batch` starts
     only as many new groups as it needs to have G+g running; in `run()` the buffer holds
     them). Nothing is discarded, so every task that is started is trained on: the
     difficulty mix of trained groups is the task distribution, even when hard tasks take
     longer (benchmarks/README.md, "Redundancy without bias"). Their tokens may span two
-    policy versions; each keeps its own version for the off-policy correction.
+    policy versions; each keeps its own version for the off-policy correction. Except in
+    `run()` with α = 0: the buffer then allows no version lag, so a group that finishes
+    while the trainer steps is dropped as stale.
   - `cancel`: ROLL Flash's rule: the late groups are cancelled. Faster per batch at first,
     but slow groups are the hard ones, so training sees easy tasks more often than they occur.
 * Failures follow the one rule of rollhub.rollout.types. Model failures are kept and scored
@@ -22,9 +24,9 @@
   env, up to `max_infra_retries` per slot, else the group is dropped and a new one started,
   so a group never holds an infra-failed member (in lockstep mode it may: the trainer leaves
   such members out of the group statistics). All of this is bounded: once more than
-  `rollout.max_infra_failure_rate` of the last `rollout.infra_failure_window` finished trajectories were
-  infra failures, `collect_batch` and `run` raise `RolloutFailureError` (and `failure` holds
-  it) instead of re-rolling a permanently broken env forever.
+  `rollout.max_infra_failure_rate` of the last `rollout.infra_failure_window` finished
+  trajectories were infra failures, `collect_batch` and `run` raise `RolloutFailureError`
+  (and `failure` holds it) instead of re-rolling a permanently broken env forever.
 * `run(stop_event)` keeps the GroupBuffer full for async training; `collect_batch(G)` is
   the sync API; `update_weights(source, version)` = pause -> abort -> update -> resume.
 """

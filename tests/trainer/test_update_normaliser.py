@@ -51,3 +51,57 @@ def test_ppo_update_takes_a_normaliser_function_per_minibatch(tiny_model_dir):
     assert seen == [2, 2]
     with pytest.raises(ValueError, match="covers one part"):
         ppo_update(policy, optimizer, batch, LossConfig(), minibatches=2, normaliser=BatchNormaliser(1.0, 1.0))
+
+
+@pytest.mark.parametrize(
+    ("proximal", "minibatches", "pack_tokens", "ranks", "source"),
+    [
+        ("behaviour", 2, 64, False, "behaviour"),
+        ("behaviour", 1, None, True, "behaviour"),
+        ("recompute", 1, 64, False, "update"),
+        ("recompute", 1, None, True, "update"),
+        ("recompute", 2, None, False, "recompute"),
+        ("recompute", 2, 64, False, "first_minibatch"),
+        ("recompute", 2, 64, True, "recompute"),  # a rank's first forward holds only its shard
+    ],
+)
+def test_the_step_plan_decides_the_proximal_source_once(proximal, minibatches, pack_tokens, ranks, source):
+    from rollhub.trainer.update import plan_step, proximal_logprobs
+
+    batch = _batch(rows=6)
+    plan = plan_step(
+        batch, LossConfig(proximal=proximal), minibatches=minibatches, seed=1, pack_tokens=pack_tokens, ranks=ranks
+    )
+    assert plan.proximal == source
+    assert sorted(torch.cat(plan.parts).tolist()) == list(range(6))  # one epoch: every row once
+    assert len(plan.micro_batches) == len(plan.parts)
+    calls = []
+
+    def recompute(rows: TokenBatch) -> torch.Tensor:
+        calls.append(len(rows))
+        return torch.full(rows.input_ids.shape, -1.0)
+
+    prox = proximal_logprobs(plan, batch, recompute)
+    if source == "behaviour":
+        assert calls == [] and torch.equal(prox, batch.behaviour_logprobs * batch.response_mask)
+    elif source == "update":
+        assert calls == [] and prox is None
+    elif source == "recompute":
+        assert calls == [6] and bool((prox == -1.0).all())
+    else:  # the first mini-batch's rows come from its own update's forward
+        first = plan.parts[0]
+        assert calls == [6 - len(first)] and bool((prox[first] == 0).all())
+
+
+def test_the_plan_micro_batches_are_those_the_update_would_plan():
+    from rollhub.trainer.packing import sequence_lengths
+    from rollhub.trainer.update import micro_batch_rows, plan_step
+
+    batch = _batch(rows=7)
+    for pack_tokens in (None, 30):
+        plan = plan_step(batch, LossConfig(), minibatches=3, seed=2, pack_tokens=pack_tokens, micro_batch_size=2)
+        for rows, micro in zip(plan.parts, plan.micro_batches):
+            part = batch.select(rows)
+            assert micro == micro_batch_rows(sequence_lengths(part.attention_mask), pack_tokens, 2)
+    with pytest.raises(ValueError, match="minibatches"):
+        plan_step(batch, LossConfig(), minibatches=0)

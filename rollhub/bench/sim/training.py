@@ -367,9 +367,19 @@ async def simulate(run: SimRun, tokenizer: Any | None = None) -> SimResult:
     manager = EnvManager(engine, tokenizer, **sections, buffer=buffer, env_factory=env_factory)
     learner = SleepLearner(run.train_step_s)
     env_marks = [0]  # envs made before each step's batch was asked for
+    measured: dict[str, Any] = {}
 
     async def mark_envs(state: Any, record: dict[str, Any]) -> None:
         env_marks.append(len(envs))
+
+    async def measure_last_step(state: Any, record: dict[str, Any]) -> None:
+        """At the end of the last step, before the producer is stopped (its cancellations are shutdown,
+        not the schedule's work)."""
+        if state.version < run.steps:
+            return
+        measured["cpu"] = time.process_time() - cpu_start
+        measured["wall"] = time.perf_counter() - wall_start
+        measured["summary"] = manager.summary()
 
     peak = 0
 
@@ -385,19 +395,17 @@ async def simulate(run: SimRun, tokenizer: Any | None = None) -> SimResult:
     wall_start = time.perf_counter()
     try:
         step_ends = await train_simulated(
-            learner, manager, buffer, groups=run.groups, steps=run.steps, after_step=[mark_envs]
+            learner, manager, buffer, groups=run.groups, steps=run.steps, after_step=[mark_envs, measure_last_step]
         )
-        cpu = time.process_time() - cpu_start
-        # The simulators time themselves with perf_counter (a CPU-time syscall per call
-        # would cost more than what it measures); their share of the wall time, applied to
-        # the process CPU time, is the simulators' CPU.
-        wall = time.perf_counter() - wall_start
-        simulator_share = (engine.sim_wall_s + float(getattr(tokenizer, "busy_s", 0.0))) / wall if wall > 0 else 0.0
-        simulator_cpu = cpu * min(1.0, simulator_share)
-        summary = manager.summary()  # before shutdown cancels what is still running
     finally:
         sampler.cancel()
         await manager.close()
+    cpu, wall, summary = measured["cpu"], measured["wall"], measured["summary"]
+    # The simulators time themselves with perf_counter (a CPU-time syscall per call would cost more
+    # than what it measures); their share of the wall time, applied to the process CPU time, is the
+    # simulators' CPU.
+    simulator_share = (engine.sim_wall_s + float(getattr(tokenizer, "busy_s", 0.0))) / wall if wall > 0 else 0.0
+    simulator_cpu = cpu * min(1.0, simulator_share)
     # a step's wait: from the end of the previous step (or the start) to its batch reaching the learner
     waits = [arrival - begun for arrival, begun in zip(learner.arrivals, [start, *step_ends[:-1]])]
     # with sync training (alpha = 0) the wait is the batch's collection, set by its slowest trajectory
