@@ -1,5 +1,5 @@
-"""Shared test setup, kept tiny: one CPU thread per test process (CI has 2 shared cores), and one
-tiny random-init model per test session (built locally, no downloads)."""
+"""Test setup shared by tests/ and experiments/, kept tiny: one CPU thread per test process (CI
+has 2 shared cores), and one tiny random-init model per test session (built locally, no downloads)."""
 
 import os
 
