@@ -16,7 +16,9 @@ from rollhub.core.config import config_to_dict
 from rollhub.core.errors import UserError
 from rollhub.rollout.trajectory_log import RUN_TRAJECTORY_LOG, log_size, truncate_log
 from rollhub.trainer.checkpoint import (
+    CHECKPOINT_DIR,
     atomic_write_text,
+    clear_leftovers,
     latest_checkpoint,
     load_checkpoint,
     read_checkpoint,
@@ -39,9 +41,13 @@ def open_run_dir(config: RunConfig, *, resume: bool) -> Path | None:
     config.json is replaced atomically: `rollhub train --resume` reads it back, so a torn one
     would make the run unresumable. A run that starts from step 0 drops any trajectory log of
     an earlier attempt, as `run_training` does with the metrics, so no group is logged twice.
+    A resume first clears what a killed checkpoint write or rotation left: a run killed while
+    rotating its last checkpoint saves nothing more when resumed, so nothing else would.
     """
     run_dir = Path(config.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if resume:
+        clear_leftovers(run_dir / CHECKPOINT_DIR)
     checkpoint = latest_checkpoint(run_dir) if resume else None
     if resume and checkpoint is None and (run_dir / "metrics.jsonl").exists():
         logger.warning("no complete checkpoint in %s; starting the run over", run_dir)
