@@ -36,6 +36,7 @@ from rollhub.envs.swe.patch_policy import (
     PatchPolicy,
     PatchRejected,
     SanitizedPatch,
+    doctest_hosts,
     parse_git_diff,
     sanitize_patch,
 )
@@ -235,8 +236,10 @@ async def grading_policy(box: Sandbox, task: SweTask, patch: str) -> PatchPolicy
         sections = parse_git_diff(patch)
     except PatchRejected:
         sections = []
+    hosts = doctest_hosts([*task.fail_to_pass, *task.pass_to_pass])
     for section in sections:
-        if section.path.rsplit("/", 1)[-1].lower() in ("tox.ini", "setup.cfg", "pyproject.toml"):
+        name = section.path.rsplit("/", 1)[-1].lower()
+        if name in ("tox.ini", "setup.cfg", "pyproject.toml") or section.path in hosts:
             if section.path in base_files:
                 spec = shlex.quote(f"{task.base_commit}:{section.path}")
                 texts[section.path] = await _read_text(box, _git("show", spec), "/tmp/rollhub_base_text")
@@ -250,18 +253,34 @@ async def grading_policy(box: Sandbox, task: SweTask, patch: str) -> PatchPolicy
     )
 
 
+def numstat_paths(listing: str) -> set[str]:
+    """The paths of a `git apply --numstat -z` listing: `ADDED\tDELETED\tPATH\0` per file
+    (a path may itself hold tabs), or `ADDED\tDELETED\t\0OLD\0NEW\0` for a rename."""
+    items = listing.split("\0")
+    paths: set[str] = set()
+    i = 0
+    while i < len(items):
+        fields = items[i].split("\t", 2)
+        if len(fields) < 3:
+            if items[i]:
+                paths.add(items[i])  # not numstat's form: a mismatch, the patch is refused
+            i += 1
+        elif fields[2]:
+            paths.add(fields[2])
+            i += 1
+        else:
+            paths.update(p for p in items[i + 1 : i + 3] if p)
+            i += 3
+    return paths
+
+
 async def verify_paths(box: Sandbox, sanitized: SanitizedPatch) -> str:
     """'' if the grading container's own git would write exactly the kept paths, else why not."""
     out = "/tmp/rollhub_numstat"
     result = await box.exec(f"{_git('apply', '--numstat', '-z', PATCH_PATH)} > {out} 2>/dev/null", 60, WORKDIR)
     if result.exit_code != 0:
         return ""  # git cannot read it at all: the apply step fails and says so
-    listing = (await box.read_file(out)).decode("utf-8", errors="surrogateescape")
-    paths: set[str] = set()
-    for item in listing.split("\0"):
-        name = item.split("\t")[-1] if item.count("\t") >= 2 else item
-        if name:
-            paths.add(name)
+    paths = numstat_paths((await box.read_file(out)).decode("utf-8", errors="surrogateescape"))
     if paths != set(sanitized.kept):
         return (
             f"git apply would write {sorted(paths - set(sanitized.kept)) or sorted(paths)}; "

@@ -3,12 +3,14 @@
 The diff comes from the agent's container, where the agent was root: it may have changed
 the repository's git configuration, the git binary itself, anything. So the text is
 parsed here as untrusted input, strictly, with the grammar `git diff --binary
---no-renames` emits (`parse_git_diff`); anything else rejects the whole patch. Then every
-file section is judged (`PatchPolicy.why_dropped`) by what the file would do in the
-grading run, not only by its name:
+--no-renames` emits (`parse_git_diff`, names C-quoted as git quotes them); anything else
+rejects the whole patch. Then every file section is judged (`PatchPolicy.why_dropped`) by
+what the file would do in the grading run, not only by its name:
 
 * tests: test files and directories, `conftest.py` anywhere, the task's own test files
-  (test patch, FAIL_TO_PASS / PASS_TO_PASS files), `__init__.py` next to a task test file;
+  (test patch, eval-script reset targets, the files of FAIL_TO_PASS / PASS_TO_PASS ids; not
+  a library module whose doctests are the ids: it holds the code to fix), `__init__.py` next
+  to a task test file;
 * test-runner configuration: `pytest.ini`/`.pytest.ini`; `tox.ini`, `setup.cfg`,
   `pyproject.toml` whose pytest or entry-point sections change (judged on the file rebuilt
   from the base text, `config_changes_runner`); `setup.py` edits that mention entry points
@@ -30,7 +32,9 @@ patch with its own (trusted) `git apply --numstat` (`evaluate.verify_paths`).
 
 from __future__ import annotations
 
+import ast
 import configparser
+import doctest
 import posixpath
 import re
 import shlex
@@ -113,8 +117,18 @@ class FileSection:
         return [line[1:] for hunk in self.hunks for line in hunk.lines if line.startswith("-")]
 
 
+def _unprintable(text: str) -> bool:
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+
+
 def unquote_path(token: str) -> str:
-    """A path as git prints it: plain, or C-quoted ("a/\\303\\244.py") when it has odd bytes."""
+    """A path as git prints it: plain, or C-quoted ("a/\\303\\244.py") when it has odd bytes.
+
+    git quotes every name that holds a control character (tab, CR, newline, ...), a double
+    quote or a backslash, writing them as C escapes (octal `\\NNN` for other bytes), so a raw
+    control character in either form is a forgery; an escaped one is a legal file name."""
+    if _unprintable(token):
+        raise PatchRejected(f"unquoted control character in path {token!r}")
     if not token.startswith('"'):
         return token
     if len(token) < 2 or not token.endswith('"'):
@@ -166,7 +180,7 @@ def _header_path(line: str) -> str:
         old, new = unquote_path(first), unquote_path(remainder[1:])
     else:
         size = (len(rest) - 5) // 2
-        old, new = rest[: 2 + size], rest[3 + size :]
+        old, new = unquote_path(rest[: 2 + size]), unquote_path(rest[3 + size :])
         if len(rest) != 5 + 2 * size or rest[2 + size : 3 + size] != " ":
             raise PatchRejected(f"bad diff header {line!r}")
     if not (old.startswith("a/") and new.startswith("b/")) or old[2:] != new[2:]:
@@ -190,8 +204,11 @@ def _file_line(line: str, marker: str, prefix: str, path: str) -> bool:
 
 
 def check_path(path: str) -> str:
-    """The path if it stays inside the work tree and out of `.git`, else PatchRejected."""
-    if not path or path.startswith("/") or any(ord(c) < 32 or ord(c) == 127 for c in path):
+    """The path if it stays inside the work tree and out of `.git`, else PatchRejected.
+
+    Control characters other than NUL are legal in a git path (they arrive C-quoted, see
+    `unquote_path`); NUL never is."""
+    if not path or path.startswith("/") or "\0" in path:
         raise PatchRejected(f"path {path!r} is outside the repository or unprintable")
     for part in path.split("/"):
         if part in ("", ".", ".."):
@@ -315,6 +332,56 @@ def test_file_of(test_id: str) -> str:
     return test_id.split("::", 1)[0]
 
 
+def is_doctest_id(test_id: str) -> bool:
+    """Whether `test_id` is a doctest that `pytest --doctest-modules` collected from a Python
+    module: `pkg/mod.py::pkg.mod.func` (the item is named by the module's dotted name, or a
+    tail of it, plus the object's qualified name; `pkg/__init__.py::pkg` for a package)."""
+    path, sep, item = test_id.partition("::")
+    if not sep or "::" in item or not path.endswith(".py") or not item:
+        return False
+    module = path[: -len(".py")].split("/")
+    if module[-1] == "__init__":
+        module.pop()
+    names = item.split(".")
+    if not module or not names[0].isidentifier():
+        return False
+    return any(names[:k] == module[-k:] for k in range(1, min(len(names), len(module)) + 1))
+
+
+def task_test_files(test_ids: Iterable[str]) -> set[str]:
+    """The files of the task's test ids that are tests: a module that only hosts doctests of
+    the library (`pkg/mod.py::pkg.mod.func`) is the code under test, and stays editable; a
+    real test module (`is_test_path`) is protected however its tests are collected."""
+    return {test_file_of(t) for t in test_ids if not is_doctest_id(t) or is_test_path(test_file_of(t))}
+
+
+def doctest_hosts(test_ids: Iterable[str]) -> set[str]:
+    """The modules whose doctests are among the task's tests (they hold code to fix, and tests)."""
+    return {test_file_of(t) for t in test_ids if is_doctest_id(t) and not is_test_path(test_file_of(t))}
+
+
+def doctest_examples(text: str) -> list[tuple[str, str, str]] | None:
+    """Every doctest example (source, expected output, expected exception) in the docstrings of a
+    module's text, sorted; None when the text does not parse."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+    parser = doctest.DocTestParser()
+    examples = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            docstring = ast.get_docstring(node, clean=False)
+            if docstring:
+                try:
+                    found = parser.get_examples(docstring)
+                except ValueError:  # a malformed example: pytest would report it, count it as text
+                    examples.append((docstring, "", ""))
+                    continue
+                examples += [(e.source, e.want, e.exc_msg or "") for e in found]
+    return sorted(examples)
+
+
 def reset_targets(eval_script: str) -> list[str]:
     """Files and folders an eval script resets with `git checkout <commit> -- PATHS` (its test files)."""
     targets: list[str] = []
@@ -393,12 +460,14 @@ def config_changes_runner(name: str, base: str | None, new: str | None) -> bool:
 class PatchPolicy:
     """What the grading run must not let a patch change."""
 
-    #: the task's own test files (test patch, FAIL_TO_PASS / PASS_TO_PASS files)
+    #: the task's own test files (test patch, FAIL_TO_PASS / PASS_TO_PASS test modules)
     test_files: frozenset[str] = frozenset()
     #: every path of the base commit (None: unknown, the new-module rule is skipped)
     base_files: frozenset[str] | None = None
-    #: base texts of the judged configuration files that exist at base (path -> text)
+    #: base texts of the judged configuration files and doctest hosts that exist at base (path -> text)
     base_texts: dict[str, str] = field(default_factory=dict)
+    #: modules whose doctests are tests of the task: editable, but their examples must not change
+    doctest_modules: frozenset[str] = frozenset()
     #: drop Python sections whose added lines reach into the test runner
     content_rules: bool = True
 
@@ -412,11 +481,12 @@ class PatchPolicy:
         base_texts: dict[str, str] | None = None,
         eval_script: str = "",
     ) -> PatchPolicy:
-        files = {*test_patch_files, *(test_file_of(t) for t in test_ids), *reset_targets(eval_script)}
+        files = {*test_patch_files, *task_test_files(test_ids), *reset_targets(eval_script)}
         return cls(
             test_files=frozenset(f for f in files if f),
             base_files=frozenset(base_files) if base_files is not None else None,
             base_texts=dict(base_texts or {}),
+            doctest_modules=frozenset(doctest_hosts(test_ids)),
             content_rules=repo not in RUNNER_REPOS,
         )
 
@@ -473,6 +543,28 @@ class PatchPolicy:
                         return f"code that hooks into the test runner: {line.strip()[:80]!r}"
             if section.binary:
                 return "a binary Python module"
+            if self.doctest_modules:
+                why = self._judge_doctests(section)
+                if why:
+                    return why
+        return ""
+
+    def _judge_doctests(self, section: FileSection) -> str:
+        """The task's doctests are tests: a patch may fix the code around them, never edit the
+        examples or their expected output, nor reach docstrings at run time."""
+        for line in section.added_lines:
+            if "__doc__" in line or "__test__" in line:
+                return f"code that rewrites docstrings, which hold tests of the task: {line.strip()[:80]!r}"
+        if section.path not in self.doctest_modules:
+            return ""
+        base = self.base_texts.get(section.path) if section.old_exists else None
+        if base is None:
+            return "holds doctests of the task, base text unknown: cannot judge the change"
+        new = apply_hunks(base, section)
+        if new is None or not section.new_exists:
+            return "holds doctests of the task: removed, or hunks that do not fit"
+        if doctest_examples(base) != doctest_examples(new):
+            return "changes doctest examples, which are tests of the task"
         return ""
 
     def _judge_config(self, section: FileSection) -> str:

@@ -226,3 +226,108 @@ def test_drop_test_files_keeps_library_sections_only():
     )
     assert drop_test_files(cheat) == ""
     assert drop_test_files(cheat + edit("pkg/core.py")) == edit("pkg/core.py")
+
+
+def test_a_module_hosting_doctests_of_the_task_stays_editable():
+    doctests = ["pkg/core.py::pkg.core.parse", "pkg/core.py::core", "pkg/__init__.py::pkg"]
+    tests = ["tests/test_core.py::test_x", "tests/test_core.py::tests.test_core.helper", "checks/spec_x.py::test_y"]
+    base_texts = {"pkg/core.py": "a", "pkg/__init__.py": "a"}
+    task_policy = PatchPolicy.for_task(
+        [], doctests + tests, base_files=BASE_FILES | {"checks/spec_x.py"}, base_texts=base_texts
+    )
+    assert task_policy.test_files == {"tests/test_core.py", "checks/spec_x.py"}
+    fix = edit("pkg/core.py") + edit("pkg/__init__.py")
+    sanitized = sanitize_patch(fix, task_policy)
+    assert sanitized.patch == fix and not sanitized.dropped and not sanitized.rejected
+    # real test files stay protected, also when their doctests are among the task's tests
+    cheat = edit("tests/test_core.py") + edit("checks/spec_x.py") + new_file("tests/__init__.py", "")
+    assert set(sanitize_patch(fix + cheat, task_policy).dropped) == {
+        "tests/test_core.py",
+        "checks/spec_x.py",
+        "tests/__init__.py",
+    }
+    by_doctest = PatchPolicy.for_task([], ["checks/spec_x.py::spec_x.f"], base_files=BASE_FILES)
+    assert "checks/spec_x.py" not in by_doctest.test_files  # a doctest host, not a test module
+    assert PatchPolicy.for_task([], ["pkg/test_util.py::pkg.test_util.f"]).test_files == {"pkg/test_util.py"}
+    # the test patch and the eval script's reset targets still protect a module by name
+    named = PatchPolicy.for_task(["pkg/core.py"], doctests, base_files=BASE_FILES)
+    assert "pkg/core.py" in sanitize_patch(fix, named).dropped
+
+
+DOCTEST_BASE = '''def parse(text):
+    """Split on commas.
+
+    >>> parse("a,b")
+    ['a', 'b']
+    """
+    return text.split(";")
+'''
+
+
+def _rewrite(old_line, new_line):
+    """A one-line edit of DOCTEST_BASE's line `old_line` (1-based) into `new_line`."""
+    old = DOCTEST_BASE.split("\n")[old_line - 1]
+    return section(
+        "pkg/core.py", f"@@ -{old_line} +{old_line} @@", f"-{old}", f"+{new_line}", header="index 1..2 100644\n"
+    )
+
+
+def test_the_doctests_of_the_task_are_tests_a_patch_cannot_edit():
+    ids = ["pkg/core.py::pkg.core.parse"]
+    task = PatchPolicy.for_task([], ids, base_files=BASE_FILES, base_texts={"pkg/core.py": DOCTEST_BASE})
+    fix = _rewrite(7, '    return text.split(",")')
+    assert sanitize_patch(fix, task).patch == fix  # the honest fix: the code under the docstring
+    cheats = [
+        _rewrite(5, "    ['a,b']"),  # the expected output made to match the bug
+        _rewrite(4, '    >>> parse("a;b")'),  # the example made to match the bug
+        _rewrite(4, "    >>> 1"),  # the example replaced by one that passes
+        _rewrite(2, '    """Split on commas."""'),  # the docstring cut short: no example left
+    ]
+    for cheat in cheats:
+        assert "doctest" in sanitize_patch(cheat, task).dropped["pkg/core.py"], cheat
+    # the examples rewritten at run time, from the module itself or from any other one
+    for path in ("pkg/core.py", "pkg/other.py"):
+        runtime = new_file(path, "parse.__doc__ = '>>> 1\\n1'\n") if path != "pkg/core.py" else None
+        if runtime is None:
+            runtime = _rewrite(7, "    return text.split(','); parse.__doc__ = ''")
+        assert "docstring" in sanitize_patch(runtime, task).dropped[path]
+    # without the base text the change cannot be judged: dropped, never waved through
+    blind = PatchPolicy.for_task([], ids, base_files=BASE_FILES)
+    assert "base text unknown" in sanitize_patch(fix, blind).dropped["pkg/core.py"]
+
+
+def test_names_with_tabs_and_carriage_returns_are_judged_file_by_file():
+    # as `git diff --binary --no-renames` writes them: C-quoted, a tab after names with spaces
+    def quoted(name, line="+x"):
+        return (
+            f'diff --git "a/{name}" "b/{name}"\nnew file mode 100644\nindex 0000000..975fbec\n'
+            f'--- /dev/null\n+++ "b/{name}"\t\n@@ -0,0 +1 @@\n{line}\n'
+        )
+
+    patch = (
+        edit("pkg/core.py") + quoted("pkg/da\\tta.txt") + quoted("pkg/c r\\r.txt") + quoted("pkg/\\303\\244\\177.py")
+    )
+    sanitized = sanitize_patch(patch, policy())
+    assert not sanitized.rejected and not sanitized.dropped and sanitized.patch == patch
+    assert sanitized.kept == ["pkg/core.py", "pkg/da\tta.txt", "pkg/c r\r.txt", "pkg/ä\x7f.py"]
+    # the grading container's `git apply --numstat -z` names them whole (a rename: two names)
+    from rollhub.envs.swe.evaluate import numstat_paths
+
+    listing = "1\t0\tpkg/c r\r.txt\x001\t1\tpkg/core.py\x001\t0\tpkg/da\tta.txt\x001\t0\tpkg/ä\x7f.py\x00"
+    assert numstat_paths(listing) == set(sanitized.kept)
+    assert numstat_paths("0\t0\t\x00a\tb.py\x00c.py\x00") == {"a\tb.py", "c.py"}
+    # such a file is judged like any other: a test file or runner hook is dropped, the fix kept
+    cheat = quoted("tests/test_\\tx.py") + quoted("pkg/h\\r.py", "+import pytest")
+    sanitized = sanitize_patch(edit("pkg/core.py") + cheat, policy())
+    assert set(sanitized.dropped) == {"tests/test_\tx.py", "pkg/h\r.py"} and sanitized.kept == ["pkg/core.py"]
+    # what git never writes is still rejected whole: raw control characters, NUL, a bad escape
+    for forged in (
+        edit("pkg/da\tta.txt"),
+        quoted("pkg/da\tta.txt"),
+        edit("pkg/c\rr.txt"),
+        quoted("pkg/nul\\000.py"),
+        quoted("pkg/bad\\9.py"),
+        quoted('pkg/q"q.py'),
+    ):
+        rejected = sanitize_patch(edit("pkg/core.py") + forged, policy())
+        assert rejected.rejected and rejected.patch == "", forged
