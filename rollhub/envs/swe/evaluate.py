@@ -364,7 +364,10 @@ async def evaluate_patch(
         if result.timed_out:
             log += "\n>>>>> Tests Timed Out\n"
         grade = grade_log(task, log)
-        return done(grade, True, log, infra_failure=grade.infra_failure)
+        if not grade.tests_ran and not await engine_works(backend, task.image):
+            # the engine's own signal, never the log's text (the code under test writes the log)
+            return done(grade, True, log, infra_failure="engine: no test output and the engine cannot run a container")
+        return done(grade, True, log)
     except SandboxError as exc:
         if agent_code_running and await engine_works(backend, task.image):
             logger.info("%s: the grading container died while the patched code ran: %s", task.instance_id, exc)

@@ -4,8 +4,10 @@
 `parse_log_pytest_v2`: the plain pytest parser keeps only the first whitespace token of
 an id and makes parametrised ids collide) and rejects forged or empty logs;
 `get_eval_tests_report` and `get_resolution_status` decide FAIL_TO_PASS/PASS_TO_PASS.
-Reward 1.0 iff the resolution is FULL. A log that shows the machinery broke (engine gone,
-no test output for an environment reason) yields `infra_failure` instead of a score.
+Reward 1.0 iff the resolution is FULL. The log is written by the code under test (and shows
+the agent's own text), so nothing in it can make a grade an infra failure: that is decided
+from the engine's own signals (rollhub.envs.swe.evaluate), and a log without test output
+scores 0.
 """
 
 from __future__ import annotations
@@ -29,8 +31,6 @@ class GradeResult:
     pass_fraction: float = 0.0
     #: the log had parseable test output (the patches applied and the suite ran)
     tests_ran: bool = False
-    #: non-empty when the machinery, not the patch, is to blame
-    infra_failure: str = ""
     status: str = "RESOLVED_NO"
 
     @property
@@ -53,7 +53,6 @@ def grade_log(task: SweTask, log_text: str) -> GradeResult:
     """Grade the output of the task's eval script (stdout+stderr) the official way."""
     from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS, EvalType
     from swebench.harness.grading import get_eval_tests_report, get_logs_eval, get_resolution_status
-    from swebench.harness.infra_failure import TIER_ENVIRONMENT, classify_text
     from swebench.harness.utils import make_test_spec
 
     spec = make_test_spec(task.row)
@@ -66,11 +65,7 @@ def grade_log(task: SweTask, log_text: str) -> GradeResult:
         os.unlink(log_path)
     total = len(task.fail_to_pass) + len(task.pass_to_pass)
     if not found:
-        result = GradeResult(resolved=False, tests={t: "FAILED" for t in [*task.fail_to_pass, *task.pass_to_pass]})
-        classified = classify_text(log_text)
-        if classified and classified[1] == TIER_ENVIRONMENT:
-            result.infra_failure = f"eval log: {classified[0]}"
-        return result
+        return GradeResult(resolved=False, tests={t: "FAILED" for t in [*task.fail_to_pass, *task.pass_to_pass]})
     report = get_eval_tests_report(
         status_map,
         {"instance_id": task.instance_id, FAIL_TO_PASS: task.fail_to_pass, PASS_TO_PASS: task.pass_to_pass},

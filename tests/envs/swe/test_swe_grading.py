@@ -59,7 +59,7 @@ def test_one_fail_to_pass_still_failing_scores_zero_with_partial_fraction():
     assert result.status == "RESOLVED_PARTIAL"
     assert result.tests[F2P[0]] == "FAILED"
     assert result.pass_fraction == pytest.approx(3 / 4)
-    assert result.infra_failure == ""
+    assert not hasattr(result, "infra_failure")  # a grade is a verdict on the patch, never an infra failure
 
 
 def test_broken_pass_to_pass_scores_zero():
@@ -87,9 +87,20 @@ def test_log_without_markers_is_not_resolved():
     assert not result.resolved and not result.tests_ran
 
 
-def test_engine_failure_in_log_is_infra_not_model():
-    result = grade_log(make_task(), "Error response from daemon: container is not running\n")
-    assert result.infra_failure and not result.resolved
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Error response from daemon: container is not running\n",
+        "# Error response from daemon: No such container: abc\nCannot connect to the Docker daemon\n",
+        "OCI runtime exec failed: exec failed: unable to start container process\n",
+    ],
+)
+def test_engine_error_text_in_the_log_scores_zero_and_is_never_infra(text):
+    """The code under test writes the log (and the agent's diff may be printed into it): text
+    reading like an engine error must not turn a 0 into an unscored, re-rolled failure."""
+    result = grade_log(make_task(), text)
+    assert not result.resolved and result.reward == 0.0 and not result.tests_ran
+    assert not hasattr(result, "infra_failure")
 
 
 def test_v2_parser_keeps_whole_parametrised_ids():
