@@ -164,7 +164,7 @@ def record_batch(config: Any, tokenizer: Any, layout: str, groups: int, group_si
         finally:
             await manager.close()
 
-    batch, _ = build_training_batch(asyncio.run(collect()), tokenizer.pad_token_id, config.algorithm)
+    batch, _ = build_training_batch(asyncio.run(collect()), tokenizer.pad_token_id, config.algorithm, loss=config.loss)
     if batch is None:
         raise RuntimeError("the recorded groups carry no advantage signal; try another seed")
     return batch

@@ -117,6 +117,14 @@ class Env(abc.ABC):
         split) proves its training never meets a fixed evaluation list."""
         return None
 
+    def task_key(self) -> str | None:
+        """A key of the content of the task the last `reset` drew (a hash of the problem text),
+        or None when the env has none. In a finite procedural space different seeds draw the same
+        task, so disjoint seed ranges do not keep evaluation off training data: the run check
+        resets the env on evaluation and training seeds and compares these keys (and the keys
+        of a `task_set`). Override it only when `reset` is cheap (no worker, no container)."""
+        return None
+
     @property
     def unwrapped(self) -> Env:
         """The env itself, without the wrappers around it (rollhub.envs.wrappers)."""

@@ -7,11 +7,23 @@ model loading and SFT are spent. The trainer's composition root calls `check_run
 
 from __future__ import annotations
 
+import asyncio
 import difflib
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rollhub.core.errors import UserError
 from rollhub.envs.base import Env
+
+#: evaluation seeds whose tasks the overlap check reads (the first ones: evaluation plays them first)
+EVAL_KEY_SAMPLE = 1000
+#: training seeds whose tasks it reads when the training env cannot answer `could_draw`: enough to
+#: cover a small space (difficulty-1 arithmetic has 800 problems)
+TRAIN_KEY_SAMPLE = 5000
+#: wall time the reading may take, for the evaluation and the training seeds each
+KEY_SAMPLE_BUDGET_S = 5.0
 
 
 def check_env_registered(env_id: str) -> None:
@@ -47,11 +59,14 @@ def check_run_envs(
     eval_kwargs: dict[str, Any],
     *,
     demo_kwargs: dict[str, Any] | None = None,
+    eval_seeds: Sequence[int] | None = None,
+    train_seeds: Sequence[int] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """A run's envs checked before any model loads: both envs' kwargs typed and checked, the
     demonstration envs' overrides (`demo_kwargs`, over the training kwargs) too, and evaluation
     proven disjoint from training. Returns (training kwargs, evaluation kwargs) as typed, so the
-    run builds exactly what was checked.
+    run builds exactly what was checked. `eval_seeds` and `train_seeds` let the overlap check read
+    the content of procedural tasks (`Env.task_key`).
     """
     train_kwargs = check_env_kwargs(train_id, train_kwargs)
     if demo_kwargs:  # the demonstration envs' arguments, typed and checked the same way
@@ -61,7 +76,7 @@ def check_run_envs(
     if demo_kwargs:
         check_env_values(train_id, {**train_kwargs, **demo_kwargs}, "sft.env_kwargs")
     check_env_values(eval_id, eval_kwargs, "eval.env.kwargs", evaluation=True)
-    check_eval_disjoint(train_id, train_kwargs, eval_id, eval_kwargs)
+    check_eval_disjoint(train_id, train_kwargs, eval_id, eval_kwargs, eval_seeds=eval_seeds, train_seeds=train_seeds)
     return train_kwargs, eval_kwargs
 
 
@@ -109,8 +124,8 @@ def env_task_set(env_id: str, kwargs: dict[str, Any]) -> dict[str, str] | None:
     """The tasks an env draws from (identity key -> readable name), or None for a procedural env.
 
     Envs with a fixed task list (ALFWorld games, SWE tasks) override `Env.task_set`; an env
-    without one makes tasks from seeds, and its overlap is a seed-range question (the run
-    config's own check). The env is built only when its class overrides the method, which
+    without one makes tasks from seeds, and its overlap is read by content (`env_task_keys`) or
+    left to the run config's seed ranges. The env is built only when its class overrides the method, which
     the contract asks to be cheap (no worker, no container): this costs a file listing.
     """
     from rollhub.envs.registry import make
@@ -137,23 +152,92 @@ def env_could_draw(env_id: str, kwargs: dict[str, Any], tasks: dict[str, str]) -
     return None if drawable is None else {key: tasks[key] for key in drawable}
 
 
-def check_eval_disjoint(train_id: str, train_kwargs: dict[str, Any], eval_id: str, eval_kwargs: dict[str, Any]) -> None:
-    """Refuse a run whose evaluation tasks include training tasks (one-line UserError).
+def _overrides(env_id: str, member: str) -> bool:
+    env_class = _env_class(env_id)
+    return env_class is not None and getattr(env_class, member) is not getattr(Env, member)
 
-    Training here means the training env, which also serves the SFT demonstrations. Seed
-    ranges of procedural envs are checked when the run config loads.
+
+def env_task_keys(env_id: str, kwargs: dict[str, Any], seeds: Sequence[int], *, budget_s: float) -> dict[str, str] | None:
+    """Content key -> `seed N` of the tasks the env draws on `seeds` (read in order until
+    `budget_s` runs out), or None when the env reports no content (`Env.task_key`).
+
+    The env is built with `make`, wrappers included, so training is read as it draws. Resets run
+    on an event loop of their own in a worker thread: the run's loop is already running here.
+    """
+    if not seeds or not _overrides(env_id, "task_key"):
+        return None
+    from rollhub.envs.registry import make
+
+    async def read() -> dict[str, str]:
+        env = make(env_id, **kwargs)
+        keys: dict[str, str] = {}
+        deadline = time.perf_counter() + budget_s
+        try:
+            for seed in seeds:
+                await env.reset(seed=seed)
+                key = env.task_key()
+                if key is not None:
+                    keys.setdefault(key, f"seed {seed}")
+                if time.perf_counter() > deadline:
+                    break
+        finally:
+            await env.close()
+        return keys
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        try:
+            keys = pool.submit(asyncio.run, read()).result()
+        except ValueError as error:
+            raise UserError(f"{env_id}: {error}") from None
+    return keys or None
+
+
+def check_eval_disjoint(
+    train_id: str,
+    train_kwargs: dict[str, Any],
+    eval_id: str,
+    eval_kwargs: dict[str, Any],
+    *,
+    eval_seeds: Sequence[int] | None = None,
+    train_seeds: Sequence[int] | None = None,
+) -> None:
+    """Refuse a run whose evaluation tasks include training tasks (one-line UserError), by content.
+
+    Training here means the training env, which also serves the SFT demonstrations. The evaluation
+    tasks are the eval env's `task_set`, else the content keys (`Env.task_key`) of the tasks it
+    draws on its first `eval_seeds`: disjoint seed ranges say nothing in a finite procedural space
+    (difficulty-1 arithmetic has 800 problems, so most of 200 evaluation seeds' problems are also
+    drawn in training). Training answers with its own `task_set`, else `could_draw` (Math-v0's
+    train split decides by a hash of the problem text, so it proves it never draws a key), else
+    the keys of the tasks it draws on its first `train_seeds`, a sample that finds the overlap of
+    a small space. An env with neither a list nor content keys is left to the seed-range check
+    of the run config.
     """
     train = env_task_set(train_id, train_kwargs)
     held_out = env_task_set(eval_id, eval_kwargs)
-    if train is None and held_out is not None:  # a procedural training env (Math-v0) says what it could draw
-        train = env_could_draw(train_id, train_kwargs, held_out)
-    if train is None or held_out is None:
+    sampled = held_out is None
+    if sampled and eval_seeds is not None:
+        held_out = env_task_keys(eval_id, eval_kwargs, eval_seeds[:EVAL_KEY_SAMPLE], budget_s=KEY_SAMPLE_BUDGET_S)
+    if held_out is None:
         return
-    shared = sorted(set(train) & set(held_out))
+    drawn_by = ""
+    if train is None:  # a procedural training env: what it could draw, else what it draws
+        train = env_could_draw(train_id, train_kwargs, held_out)
+    if train is None and train_seeds is not None:
+        train = env_task_keys(train_id, train_kwargs, train_seeds[:TRAIN_KEY_SAMPLE], budget_s=KEY_SAMPLE_BUDGET_S)
+        drawn_by = f" (found among the tasks of the first {min(len(train_seeds), TRAIN_KEY_SAMPLE)} training seeds)"
+    if train is None:
+        return
+    shared = [key for key in held_out if key in train]
     if shared:
         examples = ", ".join(held_out[key] for key in shared[:3])
+        entries = (
+            f"distinct tasks that the first evaluation seeds draw from {eval_id}"
+            if sampled
+            else f"evaluation entries (games, tasks or packages) of {eval_id}"
+        )
         raise UserError(
-            f"evaluation overlaps training: {len(shared)} of the {len(held_out)} evaluation entries (games, tasks "
-            f"or packages) of {eval_id} are also in training (e.g. {examples}); point eval.env.kwargs at a "
-            "held-out split (ALFWorld split: valid_unseen, SWE split: eval, Math split: test) or change env.kwargs"
+            f"evaluation overlaps training: {len(shared)} of the {len(held_out)} {entries} are also in "
+            f"training{drawn_by} (e.g. {examples}); point eval.env.kwargs at a held-out split (ALFWorld split: "
+            "valid_unseen, SWE split: eval, Math split: test) or change env.kwargs"
         )

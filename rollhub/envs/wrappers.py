@@ -83,6 +83,9 @@ class EnvWrapper(Env):
     def could_draw(self, keys: set[str]) -> set[str] | None:
         return self.env.could_draw(keys)
 
+    def task_key(self) -> str | None:
+        return self.env.task_key()
+
 
 def wrappers_of(env: Env) -> list[EnvWrapper]:
     """The wrappers around `env`, outermost first ([] for an unwrapped env)."""

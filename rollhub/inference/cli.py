@@ -50,11 +50,56 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=300.0,
         help="bound on joining a weight update group and on each broadcast of a distributed weight update",
     )
-    serve.add_argument(
+    auth = serve.add_argument_group(
+        "authentication",
+        "Every endpoint but /health requires 'Authorization: Bearer KEY' (SGLang's --api-key scheme). The key is "
+        "--api-key, else the contents of an existing --api-key-file, else $ROLLHUB_API_KEY, else a fresh key "
+        "generated at launch and written (mode 600) to --api-key-file or $XDG_RUNTIME_DIR/rollhub/serve-PORT.key "
+        "(~/.cache/rollhub without XDG_RUNTIME_DIR); the key is never printed, only its file: "
+        "export ROLLHUB_API_KEY=$(cat FILE) for clients.",
+    )
+    auth.add_argument(
         "--api-key",
         default=None,
-        help="require 'Authorization: Bearer KEY' on every endpoint but /health (default: $ROLLHUB_API_KEY; "
-        "prefer the variable: a flag is visible to other users in the process list)",
+        metavar="KEY",
+        help="the key (prefer ROLLHUB_API_KEY or --api-key-file: a flag is visible to other users in the process list)",
+    )
+    auth.add_argument(
+        "--api-key-file", default=None, metavar="FILE", help="read the key from FILE, or write a generated one there if it is missing"
+    )
+    auth.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="serve without a key: only on a loopback --host, and any local user can then load weights",
+    )
+    web_guard = serve.add_argument_group(
+        "requests from browsers and slow clients",
+        "Requests carrying an Origin (or a cross-site Sec-Fetch-Site), a Host that is a DNS name other than "
+        "localhost, or a POST body not declared 'Content-Type: application/json' are refused.",
+    )
+    web_guard.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name clients may connect by, besides IP addresses and localhost (repeatable)",
+    )
+    web_guard.add_argument(
+        "--allowed-origin",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a web origin (scheme://host:port) whose pages may call the server (repeatable; default none)",
+    )
+    web_guard.add_argument("--max-body-mb", type=float, default=8.0, help="largest request body (default 8 MB)")
+    web_guard.add_argument(
+        "--header-timeout-s",
+        type=float,
+        default=20.0,
+        help="close a connection that has not sent a whole request head within this time (also the idle timeout)",
+    )
+    web_guard.add_argument(
+        "--body-timeout-s", type=float, default=60.0, help="answer 408 to a request whose body is not in by then"
     )
     serve.set_defaults(func=_cmd_serve)
 
@@ -86,6 +131,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         threads=args.threads,
         max_batch_size=args.max_batch_size,
         api_key=args.api_key,
+        api_key_file=args.api_key_file,
+        no_auth=args.no_auth,
+        allowed_hosts=tuple(args.allowed_host),
+        allowed_origins=tuple(args.allowed_origin),
+        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+        header_timeout_s=args.header_timeout_s,
+        body_timeout_s=args.body_timeout_s,
         weight_sync_timeout_s=args.weight_sync_timeout_s,
         seed=args.seed,
         device=resolve_device(args.device),

@@ -20,19 +20,40 @@ hanging, and a group init is refused while another update is running or a group 
 Hardening: one server batches the requests of many clients, so a malformed request must be
 refused before it reaches the engine (a bad token id in a shared forward pass would fail
 every request decoded with it). Every request body is validated here (400 with a JSON
-error: token ids in [0, vocab), finite sampling values in range, bounded lengths), and an
-optional bearer token (`api_key`) guards every endpoint except `/health`.
+error: token ids in [0, vocab), finite sampling values in range, bounded lengths), and a
+bearer token (`api_key`) guards every endpoint except `/health`; `rollhub serve` always has
+one (given, from ROLLHUB_API_KEY, or generated per launch into an owner-only key file) unless
+`--no-auth` is asked for on a loopback address.
+
+A web page in the operator's browser can reach a loopback server, so requests browsers make
+are refused before authentication: an `Origin` or a cross-site `Sec-Fetch-Site` not on the
+allow-list (403), a `Host` that is a DNS name other than localhost or an allowed name (403:
+DNS rebinding points the page's own name at 127.0.0.1, and the page keeps sending that
+name), and a body not declared `application/json` (415: a cross-site `text/plain` or form
+POST needs no CORS preflight, a JSON one does). Slow or huge requests cannot hold the
+server: bodies are capped (413), a connection that has not sent a whole request head within
+`header_timeout_s` (aiohttp's keep-alive timer, which also runs before the first request)
+is closed, and so is one whose body is not in within `body_timeout_s` (408). JSON decoding,
+validation and tokenisation run on a worker thread, so a long batch of texts does not stall
+the event loop that answers every other client; a `text` longer than the context could hold
+is refused on its length alone, before it is tokenised.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
+import json
 import logging
 import math
+import os
+import secrets
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -41,7 +62,14 @@ from rollhub.inference.engines.base import Generation, SamplingParams
 from rollhub.inference.engines.build import EngineConfig, build_engine
 from rollhub.inference.engines.hf import HFEngine
 from rollhub.inference.engines.sglang import API_KEY_ENV, resolve_api_key
-from rollhub.inference.weight_sync import GROUP_NAME_PATTERN, UpdateGroup, parse_dtype, receive_tensors
+from rollhub.inference.weight_sync import (
+    GROUP_NAME_PATTERN,
+    UpdateGroup,
+    check_weights,
+    parse_dtype,
+    read_checked_checkpoint,
+    receive_tensors,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +78,17 @@ MAX_PROMPTS_PER_REQUEST = 4096
 MAX_STOP_TOKEN_IDS = 1024
 MAX_NEW_TOKENS_CAP = 1 << 20  # even for models that claim an unbounded context
 GREEDY_BELOW = 1e-5  # SGLang's sampling epsilon: smaller temperatures mean greedy (and would overflow)
+MAX_VERSION = (1 << 63) - 1
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024  # a batch of 256 prompts of 4k token ids is ~7 MB of JSON
+DEFAULT_HEADER_TIMEOUT_S = 20.0  # above aiohttp clients' 15 s idle keep-alive, so a reused connection is not cut
+DEFAULT_BODY_TIMEOUT_S = 60.0
+#: no tokenizer packs more characters than this into one token on average over a real prompt,
+#: so a text longer than context x this cannot fit and is refused without tokenising it
+TEXT_CHARS_PER_TOKEN_BOUND = 32
+BODYLESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+#: the types a web page may POST cross-site without a CORS preflight
+CORS_SIMPLE_TYPES = frozenset({"text/plain", "application/x-www-form-urlencoded", "multipart/form-data"})
+LOOPBACK_NAMES = frozenset({"localhost"})
 
 
 @dataclass(frozen=True)
@@ -58,6 +97,17 @@ class RequestLimits:
 
     vocab_size: int
     max_new_tokens: int
+    max_prompt_tokens: int = MAX_NEW_TOKENS_CAP
+
+
+@dataclass(frozen=True)
+class HttpGuard:
+    """What a request must look like at the HTTP level (see the module docstring)."""
+
+    allowed_hosts: frozenset[str] = frozenset()
+    allowed_origins: frozenset[str] = frozenset()
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
 
 
 class WeightReceiver:
@@ -85,11 +135,18 @@ class WeightReceiver:
 ENGINE_KEY = web.AppKey("engine", HFEngine)
 LIMITS_KEY = web.AppKey("limits", RequestLimits)
 WEIGHTS_KEY = web.AppKey("weights", WeightReceiver)
+GUARD_KEY = web.AppKey("guard", HttpGuard)
+PARSER_KEY = web.AppKey("parser", ThreadPoolExecutor)
 MAX_WORLD_SIZE = 1 << 16
 
 
 class RequestError(ValueError):
-    """A client's mistake: answered 400 with this message, and the engine never sees it."""
+    """A client's mistake: answered `status` (400) with this message; the engine never sees it."""
+
+    def __init__(self, message: str, status: int = 400, close: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.close = close  # the connection is in an unknown state (a body half read): drop it
 
 
 def _error(message: str, status: int = 400) -> web.Response:
@@ -104,7 +161,8 @@ def limits_for(engine: HFEngine) -> RequestLimits:
     """Vocab size from the embedding table (ids beyond it crash the forward pass)."""
     embeddings = engine.model.get_input_embeddings()
     vocab = getattr(embeddings, "num_embeddings", None) or int(engine.model.config.vocab_size)
-    return RequestLimits(vocab_size=int(vocab), max_new_tokens=min(int(engine.max_positions), MAX_NEW_TOKENS_CAP))
+    context = min(int(engine.max_positions), MAX_NEW_TOKENS_CAP)
+    return RequestLimits(vocab_size=int(vocab), max_new_tokens=context, max_prompt_tokens=context)
 
 
 # --- validation ----------------------------------------------------------------------
@@ -112,7 +170,10 @@ def limits_for(engine: HFEngine) -> RequestLimits:
 
 def _show(value: Any) -> str:
     """A value for an error message: clients may send megabytes; echo only the start."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except RecursionError:
+        return "<a deeply nested value>"
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -203,7 +264,23 @@ def _prompts(body: dict[str, Any], engine: HFEngine, limits: RequestLimits) -> t
             raise RequestError(f"at most {MAX_PROMPTS_PER_REQUEST} prompts per request, got {len(texts)}")
         if engine.tokenizer is None:
             raise RequestError("this server has no tokenizer; send input_ids")
-        ids = [list(engine.tokenizer.encode(t, add_special_tokens=False)) for t in texts]
+        context = limits.max_prompt_tokens
+        longest = context * TEXT_CHARS_PER_TOKEN_BOUND
+        for index, one in enumerate(texts):
+            if len(one) > longest:  # decided on the length alone: tokenising megabytes is the attack
+                raise RequestError(
+                    f"text[{index}] has {len(one)} characters, more than the model's context of {context} "
+                    f"tokens can hold (at most {longest} characters); shorten it"
+                )
+        ids = []
+        for index, one in enumerate(texts):
+            encoded = list(engine.tokenizer.encode(one, add_special_tokens=False))
+            if len(encoded) >= context:
+                raise RequestError(
+                    f"text[{index}] is {len(encoded)} tokens, which leaves no room in the model's context "
+                    f"of {context} tokens; shorten it"
+                )
+            ids.append(encoded)
         ids = ids if batched else ids[0]
     batched = isinstance(ids, list) and bool(ids) and isinstance(ids[0], list)
     if not batched:
@@ -294,9 +371,20 @@ async def _generate_all(engine: HFEngine, parsed: GenerateRequest) -> list[Gener
     return [task.result() for task in tasks]
 
 
+def _parse_generate_body(raw: bytes, engine: HFEngine, limits: RequestLimits) -> GenerateRequest:
+    """Decode, validate and tokenise one `/generate` body (on the parser thread)."""
+    try:
+        return parse_generate(decode_json(raw), engine, limits)
+    except RecursionError:
+        raise RequestError("the request body nests too deeply") from None
+
+
 async def handle_generate(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
-    parsed = parse_generate(await _json_body(request), engine, request.app[LIMITS_KEY])
+    raw = await _read_body(request)
+    loop = asyncio.get_running_loop()
+    parser = request.app[PARSER_KEY]
+    parsed = await loop.run_in_executor(parser, _parse_generate_body, raw, engine, request.app[LIMITS_KEY])
     started = time.perf_counter()
     generations = await _generate_all(engine, parsed)
     results = [generation_json(engine, g, parsed.return_logprob, started) for g in generations]
@@ -320,7 +408,7 @@ async def handle_pause(request: web.Request) -> web.Response:
     body = await _json_or_empty(request)
     mode = body.get("mode", "abort")
     if mode != "abort":
-        return _bad_request(f"pause mode '{mode}' is not supported by rollhub serve; use 'abort'")
+        return _bad_request(f"pause mode {_show(mode)} is not supported by rollhub serve; use 'abort'")
     await request.app[ENGINE_KEY].pause()
     return web.json_response({"success": True})
 
@@ -342,13 +430,14 @@ async def handle_update_from_disk(request: web.Request) -> web.Response:
     receiver = request.app[WEIGHTS_KEY]
     receiver.claim("update_weights_from_disk")
     try:
+        # read and checked in full before the model is touched: a refused update changes nothing
+        state = await asyncio.to_thread(read_checked_checkpoint, path, receiver.specs)
         if body.get("abort_all_requests"):
             await engine.abort_all()
-        await engine.update_weights(path, version)
+        await engine.update_weights(state, version)
     except (OSError, ValueError, TypeError, RuntimeError) as exc:
-        return web.json_response(
-            {"success": False, "message": f"update failed: {exc}", "num_paused_requests": 0}, status=400
-        )
+        message = f"update refused, weights and version unchanged: {str(exc)[:500]}"
+        return web.json_response({"success": False, "message": message, "num_paused_requests": 0}, status=400)
     finally:
         receiver.busy = None
     return web.json_response(
@@ -477,6 +566,10 @@ async def handle_update_weights_from_distributed(request: web.Request) -> web.Re
                 f"receiving weights failed after {time.perf_counter() - started:.1f} s ({str(exc)[:300]}); "
                 "the group was dropped: initialise a new one"
             )
+        try:
+            check_weights(tensors, receiver.specs)  # shapes were checked before receiving; values now
+        except ValueError as exc:
+            return _failed(f"refused the received weights, weights and version unchanged: {exc}")
         if body.get("abort_all_requests"):
             await engine.abort_all()
         try:
@@ -558,26 +651,54 @@ async def handle_loads(request: web.Request) -> web.Response:
 
 
 def _version(value: Any, key: str) -> int:
-    """Versions travel as strings in SGLang's API ("3"); both forms are accepted."""
-    if _is_int(value) and value >= 0:
+    """Versions travel as strings in SGLang's API ("3"); both forms are accepted. Only ASCII
+    digits: str.isdigit() also holds for "\u0663" (which int() reads as 3) and "\u00b2" (which int() refuses)."""
+    if _is_int(value) and 0 <= value <= MAX_VERSION:
         return value
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
-    raise RequestError(f"{key} must be a non-negative integer (or its string), got {_show(value)}")
+    if isinstance(value, str) and 0 < len(value) <= 19 and value.isascii() and value.isdigit():
+        if int(value) <= MAX_VERSION:
+            return int(value)
+    raise RequestError(f"{key} must be an integer in [0, 2^63) or its decimal string, got {_show(value)}")
+
+
+def decode_json(raw: bytes) -> Any:
+    """A request body as JSON; every way it can fail is the client's (400), nesting included."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise RequestError("the request body nests JSON too deeply") from None
+    except ValueError as exc:  # includes UnicodeDecodeError and over-long integer literals
+        raise RequestError(f"the request body must be JSON ({str(exc)[:200]})") from None
+
+
+async def _read_body(request: web.Request) -> bytes:
+    """The whole body, within the size cap and the body timeout."""
+    guard = request.app[GUARD_KEY]
+    try:
+        async with asyncio.timeout(guard.body_timeout_s):
+            return await request.read()
+    except TimeoutError:
+        raise RequestError(
+            f"the request body did not arrive within {guard.body_timeout_s:g} s", status=408, close=True
+        ) from None
+    except web.HTTPRequestEntityTooLarge:
+        raise RequestError(_too_large(guard), status=413, close=True) from None
+
+
+def _too_large(guard: HttpGuard) -> str:
+    return f"the request body is larger than this server's limit of {guard.max_body_bytes} bytes"
 
 
 async def _json_body(request: web.Request) -> Any:
-    try:
-        return await request.json()
-    except ValueError as exc:  # includes UnicodeDecodeError and over-long integer literals
-        raise RequestError(f"the request body must be JSON ({exc})") from None
+    raw = await _read_body(request)
+    return await asyncio.get_running_loop().run_in_executor(request.app[PARSER_KEY], decode_json, raw)
 
 
 async def _json_or_empty(request: web.Request) -> dict[str, Any]:
     """Control endpoints take an optional JSON object; anything else is a client error."""
     if not request.can_read_body:
         return {}
-    if not (await request.read()).strip():
+    if not (await _read_body(request)).strip():
         return {}
     body = await _json_body(request)
     if not isinstance(body, dict):
@@ -594,8 +715,84 @@ async def client_errors(request: web.Request, handler: Any) -> web.StreamRespons
     try:
         return await handler(request)
     except RequestError as exc:
-        logger.debug("400 on %s: %s", request.path, exc)
-        return _bad_request(str(exc))
+        logger.debug("%d on %s: %s", exc.status, request.path, exc)
+        response = _error(str(exc), exc.status)
+        if exc.close:
+            response.force_close()
+        return response
+
+
+def _host_name(header: str) -> str:
+    """A Host header's host: lower case, without the port, brackets or one trailing dot."""
+    value = header.strip().lower()
+    if value.startswith("["):
+        end = value.find("]")
+        return value[1:end] if end > 0 else value
+    if value.count(":") == 1:
+        value = value.split(":", 1)[0]
+    return value[:-1] if value.endswith(".") else value
+
+
+def host_allowed(header: str, allowed: frozenset[str]) -> bool:
+    """IP literals, localhost and the configured names. A rebinding page can make its own
+    name resolve to us but cannot make the browser send an IP literal or "localhost"."""
+    name = _host_name(header)
+    if not name:
+        return False
+    if name in LOOPBACK_NAMES or name in allowed:
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def normalize_origin(origin: str) -> str:
+    return origin.strip().lower().rstrip("/")
+
+
+def http_guard(guard: HttpGuard) -> Any:
+    """Middleware: refuse what browsers send on a web page's behalf (see the module docstring)."""
+
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        hosts = request.headers.getall("Host", [])
+        if len(hosts) > 1:
+            return _error("more than one Host header", 400)
+        if hosts and not host_allowed(hosts[0], guard.allowed_hosts):
+            return _error(
+                f"Host {_show(hosts[0])} is not a name of this server (a guard against DNS rebinding): connect by "
+                "IP address or localhost, or start rollhub serve with --allowed-host NAME",
+                403,
+            )
+        origins = request.headers.getall("Origin", [])
+        if origins and not all(normalize_origin(o) in guard.allowed_origins for o in origins):
+            return _error(
+                f"requests from web pages are refused (Origin {_show(origins[0])}); "
+                "allow one with rollhub serve --allowed-origin URL",
+                403,
+            )
+        sites = request.headers.getall("Sec-Fetch-Site", [])
+        if not origins and any(site.strip().lower() != "none" for site in sites):
+            return _error(f"requests from web pages are refused (Sec-Fetch-Site {_show(sites[0])})", 403)
+        if request.method not in BODYLESS_METHODS:
+            # a body must be declared JSON; a POST without one (SGLang's `curl -X POST .../flush_cache`)
+            # only must not claim a type a web page can send without a CORS preflight
+            types = [t.split(";", 1)[0].strip().lower() for t in request.headers.getall("Content-Type", [])]
+            empty = request.content_length in (None, 0) and "Transfer-Encoding" not in request.headers
+            if (types != ["application/json"] and not empty) or any(t in CORS_SIMPLE_TYPES for t in types):
+                return _error("send the body as JSON with the header 'Content-Type: application/json'", 415)
+            encodings = request.headers.getall("Content-Encoding", [])
+            if any(e.strip().lower() not in ("", "identity") for e in encodings):  # a small gzip can inflate a lot
+                return _error("compressed request bodies are not accepted; send plain JSON", 415)
+        if request.content_length is not None and request.content_length > guard.max_body_bytes:
+            response = _error(_too_large(guard), 413)
+            response.force_close()  # its body is not read
+            return response
+        return await handler(request)
+
+    return check
 
 
 def bearer_auth(api_key: str) -> Any:
@@ -619,18 +816,50 @@ def bearer_auth(api_key: str) -> Any:
     return check
 
 
-def build_app(engine: HFEngine, *, api_key: str | None = None, weight_sync_timeout_s: float = 300.0) -> web.Application:
+def build_app(
+    engine: HFEngine,
+    *,
+    api_key: str | None = None,
+    weight_sync_timeout_s: float = 300.0,
+    allowed_hosts: Any = (),
+    allowed_origins: Any = (),
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+) -> web.Application:
     """The aiohttp app; the caller owns the engine (closed on app cleanup).
 
-    `api_key` (None or empty: no authentication) is required as a bearer token on every
-    endpoint but /health. `weight_sync_timeout_s` bounds joining a weight update group and
-    each broadcast of a distributed update (a trainer that never sends cannot wedge us).
+    `api_key` (None or empty: no authentication; `serve_forever` always passes one unless
+    told `--no-auth` on loopback) is required as a bearer token on every endpoint but /health.
+    `allowed_hosts` are host names besides IP literals and localhost that clients may use;
+    `allowed_origins` are web origins (scheme://host:port) whose pages may call us.
+    `weight_sync_timeout_s` bounds joining a weight update group and each broadcast of a
+    distributed update (a trainer that never sends cannot wedge us). The HTTP limits hold
+    for whichever runner serves the app (they travel as the app's handler arguments).
     """
-    middlewares = [bearer_auth(api_key)] if api_key else []
-    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[*middlewares, client_errors])
+    guard = HttpGuard(
+        allowed_hosts=frozenset(_host_name(h) for h in allowed_hosts),
+        allowed_origins=frozenset(normalize_origin(o) for o in allowed_origins),
+        max_body_bytes=int(max_body_bytes),
+        body_timeout_s=float(body_timeout_s),
+    )
+    auth = [bearer_auth(api_key)] if api_key else []
+    app = web.Application(
+        client_max_size=guard.max_body_bytes,
+        middlewares=[http_guard(guard), *auth, client_errors],
+        handler_args={
+            "keepalive_timeout": float(header_timeout_s),  # also closes a connection still sending its head
+            "lingering_time": 2.0,  # after a refused body, read (and drop) the rest this long, not aiohttp's 10 s
+            "max_headers": 64,
+            "max_line_size": 8190,
+            "max_field_size": 8190,
+        },
+    )
     app[ENGINE_KEY] = engine
     app[LIMITS_KEY] = limits_for(engine)
     app[WEIGHTS_KEY] = WeightReceiver(engine, weight_sync_timeout_s)
+    app[GUARD_KEY] = guard
+    app[PARSER_KEY] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollhub-serve-parse")
     app.router.add_post("/generate", handle_generate)
     app.router.add_post("/abort_request", handle_abort)
     app.router.add_post("/pause_generation", handle_pause)
@@ -649,10 +878,108 @@ def build_app(engine: HFEngine, *, api_key: str | None = None, weight_sync_timeo
 
     async def close_engine(app: web.Application) -> None:
         app[WEIGHTS_KEY].drop_group()
+        app[PARSER_KEY].shutdown(wait=False, cancel_futures=True)
         await app[ENGINE_KEY].close()
 
     app.on_cleanup.append(close_engine)
     return app
+
+
+@dataclass(frozen=True)
+class ServeKey:
+    """The key a `rollhub serve` process requires, and where it came from (never the key itself in logs)."""
+
+    key: str | None
+    source: str  # "--api-key", "ROLLHUB_API_KEY", a key file's path, or "none"
+    file: Path | None = None  # a key file this launch wrote (removed at exit when it is the default one)
+
+
+def is_loopback(host: str) -> bool:
+    name = _host_name(host)
+    if name in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def default_key_file(port: int) -> Path:
+    """Per user, not world-readable: $XDG_RUNTIME_DIR (a private tmpfs) or ~/.cache."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or str(Path.home() / ".cache")
+    return Path(base) / "rollhub" / f"serve-{port}.key"
+
+
+def _write_key_file(path: Path, key: str) -> None:
+    """Owner-only, created fresh (never through a link someone else planted)."""
+    from rollhub.core.errors import UserError
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise UserError(f"cannot write the API key file {path} ({exc}); pass --api-key-file PATH elsewhere") from None
+    with os.fdopen(fd, "w") as handle:
+        handle.write(key + "\n")
+
+
+def _read_key_file(path: Path) -> str:
+    from rollhub.core.errors import UserError
+
+    info = path.lstat()
+    if not path.is_file() or path.is_symlink():
+        raise UserError(f"the API key file {path} is not a regular file")
+    if info.st_mode & 0o077:
+        raise UserError(f"the API key file {path} can be read by other users; run 'chmod 600 {path}'")
+    key = path.read_text().strip()
+    if not key or any(c.isspace() for c in key):
+        raise UserError(f"the API key file {path} must hold one key on one line")
+    return key
+
+
+def serve_key(
+    api_key: str | None, *, key_file: str | Path | None, no_auth: bool, host: str, port: int = 30000
+) -> ServeKey:
+    """The key `rollhub serve` requires: --api-key, else an existing --api-key-file, else
+    ROLLHUB_API_KEY, else a fresh per-launch key written to the key file (--api-key-file, or
+    a default per-user path) for clients to read. `no_auth` is refused beyond loopback."""
+    from rollhub.core.errors import UserError
+
+    if no_auth:
+        if api_key or key_file is not None:
+            raise UserError("--no-auth contradicts --api-key / --api-key-file; drop one")
+        if not is_loopback(host):
+            raise UserError(
+                f"--no-auth is only allowed on a loopback address (127.0.0.1, ::1, localhost), not {host}: "
+                f"anyone who can connect could load weights and pause the engine; drop --no-auth and give "
+                f"clients the key ({API_KEY_ENV})"
+            )
+        return ServeKey(None, "none")
+    if api_key:
+        return ServeKey(api_key, "--api-key")
+    if key_file is not None and Path(key_file).exists():
+        return ServeKey(_read_key_file(Path(key_file)), str(key_file))
+    if key_file is None and (from_env := resolve_api_key(None)):
+        return ServeKey(from_env, API_KEY_ENV)
+    path = Path(key_file) if key_file is not None else default_key_file(port)
+    if key_file is None and path.exists() or path.is_symlink():
+        path.unlink()  # the default file is per launch: a previous launch's key must not stay valid
+    key = secrets.token_urlsafe(32)
+    _write_key_file(path, key)
+    return ServeKey(key, str(path), file=path if key_file is None else None)
+
+
+def _raise_open_file_limit() -> None:
+    """Idle clients cost a descriptor each until the header timeout: allow as many as the hard limit."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        wanted = hard if hard != resource.RLIM_INFINITY else 1 << 16
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(wanted, 1 << 20), hard))
+    except (ImportError, ValueError, OSError) as exc:
+        logger.debug("could not raise the open file limit: %r", exc)
 
 
 def serve_forever(
@@ -663,6 +990,13 @@ def serve_forever(
     threads: int = 1,
     max_batch_size: int = 32,
     api_key: str | None = None,
+    api_key_file: str | Path | None = None,
+    no_auth: bool = False,
+    allowed_hosts: tuple[str, ...] = (),
+    allowed_origins: tuple[str, ...] = (),
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     seed: int = 0,
     device: str = "cpu",
     weight_sync_timeout_s: float = 300.0,
@@ -670,32 +1004,56 @@ def serve_forever(
 ) -> None:
     """Load the model and serve until interrupted (the `rollhub serve` command).
 
-    `api_key` None falls back to ROLLHUB_API_KEY; serving beyond loopback without one is
-    allowed (a trusted network) but warned about: anyone who can connect can load weights.
+    Always behind a key (see `serve_key`) unless `no_auth` on loopback; the key is never
+    printed, only where it came from. A host name clients may use is allowed besides IP
+    literals and localhost: the listening name and this machine's name when not loopback.
     """
-    from pathlib import Path
-
     from rollhub.core.errors import UserError
 
     if not (Path(model_path) / "config.json").exists():
         raise UserError(
             f"{model_path} is not a model directory; create one with 'rollhub model init-tiny --out {model_path}'"
         )
+    if max_body_bytes < 1024 or header_timeout_s <= 0 or body_timeout_s <= 0:
+        raise UserError("--max-body-mb, --header-timeout-s and --body-timeout-s must be positive (body >= 1 KiB)")
+    chosen = serve_key(api_key, key_file=api_key_file, no_auth=no_auth, host=host, port=port)
+    names = set(allowed_hosts)
+    if not is_loopback(host):
+        import socket
+
+        names.add(socket.gethostname())
+        if host not in ("0.0.0.0", "::", ""):
+            names.add(host)
     import torch
 
     torch.set_num_threads(threads)
+    _raise_open_file_limit()
     engine = build_engine(
         EngineConfig(threads=threads, max_batch_size=max_batch_size, seed=seed, dtype=dtype), model_path, device=device
     )
-    api_key = resolve_api_key(api_key)
-    if not api_key and host not in ("127.0.0.1", "localhost", "::1"):
-        logger.warning(
-            "rollhub serve listens on %s without an API key: anyone who can connect can generate, "
-            "load weights and pause the engine; set --api-key or %s",
-            host,
-            API_KEY_ENV,
+    if chosen.key is None:
+        logger.warning("rollhub serve on %s WITHOUT authentication (--no-auth): any local user can load weights", host)
+        auth = "no authentication (--no-auth)"
+    elif chosen.file is not None or chosen.source not in ("--api-key", API_KEY_ENV):
+        auth = (
+            f"bearer token required; the key is in {chosen.source} "
+            f"(clients: export {API_KEY_ENV}=$(cat {chosen.source}))"
         )
-    auth = "bearer token required" if api_key else "no authentication"
+    else:
+        auth = f"bearer token required; the key from {chosen.source}"
     print(f"rollhub serve: {model_path} on http://{host}:{port} (SGLang-native /generate; {auth})", flush=True)
-    app = build_app(engine, api_key=api_key, weight_sync_timeout_s=weight_sync_timeout_s)
-    web.run_app(app, host=host, port=port, print=None)
+    app = build_app(
+        engine,
+        api_key=chosen.key,
+        weight_sync_timeout_s=weight_sync_timeout_s,
+        allowed_hosts=tuple(names),
+        allowed_origins=allowed_origins,
+        max_body_bytes=max_body_bytes,
+        header_timeout_s=header_timeout_s,
+        body_timeout_s=body_timeout_s,
+    )
+    try:
+        web.run_app(app, host=host, port=port, print=None)
+    finally:
+        if chosen.file is not None:
+            chosen.file.unlink(missing_ok=True)

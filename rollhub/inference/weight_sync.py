@@ -128,6 +128,77 @@ def read_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
+# --- checking weights before they reach a served model ---------------------------------------
+
+#: safetensors' dtype tags for the dtypes a weight update may carry
+_SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+
+WeightSpecs = Mapping[str, tuple[tuple[int, ...], Any]]  # name -> (shape, dtype) of the served model
+
+
+def check_spec(name: Any, shape: tuple[int, ...], dtype: str, specs: WeightSpecs) -> None:
+    """One tensor's name, shape and dtype against the served model: the name must be known,
+    the shape exact (a row that torch would broadcast over a matrix is refused) and the
+    dtype one a model is served in."""
+    if name not in specs:
+        raise ValueError(f"unknown parameter name {str(name)[:80]!r}: not in the served model")
+    expected = tuple(specs[name][0])
+    if tuple(shape) != expected:
+        raise ValueError(f"shape of {name} must be {list(expected)}, got {list(shape)}")
+    if dtype not in BROADCAST_DTYPES:
+        raise ValueError(f"{name}: dtype must be one of {list(BROADCAST_DTYPES)}, got {dtype}")
+
+
+def check_weights(tensors: Mapping[str, torch.Tensor], specs: WeightSpecs) -> None:
+    """A whole update, checked before any of it is applied: at least one tensor, every one
+    known, of the exact shape, a served dtype, and finite (NaN weights decode garbage for
+    every request, and nothing downstream would notice)."""
+    import torch
+
+    if not tensors:
+        raise ValueError("the update holds no tensors")
+    for name, tensor in tensors.items():
+        check_spec(name, tuple(tensor.shape), dtype_name(tensor.dtype), specs)
+        if not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"{name} holds NaN or infinite values")
+
+
+def read_checked_checkpoint(path: str | Path, specs: WeightSpecs) -> dict[str, torch.Tensor]:
+    """The *.safetensors tensors of a checkpoint folder, checked like a distributed update.
+
+    Names, shapes and dtypes are read from the file headers and checked before any tensor is
+    loaded (a wrong shape costs no memory); a name in two files is refused, not silently
+    overwritten; values are checked for NaN and infinity once loaded. Raises ValueError."""
+    from safetensors import SafetensorError, safe_open
+
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ValueError(f"{str(path)[:200]} is not a folder")
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no *.safetensors in {str(path)[:200]}")
+    owner: dict[str, str] = {}
+    tensors: dict[str, torch.Tensor] = {}
+    try:
+        for file in files:
+            with safe_open(str(file), framework="pt", device="cpu") as handle:
+                for name in handle.keys():
+                    if name in owner:
+                        raise ValueError(f"{name} is in both {owner[name]} and {file.name}")
+                    owner[name] = file.name
+                    piece = handle.get_slice(name)
+                    tag = piece.get_dtype()
+                    check_spec(name, tuple(piece.get_shape()), _SAFETENSORS_DTYPES.get(tag, tag), specs)
+        for file in files:
+            with safe_open(str(file), framework="pt", device="cpu") as handle:
+                for name in handle.keys():
+                    tensors[name] = handle.get_tensor(name)
+    except SafetensorError as exc:
+        raise ValueError(f"not a readable safetensors checkpoint ({str(exc)[:200]})") from None
+    check_weights(tensors, specs)
+    return tensors
+
+
 # --- the update process group ----------------------------------------------------------------
 
 

@@ -126,7 +126,7 @@ while [ "$round" -lt 200 ]; do
     case "$p" in 1|"$me"|"$idle") continue ;; esac
     { read -r s < "$d/stat"; } 2>/dev/null || continue
     set -- ${s##*) }
-    case "$1" in Z|X) continue ;; esac
+    case "$1" in X) continue ;; Z) [ "${18}" -gt 1 ] || continue ;; esac  # a Z leader with live threads
     kill -9 "$p" 2>/dev/null && hit=1
   done
   [ -n "$hit" ] || break
@@ -271,6 +271,7 @@ class DockerSandbox(Sandbox):
         self.image = image
         self.limits = limits
         self.user = user or SandboxUser()
+        self.image_id = ""  # the image's id at start (the tag may be rebuilt meanwhile)
         self._closed = False
         self._oom_kills_seen = 0
         self.exec_mode = limits.exec_mode or backend.exec_mode
@@ -290,12 +291,23 @@ class DockerSandbox(Sandbox):
 
     # ----------------------------------------------------------------- async interface
     async def exec(
-        self, cmd: str, timeout_s: float, workdir: str | None = None, env: dict[str, str] | None = None
+        self,
+        cmd: str,
+        timeout_s: float,
+        workdir: str | None = None,
+        env: dict[str, str] | None = None,
+        *,
+        user: str | None = None,
     ) -> ExecResult:
+        """`user` (a name or "uid[:gid]", "root"): run this one command as another user than the
+        sandbox's, through docker exec (the persistent shell runs as the sandbox's user). With no
+        capabilities, root cannot write the sandbox user's files nor signal its processes, and
+        the sandbox user cannot touch root's 0600/0700 files: what one leaves, the other's
+        commands cannot rewrite (e.g. a grader's files next to the code under test)."""
         if not math.isfinite(timeout_s) or timeout_s <= 0:
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s}")
         self._check_open()
-        return await self.backend._run_blocking(self._exec_blocking, cmd, timeout_s, workdir, env)
+        return await self.backend._run_blocking(self._exec_blocking, cmd, timeout_s, workdir, env, user)
 
     async def write_file(self, path: str, content: str | bytes) -> None:
         self._check_open()
@@ -407,14 +419,35 @@ class DockerSandbox(Sandbox):
             if response is not None:
                 response.close()
 
-    def _exec_blocking(self, cmd: str, timeout_s: float, workdir: str | None, env: dict[str, str] | None) -> ExecResult:
+    def _exec_blocking(
+        self, cmd: str, timeout_s: float, workdir: str | None, env: dict[str, str] | None, user: str | None = None
+    ) -> ExecResult:
         with self._exec_lock:
             self._check_open()
+            as_user = self._other_user(user)
+            if as_user is not None:
+                return self._exec_locked(cmd, timeout_s, workdir, env, as_user)
             if self.exec_mode == EXEC_PERSISTENT_SHELL:
                 result = self._exec_in_shell(cmd, timeout_s, workdir, env)
                 if result is not None:
                     return result
             return self._exec_locked(cmd, timeout_s, workdir, env)
+
+    def _other_user(self, user: str | None) -> SandboxUser | None:
+        """The user a command asked for when it is not the sandbox's own (None: the sandbox's)."""
+        if user is None or user == "auto":
+            return None
+        spec = _user_spec(user, {})
+        if spec == self.user.spec:
+            return None
+        try:
+            other = self.backend._resolve_user(self.id, self.image_id or f"container:{self.id}", spec)
+        except SandboxConfigError:
+            raise
+        except Exception as exc:
+            self._raise_if_container_dead_or_unreachable()
+            raise SandboxError(f"{self!r}: could not look up user {user!r}: {exc}") from exc
+        return None if other.uid == self.user.uid and other.gid == self.user.gid else other
 
     # ----------------------------------------------------------------- persistent shell
     def _start_shell(self) -> PersistentShell | None:
@@ -482,10 +515,10 @@ class DockerSandbox(Sandbox):
                         continue
                     raise SandboxError(f"{self!r}: its shell died twice before running a command") from None
                 return self._shell_killed_by_command(buffer, started)
-            except ShellProtocolError as exc:
+            except ShellProtocolError as exc:  # written into by the command's processes: its failure
                 self._drop_shell()
-                self._restart_shell_and_sweep()
-                raise SandboxError(f"{self!r}: the shell's stream is corrupt ({exc}); shell restarted") from None
+                buffer.append(f"\nrollhub: the shell's stream was written into ({exc}); shell restarted\n".encode())
+                return self._shell_killed_by_command(buffer, started)
             timed_out = outcome.timed_out
             oom_killed = outcome.exit_code == _SIGKILL_EXIT_CODE and not timed_out and self._new_oom_kill(outcome)
             output, truncated = buffer.text()
@@ -528,11 +561,19 @@ class DockerSandbox(Sandbox):
         self._oom_kills_seen = outcome.oom_kills
         return new_kill
 
-    def _exec_env(self, env: dict[str, str] | None) -> dict[str, str]:
-        return {"HOME": self.user.home, **(env or {})}
+    def _exec_env(self, env: dict[str, str] | None, user: SandboxUser | None = None) -> dict[str, str]:
+        return {"HOME": (user or self.user).home, **(env or {})}
 
-    def _exec_locked(self, cmd: str, timeout_s: float, workdir: str | None, env: dict[str, str] | None) -> ExecResult:
+    def _exec_locked(
+        self,
+        cmd: str,
+        timeout_s: float,
+        workdir: str | None,
+        env: dict[str, str] | None,
+        user: SandboxUser | None = None,
+    ) -> ExecResult:
         errors = _docker_errors()
+        user = user or self.user
         api = self.backend.api
         # `exec 2>&1` merges stderr into stdout inside the shell: Docker carries the two as
         # separate streams and does not keep their relative order. The wrapper (see
@@ -547,8 +588,8 @@ class DockerSandbox(Sandbox):
                 stdout=True,
                 stderr=True,
                 workdir=workdir,
-                environment=self._exec_env(env),
-                user=self.user.spec,
+                environment=self._exec_env(env, user),
+                user=user.spec,
             )["Id"]
             stream = open_exec_stream(api, exec_id)
         except errors.APIError as exc:
@@ -579,7 +620,7 @@ class DockerSandbox(Sandbox):
             timed_out = exit_code in _TIMEOUT_EXIT_CODES and duration_s >= timeout_s
             oom_killed = exit_code == _SIGKILL_EXIT_CODE and not timed_out and self._saw_new_oom_kill()
             if exit_code >= 128:  # the wrapper itself may have been killed before its sweep
-                self._sweep()
+                self._sweep(user)
         except SandboxError:
             raise
         except Exception as exc:  # the engine lost the exec or the container under us
@@ -616,10 +657,12 @@ class DockerSandbox(Sandbox):
             reason = " (OOM-killed)" if state.get("OOMKilled") else ""
             raise SandboxError(f"{self!r} died during exec{reason}: exit {state.get('ExitCode')}")
 
-    def _sweep(self) -> None:
-        """Kill every process the last command left (the wrapper's sweep, as its own exec)."""
+    def _sweep(self, user: SandboxUser | None = None) -> None:
+        """Kill every process the last command left (the wrapper's sweep, as its own exec, as
+        the user the command ran as: another user's processes are out of its reach)."""
         api = self.backend.api
-        exec_id = api.exec_create(self.id, ["sh", "-c", _SWEEP], stdout=True, stderr=True, user=self.user.spec)["Id"]
+        spec = (user or self.user).spec
+        exec_id = api.exec_create(self.id, ["sh", "-c", _SWEEP], stdout=True, stderr=True, user=spec)["Id"]
         api.exec_start(exec_id)
 
     def _saw_new_oom_kill(self) -> bool:
@@ -906,6 +949,7 @@ class DockerBackend(SandboxBackend):
                 raise
             raise SandboxError(f"could not start a container from {image!r}: {exc}") from exc
         box = DockerSandbox(self, container_id, image, limits, user)
+        box.image_id = image_info["Id"]
         box.writable_dirs = tuple(sorted(writable)) if writable is not None else None
         with self._lock:
             closed = self._closed

@@ -8,6 +8,7 @@ thread forever; this one raises TimeoutError and lets the caller remove the cont
 from __future__ import annotations
 
 import select
+import socket
 import struct
 import time
 from typing import Any
@@ -139,6 +140,14 @@ class ExecStream:
         """Write to the exec's stdin (exec created with stdin=True)."""
         target = self.raw if hasattr(self.raw, "sendall") else self.sock
         target.sendall(data)
+
+    def close_stdin(self) -> None:
+        """End the exec's stdin but keep reading its output (the engine closes the process's
+        stdin when the client half-closes the hijacked connection)."""
+        try:
+            self.raw.shutdown(socket.SHUT_WR)
+        except (OSError, AttributeError):
+            pass
 
     def stderr_text(self) -> str:
         return bytes(self._stderr).decode("utf-8", "replace")

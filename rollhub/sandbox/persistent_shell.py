@@ -40,6 +40,8 @@ Controller → host frames:
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
 import secrets
@@ -49,11 +51,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollhub.sandbox.exec_stream import ExecStream, open_exec_stream
+from rollhub.sandbox.output_buffer import HeadTailBuffer
 
 logger = logging.getLogger(__name__)
 
 FRAME_HEADER = struct.Struct(">cI")
 REQUEST_HEADER = struct.Struct(">I")
+SEQ = struct.Struct(">Q")
+#: Bytes of the per-start key the host sends once the controller is non-dumpable, and of each frame's tag.
+KEY_BYTES = 32
+TAG_BYTES = 16
+#: The one unauthenticated frame (ready, before the key) is small.
+MAX_READY_BYTES = 4096
 #: Frames from the controller are at most this big (output is sent in 64 KiB chunks).
 MAX_FRAME_BYTES = 1 << 20
 #: Largest request (command text plus env) the controller accepts.
@@ -63,16 +72,24 @@ MAX_REQUEST_BYTES = 16 << 20
 # (no f-strings, no walrus), standard library only. It is not a secret: the only secret is
 # each command's token, which lives in its memory (unreadable: it is non-dumpable).
 CONTROLLER_SOURCE = r"""
-import ctypes, json, os, select, signal, struct, sys, time
+import ctypes, os, sys
 
-def setup():
+def become_non_dumpable():
+    # First of all, before any other import: from here on no process of the sandbox can open
+    # /proc/<this>/fd/*, read its memory or ptrace it. Nothing has been read yet.
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE 0: no /proc/<pid>/fd, mem, ptrace
+        if libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE 0
             raise OSError(ctypes.get_errno(), "prctl")
     except Exception as exc:
         os.write(2, ("rollhub-shell: cannot make itself non-dumpable: %r\n" % (exc,)).encode())
-        sys.exit(3)
+        os._exit(3)
+
+become_non_dumpable()
+
+import hashlib, json, select, signal, struct, time
+
+def setup():
     def ignore(signum, frame):
         pass
     for name in ("SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGALRM"):
@@ -83,8 +100,19 @@ def write_all(fd, data):
     while view:
         view = view[os.write(fd, view):]
 
+# Every frame after the ready frame carries a tag: keyed BLAKE2b over its sequence number,
+# header and payload, with the key the host sent after this process became non-dumpable.
+# Bytes anyone else writes into the stream fail the check (and cannot be replayed).
+mac_key = None
+mac_seq = 0
+
 def frame(kind, payload):
-    write_all(1, struct.pack(">cI", kind, len(payload)) + payload)
+    global mac_seq
+    data = struct.pack(">cI", kind, len(payload)) + payload
+    if mac_key is not None:
+        data += hashlib.blake2b(struct.pack(">Q", mac_seq) + data, key=mac_key, digest_size=16).digest()
+        mac_seq += 1
+    write_all(1, data)
 
 def read_exact(size):
     chunks, left = [], size
@@ -120,15 +148,19 @@ def find_idle():
     return best
 
 def sweep(keep):
-    # Kill every process but the init, the idle command and this one; repeat until a round
-    # kills nothing (a fork bomb keeps forking while it is being killed).
+    # Kill every process but the init, the idle command and this one, whatever its process
+    # group or session (setsid daemons, double-forked orphans, thread groups whose leader
+    # exited); repeat until a round kills nothing (a fork bomb forks while being killed).
     for _round in range(200):
         hit = False
         for pid in pids():
             if pid in keep:
                 continue
             try:
-                if proc_stat(pid)[0] in (b"Z", b"X"):
+                fields = proc_stat(pid)
+                # A zombie is skipped only when its whole thread group is dead: a leader that
+                # ended with pthread_exit / SYS_exit while other threads run shows as Z too.
+                if fields[0] == b"X" or (fields[0] == b"Z" and int(fields[17]) <= 1):
                     continue
                 os.kill(pid, signal.SIGKILL)
                 hit = True
@@ -197,12 +229,14 @@ def run(request, base_env, keep, devnull):
     env = dict(base_env)
     env.update(request.get("env") or {})
     timeout_s = float(request["timeout_s"])
-    workdir = request.get("workdir")
-    if workdir:  # the controller is single-threaded: change its own cwd for the spawn
-        try:
-            os.chdir(workdir)
-        except OSError as exc:
-            return refuse(request["token"], 126, "chdir to %s failed: %s\n" % (workdir, exc.strerror))
+    # The controller is single-threaded: it changes its own cwd for the spawn, every time
+    # (the command's folder may have been removed or replaced since). It never needs a
+    # working directory of its own, so a removed one cannot stop it.
+    workdir = request.get("workdir") or home_dir
+    try:
+        os.chdir(workdir)
+    except OSError as exc:
+        return refuse(request["token"], 126, "chdir to %s failed: %s\n" % (workdir, exc.strerror))
     read_end, write_end = os.pipe()
     started = time.monotonic()
     frame(b"S", b"")  # before the spawn: the command may kill this process at once
@@ -213,9 +247,6 @@ def run(request, base_env, keep, devnull):
         os.close(write_end)
         reason = exc.strerror if isinstance(exc, OSError) else str(exc)
         return refuse(request["token"], 127, "%s: %s\n" % (request["argv"][0], reason), started=True)
-    finally:
-        if workdir:
-            os.chdir(home_dir)
     os.close(write_end)
     pidfd = None
     if hasattr(os, "pidfd_open"):
@@ -281,18 +312,37 @@ def run(request, base_env, keep, devnull):
         reply["oom_kills"] = oom_kills()
     frame(b"X", json.dumps(reply).encode())
 
+def host_gone():
+    # The host closed our stdin before we said a word: it gave up on this start (a start
+    # slower than its timeout). Sweeping now could kill what it runs instead.
+    poller = select.poll()
+    poller.register(0, select.POLLIN)
+    events = poller.poll(0)
+    return bool(events) and not events[0][1] & select.POLLIN
+
 def main():
+    global home_dir, mac_key
     setup()
     base_env = dict(os.environ)
     base_env.pop("PWD", None)  # the launching sh's; the command's shell sets its own
     if sys.argv[1:2] == ["unset"]:  # Python may add LC_CTYPE (locale coercion): undo it
         base_env.pop("LC_CTYPE", None)
+    home_dir = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] else "/"  # where a command without workdir runs
     devnull = os.open(os.devnull, os.O_RDWR)
-    global home_dir
-    home_dir = os.getcwd()  # the image's working directory: where a command without workdir runs
     keep = set([1, os.getpid(), find_idle()])
-    # No sweep here: a controller whose start the host gave up on must not kill whatever
-    # runs later. After a restart the host asks for one ({"sweep": true}) and waits for it.
+    if host_gone():
+        return
+    # Whatever a command left (one that killed the last controller may still run) could have
+    # opened this process's stdin or stdout before it became non-dumpable: it dies before
+    # anything is read or written.
+    sweep(keep)
+    frame(b"R", json.dumps({"pid": os.getpid()}).encode())
+    header = read_exact(4)
+    if header is None or struct.unpack(">I", header)[0] != 32:
+        return
+    mac_key = read_exact(32)
+    if mac_key is None:
+        return
     frame(b"H", json.dumps({"pid": os.getpid()}).encode())
     while True:
         header = read_exact(4)
@@ -321,8 +371,8 @@ main()
 # was set, since Python's locale coercion may add it to its environment.
 LAUNCHER = (
     'if [ -n "${LC_CTYPE+x}" ]; then lc=set; else lc=unset; fi; '
-    'for p in /usr/bin/python3 /usr/local/bin/python3; do [ -x "$p" ] && exec "$p" -I -S -c "$1" "$lc"; done; '
-    'exec python3 -I -S -c "$1" "$lc"'
+    'for p in /usr/bin/python3 /usr/local/bin/python3; do [ -x "$p" ] && exec "$p" -I -S -c "$1" "$lc" "$2"; done; '
+    'exec python3 -I -S -c "$1" "$lc" "$2"'
 )
 
 
@@ -355,33 +405,67 @@ class PersistentShell:
     """The host side of one container's controller. Not thread-safe: the sandbox's exec lock
     serialises every use."""
 
-    def __init__(self, stream: ExecStream, pid: int):
+    def __init__(self, stream: ExecStream, key: bytes):
         self.stream = stream
-        self.pid = pid
+        self.pid = 0  # the controller's, as it says (tests use it; nothing depends on it)
+        self._key = key
+        self._seq = 0  # of the next authenticated frame
 
     @classmethod
     def start(
         cls, api: Any, container_id: str, user_spec: str, environment: dict[str, str], timeout_s: float
     ) -> PersistentShell:
-        """Start the controller and wait for its hello. ShellUnavailable when none comes."""
-        argv = ["/bin/sh", "-c", LAUNCHER, "rollhub-shell", CONTROLLER_SOURCE]
-        exec_id = api.exec_create(
-            container_id, argv, stdin=True, stdout=True, stderr=True, user=user_spec, environment=environment
-        )["Id"]
-        stream = open_exec_stream(api, exec_id, separate_stderr=True)
-        try:
-            kind, payload = _read_frame(stream, time.monotonic() + timeout_s)
-        except TimeoutError:
+        """Start the controller and wait for its hello. ShellUnavailable when none comes.
+
+        The exec runs in `/`, which always exists: the image's working directory (where a
+        command without workdir runs) may have been removed by a command, and the engine then
+        refuses the exec. A handshake something else wrote into is tried once more: the new
+        controller's first act was to kill every writer it may have had."""
+        deadline = time.monotonic() + timeout_s
+        home = _working_dir(api, container_id)
+        argv = ["/bin/sh", "-c", LAUNCHER, "rollhub-shell", CONTROLLER_SOURCE, home]
+        failure = "no attempt"
+        for _attempt in range(2):
+            exec_id = api.exec_create(
+                container_id,
+                argv,
+                stdin=True,
+                stdout=True,
+                stderr=True,
+                user=user_spec,
+                environment=environment,
+                workdir="/",
+            )["Id"]
+            stream = open_exec_stream(api, exec_id, separate_stderr=True)
+            shell = cls(stream, secrets.token_bytes(KEY_BYTES))
+            try:
+                shell._handshake(deadline)
+                return shell
+            except TimeoutError:
+                stream.close()
+                raise ShellUnavailable(f"no hello within {timeout_s:g}s") from None
+            except ShellProtocolError as exc:
+                failure = f"{exc}; {_leftover_text(stream)}"
+                logger.info("the handshake of a shell in %s was written into (%s)", container_id[:12], failure)
+            except (ShellLost, OSError) as exc:
+                failure = _leftover_text(stream) or f"{exc}"
+                stream.close()
+                raise ShellUnavailable(failure) from None
             stream.close()
-            raise ShellUnavailable(f"no hello within {timeout_s:g}s") from None
-        except (ShellLost, ShellProtocolError, OSError) as exc:
-            said = stream.stderr_text() or f"{exc}"
-            stream.close()
-            raise ShellUnavailable(said.strip()[-500:]) from None
+        raise ShellUnavailable(failure)
+
+    def _handshake(self, deadline: float) -> None:
+        """Ready frame (the controller is non-dumpable and has swept), then the key, then
+        the first authenticated frame. Anything else is refused, never interpreted: an
+        engine error ("OCI runtime exec failed: ...") is text on this stream too."""
+        kind, payload = self._read_frame(deadline, authenticated=False)
+        if kind != b"R":
+            raise ShellProtocolError(f"the first frame is {kind!r}, not the controller's ready frame")
+        self.stream.send(REQUEST_HEADER.pack(KEY_BYTES) + self._key)
+        kind, payload = self._read_frame(deadline)
         if kind != b"H":
-            stream.close()
-            raise ShellUnavailable(f"unexpected first frame {kind!r}")
-        return cls(stream, int(json.loads(payload)["pid"]))
+            raise ShellProtocolError(f"unexpected frame {kind!r} after the key")
+        self.pid = int(json.loads(payload)["pid"])
 
     def run(
         self,
@@ -394,7 +478,7 @@ class PersistentShell:
     ) -> ShellOutcome:
         """Run one command; its output goes to `sink.append`. Raises TimeoutError past
         `deadline` (monotonic), ShellLost (with whether the command had begun), or
-        ShellProtocolError."""
+        ShellProtocolError (a frame the controller did not write: the command's doing)."""
         token = secrets.token_hex(16)
         body = json.dumps(
             {"token": token, "argv": argv, "timeout_s": timeout_s, "workdir": workdir, "env": env}
@@ -408,7 +492,7 @@ class PersistentShell:
         started = False
         while True:
             try:
-                kind, payload = _read_frame(self.stream, deadline)
+                kind, payload = self._read_frame(deadline)
             except TimeoutError:  # an OSError too, but the caller's business: the deadline passed
                 raise
             except (ShellLost, OSError):  # a reset connection too: the command may have run
@@ -434,7 +518,7 @@ class PersistentShell:
         token = secrets.token_hex(16)
         body = json.dumps({"token": token, "sweep": True}).encode()
         self.stream.send(REQUEST_HEADER.pack(len(body)) + body)
-        kind, payload = _read_frame(self.stream, deadline)
+        kind, payload = self._read_frame(deadline)
         if kind != b"X" or json.loads(payload).get("token") != token:
             raise ShellProtocolError(f"unexpected reply {kind!r} to a sweep")
 
@@ -444,15 +528,45 @@ class PersistentShell:
     def close(self) -> None:
         self.stream.close()
 
+    def _read_frame(self, deadline: float, authenticated: bool = True) -> tuple[bytes, bytes]:
+        header = self.stream.read_exact(FRAME_HEADER.size, deadline)
+        if header is None:
+            raise ShellLost(False)
+        kind, size = FRAME_HEADER.unpack(header)
+        if size > (MAX_FRAME_BYTES if authenticated else MAX_READY_BYTES):
+            raise ShellProtocolError(f"frame of {size} bytes")
+        body = self.stream.read_exact(size + (TAG_BYTES if authenticated else 0), deadline)
+        if body is None:
+            raise ShellLost(False)
+        if not authenticated:
+            return kind, body
+        payload, tag = body[:size], body[size:]
+        if not hmac.compare_digest(tag, frame_tag(self._key, self._seq, header + payload)):
+            raise ShellProtocolError("a frame failed authentication: something else wrote into the shell's stream")
+        self._seq += 1
+        return kind, payload
 
-def _read_frame(stream: ExecStream, deadline: float) -> tuple[bytes, bytes]:
-    header = stream.read_exact(FRAME_HEADER.size, deadline)
-    if header is None:
-        raise ShellLost(False)
-    kind, size = FRAME_HEADER.unpack(header)
-    if size > MAX_FRAME_BYTES:
-        raise ShellProtocolError(f"frame of {size} bytes")
-    payload = stream.read_exact(size, deadline) if size else b""
-    if payload is None:
-        raise ShellLost(False)
-    return kind, payload
+
+def frame_tag(key: bytes, seq: int, frame: bytes) -> bytes:
+    """The controller's tag of its `seq`-th authenticated frame (header and payload)."""
+    return hashlib.blake2b(SEQ.pack(seq) + frame, key=key, digest_size=TAG_BYTES).digest()
+
+
+def _working_dir(api: Any, container_id: str) -> str:
+    """The image's working directory, where commands without a workdir run ("/" if none)."""
+    return api.inspect_container(container_id)["Config"].get("WorkingDir") or "/"
+
+
+def _leftover_text(stream: ExecStream, wait_s: float = 5.0) -> str:
+    """What else came on a stream whose handshake failed (stderr, an engine error written
+    on stdout), for the message only: it is never read as frames. Ends the controller's
+    stdin and waits (a while at most) for it to exit: a controller still sweeping would kill
+    the next one."""
+    sink = HeadTailBuffer(300)
+    stream.close_stdin()
+    try:
+        stream.read_until_eof(sink, time.monotonic() + wait_s)
+    except (TimeoutError, OSError):
+        pass
+    said = (stream.stderr_text() + " " + sink.text()[0]).strip()
+    return " ".join(said.split())[-500:]

@@ -89,11 +89,18 @@ class PooledSandbox(Sandbox):
         return f"Pooled({self.inner!r})"
 
     async def exec(
-        self, cmd: str, timeout_s: float, workdir: str | None = None, env: dict[str, str] | None = None
+        self,
+        cmd: str,
+        timeout_s: float,
+        workdir: str | None = None,
+        env: dict[str, str] | None = None,
+        *,
+        user: str | None = None,
     ) -> ExecResult:
         started = time.monotonic()
+        extra = {} if user is None else {"user": user}  # a per-command user: Docker sandboxes only
         try:
-            result = await self.inner.exec(cmd, timeout_s, workdir=workdir, env=env)
+            result = await self.inner.exec(cmd, timeout_s, workdir=workdir, env=env, **extra)
         except SandboxError:
             self.pool.metrics.exec_infra_failures += 1
             raise

@@ -17,6 +17,7 @@ from typing import Literal
 
 from rollhub.rollout.types import Group, Trajectory
 from rollhub.trainer.advantages import anchor_group_stats, gigpo_advantages, grpo_advantages
+from rollhub.trainer.losses import LossConfig
 from rollhub.trainer.policy import TokenBatch, collate
 
 
@@ -48,7 +49,9 @@ class AlgorithmConfig:
     episode_baseline: Literal["trajectory", "step_weighted"] = "trajectory"
     invalid_action_penalty: float = 0.0  # extra penalty (<= 0) on turns the env rejected
     drop_zero_advantage_groups: bool = False  # DAPO-style filter of groups with equal rewards
-    drop_zero_advantage_sequences: bool = False  # skip sequences whose tokens all have A = 0 (no gradient, full cost)
+    # skip sequences whose tokens all have A = 0 (no policy gradient, full cost); only while the loss has
+    # no KL or entropy term, which such a sequence still carries (see build_training_batch)
+    drop_zero_advantage_sequences: bool = False
     # a turn the env rejected gets min(A, invalid_action_penalty): never reinforced (see turn_advantages)
     cap_invalid_advantage: bool = True
     # a turn whose own env reward falls short of turn_bar gets turn_bar_weight * (reward - turn_bar)
@@ -161,7 +164,7 @@ def turn_advantages(trajectories: Sequence[Trajectory], algorithm: AlgorithmConf
 
 
 def build_training_batch(
-    groups: Sequence[Group], pad_token_id: int, algorithm: AlgorithmConfig
+    groups: Sequence[Group], pad_token_id: int, algorithm: AlgorithmConfig, *, loss: LossConfig | None = None
 ) -> tuple[TokenBatch | None, BatchStats]:
     """Token batch of all trainable trajectories in `groups` (None if nothing is left).
 
@@ -169,8 +172,12 @@ def build_training_batch(
     has advantage 0: their policy-gradient term is exactly zero, yet each costs a forward
     and backward pass (with a Markov agent every turn is its own sequence, and GiGPO with
     episode_weight 0 gives 0 to every turn whose anchor-state members all returned alike).
-    The aggregation then averages over the sequences that carry signal.
+    The aggregation then averages over the sequences that carry signal. Only the policy-gradient
+    term is zero, though: where `loss` has a KL or entropy term they are kept, so that the KL
+    anchor holds every sequence the policy sampled, not only the ones with signal (and the
+    aggregation is over all of them, as without the drop). `loss` None: a policy-gradient-only loss.
     """
+    drop_zero = algorithm.drop_zero_advantage_sequences and not (loss is not None and loss.has_other_terms)
     stats = BatchStats(groups=len(groups))
     sequences, token_advantages = [], []
     singleton_sum, size_sum, counted = 0.0, 0.0, 0
@@ -193,7 +200,7 @@ def build_training_batch(
             stats.trajectories += 1
             for seq in trajectory.packed_sequences():
                 row = [advantages[k] if k >= 0 else 0.0 for k in seq.turn_index]
-                if algorithm.drop_zero_advantage_sequences and all(abs(a) < 1e-12 for a in row):
+                if drop_zero and all(abs(a) < 1e-12 for a in row):
                     stats.dropped_sequences += 1
                     continue
                 sequences.append(seq)

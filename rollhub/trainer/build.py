@@ -207,7 +207,13 @@ def check_run_envs(config: RunConfig) -> None:
     from rollhub.envs.run_checks import check_run_envs as check
 
     config.env.kwargs, eval_kwargs = check(
-        config.env.id, config.env.kwargs, config.eval_env_id, config.eval_env_kwargs, demo_kwargs=config.sft.env_kwargs
+        config.env.id,
+        config.env.kwargs,
+        config.eval_env_id,
+        config.eval_env_kwargs,
+        demo_kwargs=config.sft.env_kwargs,
+        eval_seeds=config.eval.seeds,
+        train_seeds=config.train_seeds,
     )
     config.eval.env.id, config.eval.env.kwargs = config.eval_env_id, eval_kwargs
 

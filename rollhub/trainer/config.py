@@ -345,6 +345,9 @@ class RunConfig:
         if not self.run_dir.strip():
             raise ValueError("run_dir must name a folder")
         self._check_seed_ranges()
+        from rollhub.trainer.logprob_check import refuse_truncated_sampling_on_sglang
+
+        refuse_truncated_sampling_on_sglang(self)  # SGLang's log-probs ignore top-p/top-k
 
     @property
     def eval_env_id(self) -> str:

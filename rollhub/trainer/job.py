@@ -46,6 +46,7 @@ from rollhub.trainer.build import (
 from rollhub.trainer.config import RunConfig
 from rollhub.trainer.evaluate import EvalResult, evaluate_held_out
 from rollhub.trainer.learner import PolicyLearner
+from rollhub.trainer.logprob_check import version0_check
 from rollhub.trainer.ranks.group import RankGroup
 from rollhub.trainer.report import TrainingSummary, greedy_metrics, report
 from rollhub.trainer.rl_loop import AfterStep, LoopState, rl_loop
@@ -117,6 +118,7 @@ async def run_training(
     try:
         await start_engine(run.engine)  # launched servers up and ready before the first evaluation
         if checkpoint is None:
+            run.metrics_log.log(0, await version0_check(run))  # engine vs trainer log-probs at version 0
             warmstart = await evaluate_warm_start(run, print_fn=print_fn)
             if selector is not None:  # the warm-start is a candidate too: RL that only hurts hands it back
                 run.metrics_log.log(0, await validate(run, selector, 0, force=True))

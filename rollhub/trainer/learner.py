@@ -52,7 +52,9 @@ class PolicyLearner:
         consecutive batches, instead of training on nothing."""
         config = self.config
         # advantages per group, broadcast to response tokens
-        batch, stats = build_training_batch(groups, self.policy.tokenizer.pad_token_id, config.algorithm)
+        batch, stats = build_training_batch(
+            groups, self.policy.tokenizer.pad_token_id, config.algorithm, loss=config.loss
+        )
         self.failed_batches = self.failed_batches + 1 if batch_failed(groups, stats) else 0
         if config.rollout.max_failed_batches and self.failed_batches >= config.rollout.max_failed_batches:
             raise failed_batches_error(groups, self.failed_batches, config)

@@ -13,10 +13,16 @@ r would be 1 for every stale sample and nothing would be corrected (alibaba/ROLL
 A loss is chosen on two independent axes:
   * `objective`: one named function of `OBJECTIVES` (ppo: clip with optional dual clip;
     gspo, cispo, topr, reinforce), each giving the per-token loss before the weight w;
-  * `correction` of w: "tis" (truncate at C, detached), "mis" (mask tokens whose w leaves
-    the band [lo, hi], IcePop-style) or "none".
+  * `correction` of w: "tis" (truncate at C, detached), "mis" (keep w inside the band [lo, hi],
+    drop the token outside it, IcePop-style) or "none".
 `ppo` + `tis` with C = 2 is decoupled PPO, the default. Every tensor is [batch, time]
 with a 0/1 response mask; padding positions may hold anything finite.
+
+Where a paper fixes more than the per-token form, the objective brings it as its default:
+GSPO clips its sequence ratio at 3e-4 / 4e-4 and averages per sequence, TOPR sums each
+trajectory and corrects with its own truncated trajectory ratio (no w on top). Unset
+`aggregation` and `correction` take the objective's own; a setting that contradicts the
+paper's form is refused (README, "Losses": which paper each option follows).
 
 Aggregation takes an explicit normaliser (total tokens or sequences of the WHOLE batch),
 so micro-batches with gradient accumulation sum to exactly the full-batch loss.
@@ -33,25 +39,53 @@ import torch
 AggregationMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 Objective = Literal["ppo", "cispo", "topr", "gspo", "reinforce"]
 Correction = Literal["tis", "mis", "none"]
-KLEstimator = Literal["k3", "full"]
+KLEstimator = Literal["k3", "k2", "full"]
+
+#: each objective's aggregation as its paper writes it, taken when `aggregation` is unset: GRPO's
+#: token-mean successors (DAPO, CISPO) for the token-level objectives, GSPO's per-sequence mean,
+#: TOPR's per-trajectory sum
+DEFAULT_AGGREGATION: dict[str, AggregationMode] = {
+    "ppo": "token-mean",
+    "cispo": "token-mean",
+    "reinforce": "token-mean",
+    "gspo": "seq-mean-token-mean",
+    "topr": "seq-mean-token-sum",
+}
+#: the staleness correction taken when `correction` is unset; TOPR has its own (its trajectory ratio)
+DEFAULT_CORRECTION: dict[str, Correction] = {
+    "ppo": "tis",
+    "cispo": "tis",
+    "reinforce": "tis",
+    "gspo": "tis",
+    "topr": "none",
+}
 Proximal = Literal["recompute", "behaviour"]
 
 
 @dataclass
 class LossConfig:
     objective: Objective = "ppo"  # the per-token loss, one of OBJECTIVES: ppo, gspo, cispo, topr, reinforce
-    correction: Correction = "tis"  # weight pi_prox/mu: tis truncates at is_cap, mis masks outside the band
-    clip_low: float = 0.2  # PPO clip below: ratio >= 1 - clip_low
+    # weight pi_prox/mu: tis truncates at is_cap, mis keeps w inside the band and drops the token outside;
+    # null = the objective's own (DEFAULT_CORRECTION: tis, none for topr, which corrects with its own ratio)
+    correction: Correction | None = None
+    clip_low: float = 0.2  # PPO / CISPO clip below: ratio >= 1 - clip_low
     clip_high: float = 0.28  # "clip-higher" (DAPO); set equal to clip_low for symmetric PPO
     dual_clip: float | None = 3.0  # lower bound c*A on the objective of negative-advantage tokens; None = off
+    # GSPO's clip of its sequence ratio (a geometric mean of token ratios, so far tighter than PPO's)
+    gspo_clip_low: float = 3e-4
+    gspo_clip_high: float = 4e-4
     is_cap: float = 2.0  # C for "tis"
     mis_low: float = 0.5  # band for "mis"
     mis_high: float = 2.0  # upper end of the "mis" band
-    aggregation: AggregationMode = "token-mean"  # per-token losses to one number over the whole batch (see aggregate)
-    kl_coef: float = 0.0  # KL(pi_theta || reference) penalty (needs a reference policy)
-    # k3: sampled-token estimate (cheap, blind to mass moving onto tokens never sampled);
-    # full: exact sum over the vocabulary at each response position, which also sees
-    # probability leaking onto malformed answers before they are ever sampled
+    # per-token losses to one number over the whole batch (see aggregate); null = the objective's own
+    # (DEFAULT_AGGREGATION: token-mean, seq-mean-token-mean for gspo, seq-mean-token-sum for topr)
+    aggregation: AggregationMode | None = None
+    kl_coef: float = 0.0  # KL penalty to the reference policy (needs a reference policy)
+    # k3: sampled-token estimate of KL(pi || ref), whose gradient as a loss is that of KL(ref || pi)
+    #     (the GRPO paper's term); cheap, blind to mass moving onto tokens never sampled;
+    # k2: sampled-token (log pi - log ref)^2 / 2, whose gradient is exactly that of KL(pi || ref);
+    # full: exact KL(pi || ref) summed over the vocabulary at each response position, which also
+    #     sees probability leaking onto malformed answers before they are ever sampled
     kl_estimator: KLEstimator = "k3"
     # > 0: entropy bonus (exploration); < 0: entropy penalty, which sharpens a policy that is
     # scored by sampling at T = 1 toward its own most likely answers (needs per-token entropy)
@@ -59,13 +93,31 @@ class LossConfig:
     # pi_prox of PPO mini-batching: "recompute" = the trainer's weights at step start (one
     # no-grad pass over the batch; decoupled PPO); "behaviour" = the engine's mu, i.e.
     # plain PPO clipped against the sampling policy, no extra pass. Worth it only where
-    # mu and the trainer barely differ (staleness <= 1 version, same numerics)
+    # mu and the trainer barely differ (few versions of staleness, same numerics)
     proximal: Proximal = "recompute"
+
+    @property
+    def aggregation_mode(self) -> AggregationMode:
+        """`aggregation`, or the objective's own when unset."""
+        return self.aggregation or DEFAULT_AGGREGATION.get(self.objective, "token-mean")
+
+    @property
+    def correction_mode(self) -> Correction:
+        """`correction`, or the objective's own when unset."""
+        return self.correction or DEFAULT_CORRECTION.get(self.objective, "tis")
+
+    @property
+    def has_other_terms(self) -> bool:
+        """The loss has a term besides the policy gradient (KL or entropy), which a sequence with
+        advantage 0 still carries."""
+        return self.kl_coef > 0 or self.entropy_coef != 0
 
     def validate(self) -> None:
         # written `not (in range)` so that nan fails too (the loader refuses it; direct construction does not)
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
             raise ValueError("clip_low must be in [0, 1) and clip_high >= 0")
+        if not (0 <= self.gspo_clip_low < 1 and self.gspo_clip_high >= 0):
+            raise ValueError("gspo_clip_low must be in [0, 1) and gspo_clip_high >= 0 (paper: 3e-4 and 4e-4)")
         if self.dual_clip is not None and not self.dual_clip > 1:
             raise ValueError("dual_clip must be > 1 (usually 3) or null")
         if not self.is_cap > 0:
@@ -76,6 +128,16 @@ class LossConfig:
             raise ValueError("kl_coef must be >= 0")
         if not -1 <= self.entropy_coef <= 1:
             raise ValueError("entropy_coef must be in [-1, 1] (> 0: bonus, < 0: penalty; usually |c| <= 0.05)")
+        if self.objective == "gspo" and self.aggregation not in (None, "seq-mean-token-mean"):
+            raise ValueError(
+                f"objective gspo averages each sequence's tokens, then the sequences (seq-mean-token-mean); "
+                f"aggregation {self.aggregation} would weigh sequences by their length: leave loss.aggregation unset"
+            )
+        if self.objective == "topr" and self.correction not in (None, "none"):
+            raise ValueError(
+                f"objective topr corrects with its own truncated trajectory ratio pi/mu; correction "
+                f"{self.correction} would weigh its tokens again (above TOPR's cap of 1): leave loss.correction unset"
+            )
 
 
 @dataclass
@@ -140,13 +202,17 @@ def ppo_clip_loss(
 def behaviour_weight(
     prox_logp: torch.Tensor, behaviour_logp: torch.Tensor, correction: Correction, cap: float, band: tuple[float, float]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The detached staleness weight applied to each token, and the raw w = pi_prox/mu."""
+    """The detached staleness weight applied to each token, and the raw w = pi_prox/mu.
+
+    tis: min(w, cap); mis: w inside the band, 0 outside (IcePop: the band only decides which
+    tokens are trusted, the kept ones are still importance-weighted); none: 1.
+    """
     raw = torch.exp((prox_logp - behaviour_logp).detach().clamp(max=20.0))
     if correction == "tis":
         return raw.clamp(max=cap), raw
     if correction == "mis":
         keep = (raw >= band[0]) & (raw <= band[1])
-        return keep.to(raw.dtype), raw
+        return torch.where(keep, raw, torch.zeros_like(raw)), raw
     if correction == "none":
         return torch.ones_like(raw), raw
     raise ValueError(f"unknown correction {correction!r}")
@@ -160,12 +226,12 @@ def gspo_token_ratio(logp: torch.Tensor, prox_logp: torch.Tensor, mask: torch.Te
 
 
 # --- the objectives -----------------------------------------------------------------------
-# Each takes (logp, prox_logp, ratio = pi_theta / pi_prox, advantages, mask, config) and returns the
-# per-token loss before the staleness weight w, and a 0/1 mark of the tokens whose gradient
-# the objective's clip removed (the clip-fraction metric).
+# Each takes (logp, prox_logp, behaviour_logp, ratio = pi_theta / pi_prox, advantages, mask, config)
+# and returns the per-token loss before the staleness weight w, and a 0/1 mark of the tokens whose
+# gradient the objective's clip removed (the clip-fraction metric).
 
 ObjectiveFn = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, LossConfig],
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, LossConfig],
     tuple[torch.Tensor, torch.Tensor],
 ]
 
@@ -173,6 +239,7 @@ ObjectiveFn = Callable[
 def ppo_objective(
     logp: torch.Tensor,
     prox_logp: torch.Tensor,
+    behaviour_logp: torch.Tensor,
     ratio: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
@@ -185,19 +252,23 @@ def ppo_objective(
 def gspo_objective(
     logp: torch.Tensor,
     prox_logp: torch.Tensor,
+    behaviour_logp: torch.Tensor,
     ratio: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
     config: LossConfig,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """GSPO: the clip on one ratio per sequence (the geometric mean of its tokens'), no dual clip."""
+    """GSPO: the clip on one ratio per sequence (the geometric mean of its tokens'), at GSPO's own
+    range (`gspo_clip_low/high`), no dual clip. The GSPO-token form: with one advantage per
+    sequence its value and gradient are the paper's sequence-level ones."""
     seq_ratio = gspo_token_ratio(logp, prox_logp, mask)
-    return ppo_clip_loss(seq_ratio, advantages, config.clip_low, config.clip_high, None)
+    return ppo_clip_loss(seq_ratio, advantages, config.gspo_clip_low, config.gspo_clip_high, None)
 
 
 def cispo_objective(
     logp: torch.Tensor,
     prox_logp: torch.Tensor,
+    behaviour_logp: torch.Tensor,
     ratio: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
@@ -212,22 +283,27 @@ def cispo_objective(
 def topr_objective(
     logp: torch.Tensor,
     prox_logp: torch.Tensor,
+    behaviour_logp: torch.Tensor,
     ratio: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
     config: LossConfig,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """TOPR: positive samples get the plain policy gradient (SFT-like), negative ones a truncated IS weight
-    clamp(r, 0, 1)."""
-    negative_weight = ratio.detach().clamp(0.0, 1.0)
+    """TOPR: positive samples get the plain policy gradient (SFT-like), negative ones the weight
+    clamp(pi(tau) / mu(tau), 0, 1) of their whole trajectory (the packed sequence), against the
+    sampling policy mu itself; the sign is the token's advantage (the paper's baselined reward)."""
+    m = mask.to(logp.dtype)
+    log_ratio = ((logp.detach() - behaviour_logp) * m).sum(-1, keepdim=True)
+    negative_weight = torch.exp(log_ratio.clamp(max=0.0)).expand_as(logp)
     per_token = torch.where(advantages > 0, -advantages * logp, -negative_weight * advantages * logp)
-    clipped = ((advantages <= 0) & (ratio.detach() > 1.0)).to(ratio.dtype)
+    clipped = ((advantages <= 0) & (log_ratio > 0)).to(ratio.dtype)
     return per_token, clipped
 
 
 def reinforce_objective(
     logp: torch.Tensor,
     prox_logp: torch.Tensor,
+    behaviour_logp: torch.Tensor,
     ratio: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
@@ -248,9 +324,28 @@ OBJECTIVES: dict[str, ObjectiveFn] = {
 
 
 def k3_kl(logp: torch.Tensor, reference_logp: torch.Tensor) -> torch.Tensor:
-    """k3 estimator of KL(pi || ref) per token: exp(d) - d - 1 with d = log ref - log pi (>= 0, low variance)."""
+    """k3 per token: exp(d) - d - 1 with d = log ref - log pi (>= 0, low variance).
+
+    On tokens sampled from pi its value estimates KL(pi || ref) without bias, but as a loss its
+    gradient (1 - ref/pi) grad log pi has the expectation of the gradient of the FORWARD
+    KL(ref || pi), as in the GRPO paper; `k2_kl` is the estimator whose gradient is the reverse KL's.
+    """
     d = (reference_logp - logp).clamp(-20.0, 20.0)
     return torch.exp(d) - d - 1.0
+
+
+def k2_kl(logp: torch.Tensor, reference_logp: torch.Tensor) -> torch.Tensor:
+    """k2 per token: (log pi - log ref)^2 / 2.
+
+    Its value is a biased estimate of the KL, but as a loss on tokens sampled from pi its gradient
+    (log pi - log ref) grad log pi has exactly the expectation of the gradient of the reverse
+    KL(pi || ref), the penalty `full_kl` computes exactly.
+    """
+    d = (logp - reference_logp).clamp(-20.0, 20.0)
+    return 0.5 * d * d
+
+
+SAMPLED_KL: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {"k3": k3_kl, "k2": k2_kl}
 
 
 def full_kl(logp_full: torch.Tensor, reference_full: torch.Tensor) -> torch.Tensor:
@@ -274,36 +369,43 @@ def policy_loss(
     """The training loss of one (micro-)batch and its off-policy health metrics.
 
     The KL term uses `kl_tokens` (per-token KL values with gradient, e.g. `full_kl`
-    scattered onto the response positions) when given, else k3 from `reference_logp`.
+    scattered onto the response positions) when given, else `config.kl_estimator` (k3 or k2)
+    from `reference_logp`. TOPR takes no staleness weight: its own ratio is against mu.
     """
     mask_f = mask.to(logp.dtype)
+    aggregation = config.aggregation_mode
+    correction = config.correction_mode
     normaliser = normaliser or BatchNormaliser.from_mask(mask_f)
     objective = OBJECTIVES.get(config.objective)
     if objective is None:
         raise ValueError(f"unknown objective {config.objective!r} (one of {', '.join(OBJECTIVES)})")
     weight, w_raw = behaviour_weight(
-        prox_logp, behaviour_logp, config.correction, config.is_cap, (config.mis_low, config.mis_high)
+        prox_logp, behaviour_logp, correction, config.is_cap, (config.mis_low, config.mis_high)
     )
+    if config.objective == "topr":  # its own ratio is against mu: a weight on top would exceed its cap of 1
+        weight = torch.ones_like(weight)
     ratio = torch.exp((logp - prox_logp).clamp(-20.0, 20.0))
-    per_token, clipped = objective(logp, prox_logp, ratio, advantages, mask_f, config)
+    per_token, clipped = objective(logp, prox_logp, behaviour_logp, ratio, advantages, mask_f, config)
     per_token = weight * per_token
-    loss = aggregate(per_token, mask_f, config.aggregation, normaliser)
+    loss = aggregate(per_token, mask_f, aggregation, normaliser)
     metrics: dict[str, float] = {}
     if config.kl_coef > 0:
         if kl_tokens is not None:
             kl = kl_tokens
         elif reference_logp is not None:
-            kl = k3_kl(logp, reference_logp)
+            estimator = SAMPLED_KL.get(config.kl_estimator)
+            if estimator is None:
+                raise ValueError(f"kl_estimator {config.kl_estimator!r} needs per-token KL values (kl_tokens)")
+            kl = estimator(logp, reference_logp)
         else:
             raise ValueError("kl_coef > 0 needs reference log-probs (or per-token KL values)")
-        loss = loss + config.kl_coef * aggregate(kl, mask_f, config.aggregation, normaliser)
-        metrics["kl_reference_full" if kl_tokens is not None else "kl_reference_k3"] = float(
-            _masked_mean(kl.detach(), mask_f)
-        )
+        loss = loss + config.kl_coef * aggregate(kl, mask_f, aggregation, normaliser)
+        name = "full" if kl_tokens is not None else config.kl_estimator
+        metrics[f"kl_reference_{name}"] = float(_masked_mean(kl.detach(), mask_f))
     if config.entropy_coef != 0:
         if entropy is None:
             raise ValueError("entropy_coef != 0 needs per-token entropy")
-        loss = loss - config.entropy_coef * aggregate(entropy, mask_f, config.aggregation, normaliser)
+        loss = loss - config.entropy_coef * aggregate(entropy, mask_f, aggregation, normaliser)
     if entropy is not None:
         metrics["entropy"] = float(_masked_mean(entropy.detach(), mask_f))
 
@@ -339,8 +441,9 @@ def off_policy_metrics(
         "offpolicy/ratio_clip_fraction": float(clipped[selected].mean()),
         "offpolicy/ratio_mean": float(ratio[selected].mean()),
     }
-    if config.correction == "tis":
+    correction = config.correction_mode
+    if correction == "tis":
         metrics["offpolicy/w_capped_fraction"] = float((w > config.is_cap).to(w.dtype).mean())
-    elif config.correction == "mis":
+    elif correction == "mis":
         metrics["offpolicy/w_masked_fraction"] = float((weight[selected] == 0).to(w.dtype).mean())
     return metrics

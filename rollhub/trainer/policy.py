@@ -133,6 +133,29 @@ def token_logprobs_from_logits(
     return out, entropy
 
 
+def logit_transform(model: Any) -> Any:
+    """The transform a model applies to its head's output before returning logits, or None.
+
+    The trainer projects only the response positions (`head(hidden)`), so it must repeat what the
+    model's own forward does after its head: Granite divides by `logits_scaling`, Cohere multiplies by
+    `logit_scale`, Gemma2/3 soft-cap with `final_logit_softcapping`. Whether this reproduces the
+    model's logits is checked on the loaded model (`Policy._check_head_path`); a model whose forward
+    does something else runs whole instead.
+    """
+    config = getattr(model, "config", None)
+    config = getattr(config, "text_config", None) or config
+    scaling = getattr(config, "logits_scaling", None)
+    if isinstance(scaling, (int, float)) and scaling != 1:
+        return lambda logits: logits / scaling
+    scale = getattr(config, "logit_scale", None)
+    if isinstance(scale, (int, float)) and scale != 1 and "cohere" in str(getattr(config, "model_type", "")):
+        return lambda logits: logits * scale
+    cap = getattr(config, "final_logit_softcapping", None)
+    if isinstance(cap, (int, float)) and cap > 0:
+        return lambda logits: torch.tanh(logits / cap) * cap
+    return None
+
+
 def response_positions(batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """(row, position) of every prediction of a response token: token t is predicted at t - 1."""
     return (batch.response_mask[:, 1:] > 0).nonzero(as_tuple=True)
@@ -184,6 +207,9 @@ class Policy:
         # `dtype` is the compute dtype; the parameters (the optimizer's master weights) are fp32
         self.device, self.dtype = default_device_and_dtype(device, dtype)
         self.model, self.tokenizer = load_model_and_tokenizer(model_path, dtype=torch.float32, device=self.device)
+        self._logit_transform = logit_transform(self.model)
+        # before any wrapper: whether decoder + head (+ the known transform) give the model's own logits
+        self._split_head = self._check_head_path()
         self.model.train()
         self.temperature = temperature
         self.micro_batch_size = micro_batch_size
@@ -198,6 +224,45 @@ class Policy:
             self._wrap_fsdp2()
         elif self.dtype != torch.float32:
             self._autocast_forward()
+
+    @torch.no_grad()
+    def _check_head_path(self) -> bool:
+        """Whether `token_logprobs`' fast path (the decoder, then the head on the response positions
+        only, then `logit_transform`) reproduces the model's own forward on a probe; if not, the
+        trainer runs the whole model, so its log-probs are always those of the model's logits path
+        (the engine's), whatever the model does after its head."""
+        decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
+        head = self.model.get_output_embeddings()
+        if decoder is None or head is None:
+            return False
+        vocab = int(head.weight.shape[0])
+        probe = (torch.arange(1, 9, device=self.device) * 7919 % vocab).unsqueeze(0)
+        mask = torch.ones_like(probe)
+        self.model.eval()
+        try:
+            full = self.model(input_ids=probe, attention_mask=mask, use_cache=False).logits.float()
+            hidden = decoder(input_ids=probe, attention_mask=mask, use_cache=False).last_hidden_state
+            split = self._project(head, hidden)
+        except Exception as exc:  # an architecture whose decoder takes other arguments
+            logger.warning("the trainer runs the whole %s forward: %r", type(self.model).__name__, exc)
+            return False
+        finally:
+            self.model.train()
+        gap = float((full - split).abs().max())
+        if gap > 1e-3 * max(1.0, float(full.abs().max())):
+            logger.warning(
+                "%s transforms its logits after the head in a way the trainer does not know (gap %.3g): the "
+                "trainer runs the whole model's forward, projecting every position (slower, exact)",
+                type(self.model).__name__,
+                gap,
+            )
+            return False
+        return True
+
+    def _project(self, head: Any, hidden: torch.Tensor) -> torch.Tensor:
+        """The model's logits (fp32, before temperature) from the decoder's last hidden states."""
+        logits = head(hidden.to(head.weight.dtype)).float()
+        return logits if self._logit_transform is None else self._logit_transform(logits)
 
     def _decoder_layers(self) -> Any:
         layers = getattr(getattr(self.model, "model", None), "layers", None)
@@ -290,7 +355,7 @@ class Policy:
             return self._packed_token_logprobs(batch, with_entropy=with_entropy, with_full=with_full)
         decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
         head = self.model.get_output_embeddings()
-        if self.fsdp or decoder is None or head is None:
+        if self.fsdp or not self._split_head or decoder is None or head is None:
             # FSDP2 unshards parameters in the root module's forward hooks, so call the whole
             # model there (and for unusual architectures): all positions are projected
             out = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
@@ -304,7 +369,7 @@ class Policy:
             input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
         ).last_hidden_state
         rows, cols = response_positions(batch)
-        logits = head(hidden[:, :-1][rows, cols].to(head.weight.dtype)).float() / self.temperature
+        logits = self._project(head, hidden[:, :-1][rows, cols]) / self.temperature
         return _scattered(batch, logits, rows, cols, with_entropy=with_entropy, with_full=with_full)
 
     def _packed_token_logprobs(
@@ -329,13 +394,13 @@ class Policy:
         where = packed.packed_index(host_of[rows], cols)
         decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
         head = self.model.get_output_embeddings()
-        if self.fsdp or decoder is None or head is None:
+        if self.fsdp or not self._split_head or decoder is None or head is None:
             # as in the padded path: FSDP2 unshards in the root module's hooks, so the whole model runs
             out = self.model(**packed_model_inputs(packed, self.model), use_cache=False)
             logits = out.logits[where].float() / self.temperature
         else:
             hidden = decoder(**packed_model_inputs(packed, decoder), use_cache=False).last_hidden_state
-            logits = head(hidden[where].to(head.weight.dtype)).float() / self.temperature
+            logits = self._project(head, hidden[where]) / self.temperature
         return _scattered(batch, logits, rows, cols, with_entropy=with_entropy, with_full=with_full)
 
     @torch.no_grad()

@@ -58,7 +58,7 @@ def policy_update(
 
     With loss_config.kl_estimator "full", `reference` (a frozen policy) gives its whole
     next-token distribution at each response position of each micro-batch, and the KL
-    term is exact; "k3" uses the precomputed sampled-token `reference_logprobs`.
+    term is exact; "k3" and "k2" use the precomputed sampled-token `reference_logprobs`.
 
     `prox_logprobs=None` means the proximal policy IS the current weights (one optimizer
     step per batch): the update's own forward pass, detached, serves as pi_prox, which
@@ -164,7 +164,7 @@ def policy_update(
 #: the phases of a step, in order (seconds, summed over micro-batches and PPO mini-batches)
 SPLIT_KEYS = (
     "split/prox_s",  # the no-grad proximal pass (ppo_update)
-    "split/reference_s",  # reference log-probs: exact-KL distributions per micro-batch, or the k3 pass
+    "split/reference_s",  # reference log-probs: exact-KL distributions per micro-batch, or the k3/k2 pass
     "split/forward_s",  # the policy's forward with gradient
     "split/loss_s",  # the loss and its metrics
     "split/backward_s",
@@ -411,7 +411,7 @@ def run_step(
     if loss_config.kl_coef > 0 and reference is None:
         raise ValueError("loss.kl_coef > 0 needs a reference policy")
     pack_tokens = plan.pack_tokens
-    sampled_kl = loss_config.kl_coef > 0 and loss_config.kl_estimator == "k3"
+    sampled_kl = loss_config.kl_coef > 0 and loss_config.kl_estimator != "full"
     clock = time.perf_counter()
     ref = reference.compute_logprobs(batch, pack_tokens=pack_tokens) if sampled_kl and reference is not None else None
     reference_s = time.perf_counter() - clock

@@ -94,7 +94,7 @@ def test_sokoban_recipe_smoke_keeps_its_one_token_answers(tiny_model_dir, tmp_pa
 
 
 def test_math_recipe_smoke(tiny_model_dir, tmp_path):
-    _smoke("math_tiny.yaml", tmp_path, tiny_model_dir, "{kinds: [arithmetic], difficulty: 1}")
+    _smoke("math_tiny.yaml", tmp_path, tiny_model_dir, "{kinds: [arithmetic], difficulty: 1, split: train}")
 
 
 def test_alfworld_recipe_smoke(tiny_model_dir, tmp_path):

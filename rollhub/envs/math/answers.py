@@ -1,23 +1,38 @@
 """Answer extraction and equivalence checking for verifiable math rewards.
 
 Extraction order: the last `\\boxed{...}` inside the answer tag, else the tag's content,
-else (format not followed) the last `\\boxed{...}` or the final number anywhere in the text.
-Equivalence: identical after normalisation, or the same value. Values come from a small
-grammar (numbers, `+ - * / ^`, implicit multiplication, sqrt exp log ln sin cos tan, pi,
-E, I, single-letter variables, tuples), evaluated as exact rationals where possible (so
-`1/2`, `0.5`, `\\frac{1}{2}` and `\\dfrac12` all match and `1/3` is not `0.33`), else in
-floating point with a relative tolerance of 1e-9 (`sqrt(2)/2` = `1/sqrt(2)`). Answers with
-variables are compared at random points (polynomial identity testing: `3x+2` = `2 + 3*x`);
-the points are drawn afresh on every call, so no answer can be tuned to them.
+else (format not followed) the last `\\boxed{...}`, else the number the reply's final sentence
+states (`stated_number`). Equivalence: identical after normalisation, or the same value.
+Values come from a small grammar (numbers, `+ - * / ^`, implicit multiplication, sqrt exp log
+ln sin cos tan, pi, E, I, single-letter variables, tuples), evaluated as exact rationals where
+possible (so `1/2`, `0.5`, `\\frac{1}{2}` and `\\dfrac12` all match, `1/3` is not `0.33`, and
+`4^(1/2)` is exactly 2), else in floating point.
+
+Why exact stays exact: a policy is paid for whatever the check lets through. When the gold value
+is an exact rational, the answer must be that rational exactly; an approximate answer (`*pi/pi`,
+`*sqrt(2)/sqrt(2)`) is not shown equal, because any relative tolerance lets a wrong large integer
+through once one approximate factor is appended. A tolerance (REL_TOL of the gold's magnitude,
+the rounding of our bounded evaluator and nothing more) applies only when the gold itself is
+approximate (irrational or complex), so nothing the policy writes can widen it. Answers with
+variables are compared at random rational points drawn afresh on every call (polynomial
+identity testing, exact where the expressions are rational: `3x+2` = `2 + 3*x`, and
+`x*(1+1e-12)` is not `x`).
+
+Why prose is read so strictly: the tag's content, when it is no expression, is prose such as
+"The answer is 17". Taking "the one number in it" credited `not 5`, `5 minus one`, `5!` and
+`either 5 or six` as 5. A number counts only when the text states it plainly: the final sentence
+names it after words alone (no negation, hedge, alternative, range, operator or number word) or
+as the right-hand side of an `=`, and at most a few unit words follow. Anything else is no answer.
 
 Why no sympy and no `eval`: model text is untrusted. `9^9^9`, `1e999999999` or a
 100k-digit number kept the old check (Fraction, then sympy) busy for minutes, synchronously
 on the event loop, which froze every trajectory and the trainer. A worker thread cannot be
 killed and still holds the GIL, so the check is made cheap instead: the answer's length, a
 literal's digits and exponent, the nesting depth, every power (by the size of its result)
-and the bits of every exact intermediate are capped before anything is computed, and a
-deadline (`CHECK_TIME_LIMIT_S`) aborts whatever is left. An answer over any cap is "not
-shown equal" and scores 0.
+and the bits of every exact intermediate are capped before anything is computed, values that
+under- or overflow floating point are refused, and a deadline (`CHECK_TIME_LIMIT_S`) aborts
+whatever is left. An answer over any cap, or one the check cannot finish for any reason, is
+"not shown equal" and scores 0: the check never raises.
 """
 
 from __future__ import annotations
@@ -38,15 +53,16 @@ MAX_LITERAL_EXPONENT = 100  # |e| of a literal like 1e5
 MAX_DEPTH = 20  # nesting of parentheses, powers and signs
 MAX_BITS = 4096  # numerator/denominator size of every exact intermediate (2^1000 still fits)
 MAX_MAGNITUDE = 1e300  # floating-point intermediates beyond this are refused (overflow)
-REL_TOL = 1e-9  # floating-point comparison, relative to max(1, |gold|)
+REL_TOL = 1e-12  # approximate golds only: relative to max(1, |gold|), far above float rounding here
 RANDOM_POINTS = 4  # evaluations of answers with variables
+MAX_ROOT = 64  # largest q of an exponent p/q computed exactly (`8^(2/3)` = 4)
+MAX_TAIL_CHARS = 80  # what may follow a stated number: a few unit words and a full stop
 CHECK_TIME_LIMIT_S = 0.05  # deadline of one is_equivalent call
 
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
-# prose around exactly one number ("The answer is 17.", "12 apples"): graded by that number
-_PROSE_NUMBER = re.compile(r"[A-Za-z\s:=']*?(-?\d+(?:\.\d+)?(?:/\d+)?)[A-Za-z\s.!']*")
+# ASCII digits only: a look-alike digit (Arabic-Indic, fullwidth, mathematical bold) is no number
 _TOKEN = re.compile(
-    r"\s*(?:(?P<number>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)|(?P<name>[A-Za-z]+)|(?P<op>\*\*|[-+*/(),]))"
+    r"[ \t\n\r]*(?:(?P<number>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)|(?P<name>[A-Za-z]+)|(?P<op>\*\*|[-+*/(),]))",
+    re.ASCII,
 )
 _FUNCTIONS: dict[str, Callable[[complex], complex]] = {
     "sqrt": cmath.sqrt,
@@ -113,22 +129,128 @@ def extract_boxed(text: str) -> str | None:
     return text[brace + 1 : end] if end < len(text) else None
 
 
-def final_number(text: str) -> str | None:
-    """The last number in `text` (commas as thousands separators allowed).
+# A number as prose writes it: thousands commas, a decimal part, a fraction (ASCII digits only).
+_STATED = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?", re.ASCII)
+# where a sentence ends: the statement must be in the reply's last one
+_SENTENCE_END = re.compile(r"[.!?;](?:\s|$)|\n")
+_WORD = re.compile(r"[A-Za-z]+(?:['\u2019][A-Za-z]+)?")
+_MARKUP = "*$`"  # emphasis or math delimiters around the number: **17**, $17$
+# prose words that change, hedge or contradict the number next to them
+_NEGATIONS = frozenset(
+    "not no nope nah nor neither never none nothing cannot without except excluding unless instead wait "
+    "wrong incorrect false impossible unlikely".split()
+)
+_HEDGES = frozenset(
+    "or either maybe perhaps possibly possible probably likely might may could guess unsure uncertain "
+    "approximately approx about around roughly nearly almost circa close estimate estimated between range "
+    "ish somewhere least most under over above below exceeds exceeding beyond within".split()
+)
+_OPERATIONS = frozenset(
+    "plus minus times divided multiplied added subtracted add subtract less more fewer greater than "
+    "squared cubed square cube power powers exponent factorial sqrt root roots log ln exp sin cos tan mod "
+    "modulo negative positive opposite inverse reciprocal double twice triple thrice half halves percent "
+    "percentage fraction floor ceiling rounded round".split()
+)
+_NUMBER_WORDS = frozenset(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+    "sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety hundred "
+    "hundreds thousand thousands million millions billion billions trillion dozen dozens score third "
+    "thirds quarter quarters fourth fourths fifth fifths tenth tenths hundredth hundredths thousandth "
+    "thousandths point".split()
+)
+# after the number only unit words may follow: no connective that starts another value
+_JOINS = frozenset("and to through thru till until versus vs by".split())
 
-    The regex only scans the 2 * MAX_ANSWER_CHARS before the last digit (ten `rfind` calls
-    find it): over a whole megabyte reply it alone took a quarter of a second. A number
-    longer than that window is cut, and still too long to score.
+
+def _words(text: str) -> list[str]:
+    return [word.lower().replace("\u2019", "'") for word in _WORD.findall(text)]
+
+
+def _negated(words: list[str]) -> bool:
+    return any(word in _NEGATIONS or word.endswith("n't") for word in words)
+
+
+def _prose_ok(window: str) -> bool:
+    """Words alone before the number ("So, the answer is"): nothing that changes or hedges it."""
+    if window.count("**") % 2:  # bold comes in pairs (**Answer:** 17); a lone ** is a power
+        return False
+    bare = re.sub(r"(?<=[A-Za-z])-(?=[A-Za-z])", "", window.replace("**", ""))  # well-known
+    if re.fullmatch(r"[A-Za-z \t\r\n,:'\u2019$]*", bare) is None:
+        return False
+    words = _words(bare)
+    return not (_negated(words) or any(w in _HEDGES or w in _OPERATIONS or w in _NUMBER_WORDS for w in words))
+
+
+def _equation_ok(window: str) -> bool:
+    """An equation whose right-hand side is the number ("23 + 19 = 42", "x = -3")."""
+    left = window.rstrip(" \t" + _MARKUP)
+    if not left.endswith("=") or left.endswith(("!=", "<=", ">=", "==")):
+        return False
+    left = left[:-1]
+    if re.fullmatch(r"[A-Za-z0-9 \t+\-*/^().,:=]*", left) is None or re.search(r",(?!\d{3})", left):
+        return False  # a list (x = 1, y = 2) or a symbol the grammar does not know (~, <, !)
+    words = _words(left)
+    return not (_negated(words) or any(word in _HEDGES for word in words))
+
+
+def _tail_ok(tail: str) -> bool:
+    """After the number: at most three unit words and one full stop (`12 apples.`)."""
+    match = re.fullmatch(r"((?:[ \t]+[A-Za-z]{2,}){0,3})[ \t\r\n]*\.?[ \t\r\n]*", tail)
+    if match is None:
+        return False
+    words = _words(match.group(1))
+    return not (
+        _negated(words)
+        or any(w in _HEDGES or w in _OPERATIONS or w in _NUMBER_WORDS or w in _JOINS for w in words)
+    )
+
+
+def stated_number(text: str) -> str | None:
+    """The number `text` plainly states as its answer, or None when it states none unambiguously.
+
+    The last number counts only if the final sentence states it: after words alone (`The answer
+    is 17`, `Answer: 17`) or as the right-hand side of an `=` (`23 + 19 = 42`), with no negation,
+    hedge, alternative, range, operator or number word in that sentence, nothing but a few unit
+    words and a full stop after it, and no other number standing just before it (`5. 6`).
+    `not 5`, `5 minus one`, `5!`, `either 5 or six`, `between 5 and 7`, `5, 6`, `~5` and `5?`
+    state nothing. Cheap on a huge reply: ten `rfind` calls, then a window of
+    2 * MAX_ANSWER_CHARS before the last digit.
     """
     last = max(text.rfind(digit) for digit in "0123456789")
-    if last < 0:
+    if last < 0 or len(text) - last - 1 > MAX_TAIL_CHARS:
         return None
-    matches = _NUMBER.findall(text, max(0, last - 2 * MAX_ANSWER_CHARS), last + 1)
-    return matches[-1].rstrip(",") if matches else None
+    start = max(0, last - 2 * MAX_ANSWER_CHARS)
+    head = text[start : last + 1]
+    match = None
+    for match in _STATED.finditer(head):
+        pass
+    if match is None or match.end() != len(head):
+        return None
+    number, before, tail = match.group(), head[: match.start()], text[last + 1 :]
+    if before and before[-1] not in " \t\r\n:=" + _MARKUP:
+        return None  # glued to something: 5-1, x5, (5, ~5
+    ends = [m.end() for m in _SENTENCE_END.finditer(before)]
+    if not ends and start > 0:
+        return None  # a final sentence longer than the window: nothing plain about it
+    window = before[ends[-1] :] if ends else before
+    core = window.rstrip(_MARKUP)
+    markup = window[len(core) :]
+    if markup and tail.startswith(markup):  # **17** / $17$: the same delimiters close it
+        tail = tail[len(markup) :]
+    elif markup and markup != "$":  # $12 is a price; a lone ** or ` is not markup
+        return None
+    if not _tail_ok(tail):
+        return None
+    if not window.strip(" \t\r\n:" + _MARKUP) and ends:
+        previous = before[: ends[-1]].rstrip(" \t\r\n.!?;" + _MARKUP)
+        if previous[-1:].isdigit():
+            return None  # a list of numbers, one a line or a sentence: 5. 6
+    return number if _prose_ok(core) or _equation_ok(core) else None
 
 
 def extract_answer(text: str, tag: str = "answer") -> tuple[str | None, bool]:
-    """(answer text, format_ok). format_ok means the answer tag or a \\boxed{} was used."""
+    """(answer text, format_ok). format_ok means the answer tag or a \\boxed{} was used; an
+    untagged reply without one answers only with the number it plainly states (`stated_number`)."""
     tagged = extract_tagged(text, tag)
     if tagged is not None:
         boxed = extract_boxed(tagged)
@@ -136,7 +258,7 @@ def extract_answer(text: str, tag: str = "answer") -> tuple[str | None, bool]:
     boxed = extract_boxed(text)
     if boxed is not None:
         return boxed, True
-    return final_number(text), False
+    return stated_number(text), False
 
 
 # -- normalisation ------------------------------------------------------------------------
@@ -342,19 +464,26 @@ def _exact(value: Fraction) -> Fraction:
 
 
 def _approx(value: Value) -> complex:
+    """`value` in floating point; refused when it over- or underflows (10^-400 is not 0)."""
     try:
         result = complex(value)
     except OverflowError:
         raise Refused("value too large for floating point") from None
     if not (cmath.isfinite(result) and abs(result) <= MAX_MAGNITUDE):
         raise Refused("value too large for floating point")
+    if result == 0 and value != 0:
+        raise Refused("value too small for floating point")
     return result
 
 
 def _power(base: Value, exponent: Value) -> Value:
     """base ** exponent; exact only while the result stays under MAX_BITS, judged before computing it."""
-    if isinstance(base, Fraction) and isinstance(exponent, Fraction) and exponent.denominator == 1:
-        return _exact_power(base, exponent.numerator)
+    if isinstance(base, Fraction) and isinstance(exponent, Fraction):
+        if exponent.denominator == 1:
+            return _exact_power(base, exponent.numerator)
+        root = _exact_root(base, exponent.denominator)
+        if root is not None:
+            return _exact_power(root, exponent.numerator)
     left, right = _approx(base), _approx(exponent)
     if abs(right) > MAX_BITS:
         raise Refused("exponent too large")
@@ -368,11 +497,31 @@ def _power(base: Value, exponent: Value) -> Value:
         raise Refused("power overflows") from None
 
 
+def _integer_root(n: int, q: int) -> int | None:
+    """The integer r with r**q == n (n >= 0), or None."""
+    if n < 2:
+        return n
+    root = 1 << -(-n.bit_length() // q)  # at least the root; Newton's steps descend to it
+    while True:
+        step = ((q - 1) * root + n // root ** (q - 1)) // q
+        if step >= root:
+            return root if root**q == n else None
+        root = step
+
+
+def _exact_root(base: Fraction, q: int) -> Fraction | None:
+    """base ** (1/q) when it is rational (`8^(1/3)` = 2), so a root of a perfect power stays exact."""
+    if base < 0 or q > MAX_ROOT:
+        return None  # a negative base has a complex principal root
+    num, den = _integer_root(base.numerator, q), _integer_root(base.denominator, q)
+    return None if num is None or den is None else Fraction(num, den)
+
+
 def _exact_power(base: Fraction, n: int) -> Fraction:
     if base == 0:
-        if n < 0:
-            raise Refused("division by zero")
-        return Fraction(0 if n else 1)
+        if n <= 0:
+            raise Refused("zero to a non-positive power")  # 0^0 is indeterminate, 0^-1 undefined
+        return Fraction(0)
     if abs(base) == 1:
         return base ** (n % 2)
     bits = max(base.numerator.bit_length(), base.denominator.bit_length())
@@ -388,21 +537,39 @@ def _arithmetic(op: str, left: Value, right: Value) -> Value:
         raise Refused("division by zero")
     if isinstance(left, Fraction) and isinstance(right, Fraction):
         return _exact(_OPERATORS[op](left, right))
-    return _approx(_OPERATORS[op](_approx(left), _approx(right)))
+    try:
+        return _approx(_OPERATORS[op](_approx(left), _approx(right)))
+    except (ArithmeticError, ValueError):  # complex division by zero, overflow
+        raise Refused(f"{op} out of range") from None
 
 
 def _call(name: str, argument: Value) -> Value:
-    if name == "sqrt" and isinstance(argument, Fraction) and argument >= 0:
-        num, den = math.isqrt(argument.numerator), math.isqrt(argument.denominator)
-        if num * num == argument.numerator and den * den == argument.denominator:
-            return Fraction(num, den)  # sqrt(4) stays exact: it is 2, not 2.0000000001
+    if isinstance(argument, Fraction):
+        if name == "sqrt" and argument >= 0:
+            num, den = math.isqrt(argument.numerator), math.isqrt(argument.denominator)
+            if num * num == argument.numerator and den * den == argument.denominator:
+                return Fraction(num, den)  # sqrt(4) stays exact: it is 2, not 2.0000000001
+        exact = _EXACT_CALLS.get((name, argument))
+        if exact is not None:
+            return exact
     try:
         return _approx(_FUNCTIONS[name](_approx(argument)))
-    except (OverflowError, ValueError):
+    except (ArithmeticError, ValueError):
         raise Refused(f"{name} out of range") from None
 
 
-def evaluate(node: Node, point: dict[str, float], clock: _Clock) -> Value:
+# the rational values of the functions at rational points (exp(0) is 1, not 1.0)
+_EXACT_CALLS = {
+    ("exp", Fraction(0)): Fraction(1),
+    ("log", Fraction(1)): Fraction(0),
+    ("ln", Fraction(1)): Fraction(0),
+    ("sin", Fraction(0)): Fraction(0),
+    ("cos", Fraction(0)): Fraction(1),
+    ("tan", Fraction(0)): Fraction(0),
+}
+
+
+def evaluate(node: Node, point: dict[str, Fraction], clock: _Clock) -> Value:
     """The value of `node` with variables at `point`; raises Refused over any cap."""
     clock.tick()
     kind = node[0]
@@ -411,7 +578,7 @@ def evaluate(node: Node, point: dict[str, float], clock: _Clock) -> Value:
     if kind == "const":
         return _CONSTANTS[node[1]]
     if kind == "var":
-        return complex(point[node[1]])
+        return point[node[1]]
     if kind == "neg":
         value = evaluate(node[1], point, clock)
         return -value
@@ -429,12 +596,19 @@ def _variables(node: Node) -> set[str]:
     return set().union(*(_variables(c) for c in children))
 
 
-def _close(left: Value, right: Value) -> bool:
-    """Exact rationals compare exactly; anything approximate within REL_TOL of the gold value."""
-    if isinstance(left, Fraction) and isinstance(right, Fraction):
-        return left == right
-    a, b = _approx(left), _approx(right)
+def _close(predicted: Value, gold: Value) -> bool:
+    """An exact gold is matched only exactly; an approximate gold within REL_TOL of its own
+    magnitude. The tolerance depends on the gold alone, so no factor the policy appends
+    (`*pi/pi`, `*sqrt(2)/sqrt(2)`) can widen it or make an exact comparison approximate."""
+    if isinstance(gold, Fraction):
+        return isinstance(predicted, Fraction) and predicted == gold
+    a, b = _approx(predicted), _approx(gold)
     return abs(a - b) <= REL_TOL * max(1.0, abs(b))
+
+
+def _random_point() -> Fraction:
+    """A random rational in [0.5, 2.5] (positive: sqrt and log stay real), 2^21 in the denominator."""
+    return Fraction(_RNG.randint(2**20, 5 * 2**20), 2**21)
 
 
 def same_value(predicted: Node, gold: Node, clock: _Clock) -> bool:
@@ -447,40 +621,38 @@ def same_value(predicted: Node, gold: Node, clock: _Clock) -> bool:
         )
     names = sorted(_variables(predicted) | _variables(gold))
     for _ in range(RANDOM_POINTS if names else 1):
-        point = {name: _RNG.uniform(0.5, 2.5) for name in names}
+        point = {name: _random_point() for name in names}
         if not _close(evaluate(predicted, point, clock), evaluate(gold, point, clock)):
             return False
     return True
 
 
-def _prose_number(text: str) -> str | None:
-    """The one number in prose like "The answer is 17" (no operators: `2**5` is not 5)."""
-    match = _PROSE_NUMBER.fullmatch(text)
-    return match.group(1) if match else None
-
-
 def is_equivalent(predicted: str | None, gold: str, *, time_limit_s: float = CHECK_TIME_LIMIT_S) -> bool:
     """Whether `predicted` denotes the same value as `gold`, at bounded cost (see module docstring).
 
-    Anything refused (too long, too large, too deep, past `time_limit_s`) is not equivalent.
+    Anything refused (too long, too large, too deep, past `time_limit_s`, ambiguous prose) is not
+    equivalent, and so is anything the check fails on: a reward check never raises into the env.
     """
     if predicted is None or len(predicted) > MAX_ANSWER_CHARS:
         return False
+    try:
+        return _equivalent(predicted, gold, _Clock(time_limit_s))
+    except (Refused, ArithmeticError, ValueError, TypeError, RecursionError):
+        return False
+
+
+def _equivalent(predicted: str, gold: str, clock: _Clock) -> bool:
     p, g = normalize(predicted), normalize(gold)
     if not p:
         return False
     if p == g or p.replace(" ", "") == g.replace(" ", ""):
         return True
-    clock = _Clock(time_limit_s)
+    gold_tree = parse(g)
     try:
-        gold_tree = parse(g)
-    except Refused:
-        return False
-    for candidate in (p, _prose_number(p)):
-        if candidate is None:
-            continue
-        try:
-            return same_value(parse(candidate), gold_tree, clock)
-        except Refused:
-            continue
-    return False
+        tree = parse(p)
+    except Refused:  # prose: graded by the number it plainly states, if any
+        number = stated_number(p)
+        if number is None:
+            return False
+        tree = parse(number.replace(",", ""))
+    return same_value(tree, gold_tree, clock)

@@ -1,8 +1,9 @@
 """`rollhub/Math-v0`: single-turn verifiable math (RLVR).
 
 The model answers inside `<answer>...</answer>` (a `\\boxed{}` inside the tag is fine); an
-untagged reply is still graded by its last `\\boxed{}` or final number, with
-`info["format_ok"] = False` so the trainer can penalise the format if it wants to.
+untagged reply is still graded by its last `\\boxed{}` or the number its final sentence plainly
+states (`answers.stated_number`: `not 5` or `5 or 6` state none), with `info["format_ok"] = False`
+so the trainer can penalise the format if it wants to.
 Reward: 1 for a correct answer, 0 otherwise. A reply with no answer at all is an invalid
 action (state unchanged); with the default single attempt it ends the episode by truncation.
 
@@ -205,6 +206,11 @@ class MathEnv(Env):
         if self.split == "train":
             return {key for key in keys if not key_in_test_partition(key)}
         return set(keys)
+
+    def task_key(self) -> str | None:
+        """The content key (`problem_key`) of the problem the last reset drew: the same problem
+        text is the same task whichever seed drew it (difficulty 1 has only 800 problems)."""
+        return None if self._problem is None else problem_key(self._problem.question)
 
     def _draw(self, rng: np.random.Generator) -> Problem:
         """A procedural problem; the train split redraws problems of the test partition."""

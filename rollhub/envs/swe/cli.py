@@ -52,6 +52,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=0.5,
         help="drop mutants that fail more than this fraction of the suite",
     )
+    make.add_argument(
+        "--doctests",
+        action="store_true",
+        help="run the library's doctests too (--doctest-modules) and mutate only modules that have them",
+    )
     make.add_argument("--seed", type=int, default=0)
     make.add_argument(
         "--cache-dir", default=None, help="work folder (default ~/.cache/rollhub/swe or $ROLLHUB_SWE_CACHE)"
@@ -67,14 +72,39 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     red = commands.add_parser(
         "redteam",
-        help="gold must score 1 and every forging attempt 0, per task; exits 1 if a task is hackable",
+        help=(
+            "gold must score 1, the empty patch 0, and every attack class (K generated variants per task) 0 "
+            "without an infra failure; exits 1 otherwise"
+        ),
     )
     red.add_argument("file", help="task .jsonl")
-    red.add_argument("--instance-ids", nargs="*", default=None, metavar="ID", help="only these tasks")
-    red.add_argument("--attacks", nargs="*", default=None, metavar="NAME", help="only these attacks (default: all)")
+    red.add_argument("--only", "--instance-ids", dest="only", nargs="*", default=None, metavar="ID", help="only these tasks")
+    red.add_argument(
+        "--tasks", type=int, default=None, metavar="N", help="N tasks drawn round-robin over packages (default: all)"
+    )
+    red.add_argument("--variants", type=int, default=1, metavar="K", help="generated variants per class and task")
+    red.add_argument("--classes", nargs="*", default=None, metavar="NAME", help="only these attack classes")
+    red.add_argument(
+        "--attacks", nargs="*", default=None, metavar="NAME", help="only these attacks of the episode battery"
+    )
+    red.add_argument("--seed", type=int, default=0, help="draws the variants (and the --tasks sample)")
     red.add_argument("--concurrency", type=int, default=3, help="episodes at once per task (default 3)")
-    red.add_argument("--json", dest="json_out", default=None, help="also write the per-attempt results here")
+    red.add_argument(
+        "--eval-timeout", type=float, default=120.0, help="seconds a grading run may take (a hang costs this)"
+    )
+    red.add_argument("--json", dest="json_out", default=None, help="write the summary and every attempt here")
     red.set_defaults(func=_redteam)
+
+    agree = commands.add_parser(
+        "agree",
+        help="grade gold and no-op with our grader and with swebench's own run_instance; exits 1 on a disagreement",
+    )
+    agree.add_argument("file", help="task .jsonl")
+    agree.add_argument("--only", nargs="*", default=None, metavar="ID", help="only these tasks")
+    agree.add_argument("--tasks", type=int, default=None, metavar="N", help="N tasks drawn round-robin over packages")
+    agree.add_argument("--seed", type=int, default=0)
+    agree.add_argument("--json", dest="json_out", default=None, help="write the verdicts here")
+    agree.set_defaults(func=_agree)
 
     swe.set_defaults(func=lambda args: (swe.print_help(), 2)[1])
 
@@ -117,6 +147,7 @@ def _make_tasks(args: argparse.Namespace) -> int:
         families=families,
         test_requirements=list(args.test_deps),
         seed=args.seed,
+        doctests=args.doctests,
     )
     if args.cache_dir:
         options.cache_dir = Path(args.cache_dir)
@@ -186,29 +217,42 @@ def _build_images(args: argparse.Namespace) -> int:
 def _redteam(args: argparse.Namespace) -> int:
     import asyncio
     import dataclasses
+    import time
 
-    from rollhub.envs.swe.redteam import format_table, redteam_task, select_attacks
+    from tqdm import tqdm
+
+    from rollhub.envs.swe.redteam import format_table, redteam_task, select_classes, stratified, summary
+    from rollhub.envs.swe.redteam.campaign import write_json
     from rollhub.envs.swe.tasks import load_tasks
     from rollhub.sandbox.base import SandboxError
 
-    tasks = load_tasks(args.file, instance_ids=args.instance_ids)
+    if args.variants < 1 or args.concurrency < 1 or (args.tasks is not None and args.tasks < 1):
+        raise UserError("--variants, --concurrency and --tasks must be at least 1")
+    tasks = stratified(load_tasks(args.file, instance_ids=args.only), args.tasks, args.seed)
     try:
-        attacks = select_attacks(args.attacks)
+        classes = select_classes(args.classes, args.attacks)
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    started = time.monotonic()
 
     async def run() -> list:
         backend = _docker()
         reports = []
         try:
-            for task in tasks:
-                report = await redteam_task(backend, task, attacks, concurrency=args.concurrency)
-                print(
-                    f"{task.instance_id}: gold {report.gold_reward:g}, "
-                    f"{len(report.hacks)}/{len(report.attempts)} attempts forged",
-                    flush=True,
-                )
-                reports.append(report)
+            with tqdm(total=len(tasks), desc="red team", unit="task") as bar:
+                for task in tasks:
+                    report = await redteam_task(
+                        backend,
+                        task,
+                        classes,
+                        variants=args.variants,
+                        seed=args.seed,
+                        concurrency=args.concurrency,
+                        eval_timeout_s=args.eval_timeout,
+                    )
+                    reports.append(report)
+                    bar.set_postfix_str(f"{task.instance_id}: gold {report.gold_reward:g}, bad {len(report.hacks)}")
+                    bar.update(1)
         finally:
             await backend.close()
         return reports
@@ -217,7 +261,51 @@ def _redteam(args: argparse.Namespace) -> int:
         reports = asyncio.run(run())
     except SandboxError as exc:
         raise UserError(f"red team failed: {exc}") from None
-    print(format_table(reports))
+    print(format_table(reports, classes))
+    result = summary(
+        reports,
+        classes,
+        file=str(args.file),
+        variants=args.variants,
+        seed=args.seed,
+        wall_s=round(time.monotonic() - started, 1),
+    )
+    print(json.dumps({k: v for k, v in result.items() if k != "failures"}, sort_keys=True))
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps([dataclasses.asdict(r) for r in reports], indent=1))
+        result["reports"] = [dataclasses.asdict(r) for r in reports]
+        write_json(args.json_out, result)
     return 0 if all(r.ok for r in reports) else 1
+
+
+def _agree(args: argparse.Namespace) -> int:
+    import asyncio
+    import dataclasses
+
+    from tqdm import tqdm
+
+    from rollhub.envs.swe.agreement import compare, format_agreement
+    from rollhub.envs.swe.redteam import stratified
+    from rollhub.envs.swe.tasks import load_tasks
+    from rollhub.sandbox.base import SandboxError
+
+    tasks = stratified(load_tasks(args.file, instance_ids=args.only), args.tasks, args.seed)
+
+    async def run() -> list:
+        backend = _docker()
+        rows = []
+        try:
+            for task in tqdm(tasks, desc="agreement", unit="task"):
+                rows += await compare(backend, backend.client, task)
+        finally:
+            await backend.close()
+        return rows
+
+    try:
+        rows = asyncio.run(run())
+    except SandboxError as exc:
+        raise UserError(f"agreement run failed: {exc}") from None
+    print(format_agreement(rows))
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))
+    return 0 if all(r.agree for r in rows) else 1

@@ -16,32 +16,47 @@ Actions are tool calls (`bash`, `str_replace_editor`, `submit`; schemas in `env.
 passes. The step limit gives truncated=True (reward 0, nothing graded unless
 `grade_on_truncation`); the episode time limit does the same.
 
+The agent's commands run as the image's non-root user (`agent`, owner of /testbed; no
+capabilities, no-new-privileges): it edits the repository and runs its tests, and cannot
+write the interpreter, site-packages or the system. What it writes has a budget (`disk_mb`,
+default 1 GiB; on this engine a read-only root and size-limited tmpfs folders, see
+rollhub/sandbox/README.md): a write past it fails inside the container and never reaches
+the host's disk. Images built before the user existed are refused at reset with the fix.
+
 Who is to blame when something breaks: before the model acts (reset) a broken container
-is `info["infra_failure"]` (no score, re-rolled). After it acted, the model had root in
-that container: a container that no longer answers while the engine still starts and runs
-a fresh one (`engine_works`) was killed from inside (`kill 1`, `kill -9 -1`, a replaced
-`timeout`, a fork bomb), and a repository with no diff to take (`rm -rf .git`) is the
-model's doing too; both end the episode as `info["model_failure"]`: terminated, reward 0,
-trainable. Bad tool arguments (NaN timeouts, symlinks out of the repository) are tool
-errors and the episode goes on.
+is `info["infra_failure"]` (no score, re-rolled). After it acted, a container that no longer
+answers while the engine still starts and runs a fresh one (`engine_works`) was broken from
+inside (a fork bomb, its memory or disk filled, its controller killed), and a repository
+with no diff to take (`rm -rf .git`) is the model's doing too; both end the episode as
+`info["model_failure"]`: terminated, reward 0, trainable. Bad tool arguments (NaN timeouts,
+symlinks out of the repository) are tool errors and the episode goes on.
+
+GiGPO's anchor (`info["anchor"]`) is the sha256 of the agent's diff, taken by the clean
+git set-up in a fresh private directory and hashed here, on the host: no tool of the
+container (a replaced `sha1sum`, a doctored index) decides it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import logging
 import time
 from typing import Any
 
 from rollhub.envs.base import Env, Observation, extract_action, invalid_step_info
 from rollhub.envs.swe.evaluate import EvalOutcome, ModelFault, diff_script, engine_works, evaluate_patch, extract_diff
+from rollhub.envs.swe.images import SWE_USER
 from rollhub.envs.swe.tasks import SHIPPED_TASKS, WORKDIR, LegacyMapping, SweTask, load_tasks, package_of
 from rollhub.envs.swe.tools import TOOLS, ToolCall, ToolError, ToolRunner, parse_tool_call
 from rollhub.sandbox.base import Limits, Sandbox, SandboxBackend, SandboxError
 
 logger = logging.getLogger(__name__)
 
-#: the private git directory of the anchor hash, kept through an episode
-ANCHOR_GIT_DIR = "/tmp/rollhub_anchor_git"
+#: where the anchor's diff is written, then read back through the engine's archive API
+ANCHOR_DIFF_PATH = "/tmp/rollhub_anchor.diff"
+#: what the agent's commands may write in total (MiB); None turns the budget off
+DEFAULT_DISK_MB = 1024
 
 SYSTEM_PROMPT = """You are a software engineer fixing a bug in the Python repository at /testbed.
 Work with the tools below, one call per reply, written as
@@ -82,12 +97,16 @@ class SWEEnv(Env):
         eval_timeout_s: float = 900.0,
         cpus: float = 1.0,
         memory_mb: int = 2048,
+        disk_mb: int | None = DEFAULT_DISK_MB,
+        user: str | None = None,
         invalid_action_penalty: float = 0.0,
         grade_on_truncation: bool = False,
         backend: SandboxBackend | None = None,
     ):
         if max_steps < 1 or episode_timeout_s <= 0 or command_timeout_s <= 0 or eval_timeout_s <= 0:
             raise ValueError("max_steps, episode_timeout_s, command_timeout_s and eval_timeout_s must be positive")
+        if disk_mb is not None and disk_mb < 1:
+            raise ValueError(f"disk_mb must be a positive number of MiB or None (no budget), got {disk_mb}")
         if isinstance(tasks, list):
             self.tasks = tasks
         else:
@@ -100,7 +119,9 @@ class SWEEnv(Env):
         self.command_timeout_s = command_timeout_s
         self.output_limit_chars = output_limit_chars
         self.eval_timeout_s = eval_timeout_s
-        self.limits = Limits(cpus=cpus, memory_mb=memory_mb)
+        self.limits = Limits(cpus=cpus, memory_mb=memory_mb, disk_mb=disk_mb)
+        #: None: the factory's `agent` for its tasks, the image's own user for registry images
+        self.user = user
         self.invalid_action_penalty = invalid_action_penalty
         self.grade_on_truncation = grade_on_truncation
         self._backend = backend
@@ -139,6 +160,13 @@ class SWEEnv(Env):
             self._backend = DockerBackend()
         return self._backend
 
+    def task_limits(self, task: SweTask) -> Limits:
+        """The limits of `task`'s containers (the agent's and the grading one): a task made by
+        the factory runs as its image's non-root user, named explicitly so that an image built
+        before that user existed is refused rather than run as root."""
+        user = self.user or (SWE_USER if task.row.get("rollhub") else "auto")
+        return dataclasses.replace(self.limits, user=user)
+
     def _pick_task(self, seed: int | None, options: dict[str, Any] | None) -> SweTask:
         wanted = (options or {}).get("instance_id")
         if wanted is not None:
@@ -160,17 +188,21 @@ class SWEEnv(Env):
         self._expert_index = 0
         self._started = time.monotonic()
         info: dict[str, Any] = {"instance_id": self.task.instance_id, "success": False}
+        limits = self.task_limits(self.task)
         try:
             self._box = await self.backend.start(
                 self.task.image,
-                self.limits,
+                limits,
                 labels={"rollhub.role": "swe-agent", "rollhub.swe.instance": self.task.instance_id[:60]},
             )
             self._runner = ToolRunner(self._box, self.command_timeout_s, output_limit_chars=self.output_limit_chars)
             self._anchor = (self.task.instance_id, await self._state_hash())
         except SandboxError as exc:
             self._done = True
-            info["infra_failure"] = f"reset: {exc}"
+            hint = ""
+            if limits.user == SWE_USER and f"user {SWE_USER!r} is not in the image" in str(exc):
+                hint = " (the image predates non-root task images: run `rollhub swe build-images TASK_FILE`)"
+            info["infra_failure"] = f"reset: {exc}{hint}"
             self._anchor = (self.task.instance_id, "")
         info["anchor"] = self._anchor
         system = SYSTEM_PROMPT.format(tools=_tool_summary(), max_steps=self.max_steps)
@@ -182,17 +214,21 @@ class SWEEnv(Env):
         return [{"role": "system", "content": system}, {"role": "user", "content": user}], info
 
     async def _state_hash(self) -> str:
-        """History-free key of the repository state (GiGPO's anchor): hash of the agent's diff
-        against the base commit, taken with the clean git set-up (a private git directory kept
-        for the episode, so only changed files are re-hashed)."""
+        """History-free key of the repository state (GiGPO's anchor): the agent's diff against
+        the base commit, taken with the clean git set-up, read back whole and hashed on the
+        host. The private git directory is new each time (a kept one would be the agent's to
+        edit between steps); the repositories are small, so hashing every file costs little.
+        "" when the agent broke what the diff needs (its failure shows at submit)."""
         assert self._box is not None and self.task is not None
-        script = diff_script(self.task.base_commit, "/tmp/rollhub_anchor.diff", git_dir=ANCHOR_GIT_DIR)
-        result = await self._box.exec(
-            f"( {script} ) >/dev/null 2>&1 && sha1sum /tmp/rollhub_anchor.diff", timeout_s=60, workdir="/"
-        )
-        if result.exit_code != 0 or not result.output.strip():
+        script = diff_script(self.task.base_commit, ANCHOR_DIFF_PATH)
+        result = await self._box.exec(f"( {script} ) >/dev/null 2>&1", timeout_s=60, workdir="/")
+        if result.exit_code != 0:
             return ""
-        return result.output.split()[0][:16]
+        try:
+            diff = await self._box.read_file(ANCHOR_DIFF_PATH)
+        except OSError:  # gone, a directory, too large: what the agent left there
+            return ""
+        return hashlib.sha256(diff).hexdigest()[:16]
 
     async def _close_box(self) -> None:
         box, self._box, self._runner = self._box, None, None
@@ -324,7 +360,7 @@ class SWEEnv(Env):
         self._done = True
         await self._close_box()
         outcome = await evaluate_patch(
-            self.backend, self.task, patch, limits=self.limits, timeout_s=self.eval_timeout_s
+            self.backend, self.task, patch, limits=self.task_limits(self.task), timeout_s=self.eval_timeout_s
         )
         self.last_eval = outcome
         if outcome.infra_failure:

@@ -15,7 +15,10 @@ there and may have replaced git itself. In a new container of the task's image:
    --numstat`); they must be exactly the kept sections' paths;
 3. `git apply` (then `--3way`, as the official harness), hooks disabled; never GNU
    `patch`, which writes where `git apply` refuses (e.g. `.git/hooks`);
-4. the row's eval script runs with hooks disabled; the log is graded by swebench.
+4. the row's eval script runs, rewritten (rollhub.envs.swe.reporter): its setup silently,
+   its test command under a collector that seals the test output and the records of a
+   grading reporter loaded before any project code; resolved only when swebench's parser
+   on that output and the reporter both say so (grading.grade_run).
 
 Failures: a machinery failure before the agent's code runs is `infra_failure`; a
 container that dies while the agent's code runs (its tests import the patched library)
@@ -24,6 +27,7 @@ is the model's failure when the engine still works (`engine_works`).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import shlex
@@ -31,7 +35,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollhub.envs.swe.grading import GradeResult, grade_log
+from rollhub.envs.swe.grading import GradeResult, grade_run
 from rollhub.envs.swe.patch_policy import (
     PatchPolicy,
     PatchRejected,
@@ -40,19 +44,20 @@ from rollhub.envs.swe.patch_policy import (
     parse_git_diff,
     sanitize_patch,
 )
+from rollhub.envs.swe.reporter import PYTEST_PARSERS, GradingRun, split_eval_script, verify_records
 from rollhub.envs.swe.tasks import WORKDIR, SweTask, files_in_patch
-from rollhub.sandbox.base import Limits, Sandbox, SandboxBackend, SandboxError
+from rollhub.sandbox.base import ExecResult, Limits, Sandbox, SandboxBackend, SandboxError
 
 logger = logging.getLogger(__name__)
 
 PATCH_PATH = "/tmp/rollhub_patch.diff"
-EVAL_SCRIPT_PATH = "/tmp/rollhub_eval.sh"
 #: the official harness's order, without `--reject` (it never exits 0 where plain apply
 #: failed) and without `patch --fuzz` (it writes paths `git apply` refuses)
 APPLY_COMMANDS = ("apply --verbose", "apply --verbose --3way")
 #: outputs go to files and are read back whole: exec output is truncated for the agent's sake
 DIFF_PATH = "/tmp/rollhub_agent.diff"
-EVAL_LOG_PATH = "/tmp/rollhub_eval.log"
+#: the collector's own deadline is the eval timeout; the exec's is this much later
+COLLECTOR_MARGIN_S = 60.0
 MAX_DIFF_BYTES = 20 * 1024 * 1024
 #: git with no configuration but ours: no system/global file, a private git directory
 CLEAN_GIT_ENV = {
@@ -239,7 +244,7 @@ async def grading_policy(box: Sandbox, task: SweTask, patch: str) -> PatchPolicy
     hosts = doctest_hosts([*task.fail_to_pass, *task.pass_to_pass])
     for section in sections:
         name = section.path.rsplit("/", 1)[-1].lower()
-        if name in ("tox.ini", "setup.cfg", "pyproject.toml") or section.path in hosts:
+        if PatchPolicy.needs_base_text(name) or section.path in hosts:
             if section.path in base_files:
                 spec = shlex.quote(f"{task.base_commit}:{section.path}")
                 texts[section.path] = await _read_text(box, _git("show", spec), "/tmp/rollhub_base_text")
@@ -306,6 +311,49 @@ async def apply_patch(box: Sandbox, patch: str | bytes) -> tuple[bool, str]:
     return False, output
 
 
+async def run_tests(
+    box: Sandbox, task: SweTask, eval_script: str, timeout_s: float
+) -> tuple[GradeResult, str, dict[str, str]]:
+    """Run the task's tests in `box` (the patch applied) through the collector and grade what it
+    sealed: (grade, test log, EvalOutcome extras). SandboxError when the machinery fails."""
+    run = GradingRun(timeout_s=timeout_s)
+    await box.write_file(run.collector_path, run.collector_source(eval_script, HOOKS_OFF_ENV))
+    result = await box.exec(run.command, timeout_s=timeout_s + COLLECTOR_MARGIN_S, workdir=WORKDIR, env=HOOKS_OFF_ENV)
+    return await _collect(box, task, run, result)
+
+
+async def _collect(
+    box: Sandbox, task: SweTask, run: GradingRun, result: ExecResult
+) -> tuple[GradeResult, str, dict[str, str]]:
+    """(grade, test log, EvalOutcome extras) from what the collector sealed. No seal (the
+    collector killed, or the exec out of time) or files that do not match it score 0."""
+    seal = run.seal(result.output)
+    if seal is None:
+        why = "the tests ran out of time" if result.timed_out else "the grading collector sealed nothing"
+        return GradeResult(resolved=False), f"{why}\n{result.output[-2000:]}", {}
+    try:
+        log_bytes = await box.read_file(run.log_path)
+        records = await box.read_file(run.records_path)
+    except (FileNotFoundError, IsADirectoryError, OSError) as exc:
+        # written by the collector after the tests ended: only what they left behind can remove them
+        return GradeResult(resolved=False), "", {"model_failure": f"the sealed test output is gone: {exc}"}
+    log = log_bytes.decode("utf-8", errors="replace")
+    if seal.timed_out:
+        return GradeResult(resolved=False), log + "\n[the tests ran out of time]\n", {}
+    if hashlib.sha256(log_bytes).hexdigest() != seal.log_sha256 or (
+        hashlib.sha256(records).hexdigest() != seal.records_sha256
+    ):
+        return (
+            GradeResult(resolved=False, hack_suspected="the test output was rewritten after the collector sealed it"),
+            log,
+            {},
+        )
+    verdict = verify_records(records, run.reporter_key) if task.log_parser in PYTEST_PARSERS else None
+    if seal.overflow:
+        return GradeResult(resolved=False), log + "\n[the test output was over the collector's limit]\n", {}
+    return grade_run(task, log, seal.exit_code, verdict), log, {}
+
+
 async def evaluate_patch(
     backend: SandboxBackend,
     task: SweTask,
@@ -321,6 +369,7 @@ async def evaluate_patch(
 
     started = time.monotonic()
     eval_script = make_test_spec(task.row).eval_script
+    split_eval_script(eval_script)  # a script the grader cannot read is the task's fault, before any container
     box = None
     agent_code_running = False
     sanitized: SanitizedPatch | None = None
@@ -350,24 +399,13 @@ async def evaluate_patch(
         if not applied:
             logger.info("patch did not apply for %s: %s", task.instance_id, apply_log[-300:])
             return done(GradeResult(resolved=False), False, apply_log)
-        await box.write_file(EVAL_SCRIPT_PATH, eval_script)
         agent_code_running = True
-        result = await box.exec(
-            f"bash {EVAL_SCRIPT_PATH} > {EVAL_LOG_PATH} 2>&1", timeout_s=timeout_s, workdir=WORKDIR, env=HOOKS_OFF_ENV
-        )
+        grade, log, extra = await run_tests(box, task, eval_script, timeout_s)
         agent_code_running = False
-        try:
-            log = (await box.read_file(EVAL_LOG_PATH)).decode("utf-8", errors="replace")
-        except (FileNotFoundError, IsADirectoryError, OSError) as exc:
-            # only code run by the eval script (the patched library) can have removed it
-            return done(GradeResult(resolved=False), True, model_failure=f"the eval log is gone: {exc}")
-        if result.timed_out:
-            log += "\n>>>>> Tests Timed Out\n"
-        grade = grade_log(task, log)
-        if not grade.tests_ran and not await engine_works(backend, task.image):
+        if not grade.tests_ran and not extra and not await engine_works(backend, task.image):
             # the engine's own signal, never the log's text (the code under test writes the log)
             return done(grade, True, log, infra_failure="engine: no test output and the engine cannot run a container")
-        return done(grade, True, log)
+        return done(grade, True, log, **extra)
     except SandboxError as exc:
         if agent_code_running and await engine_works(backend, task.image):
             logger.info("%s: the grading container died while the patched code ran: %s", task.instance_id, exc)

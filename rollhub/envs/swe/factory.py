@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rollhub.core.errors import UserError
 from rollhub.envs.swe.grading import parse_pytest_log
-from rollhub.envs.swe.images import build_instance_image, build_package_image
+from rollhub.envs.swe.images import build_instance_image, build_package_image, instance_image_current
 from rollhub.envs.swe.mutation import FAMILIES, Mutation, find_mutations
 from rollhub.envs.swe.package_repo import CACHE_DIR, PackageRepo, git, normalize_name, pin_requirements, prepare_package
 from rollhub.envs.swe.redteam import redteam_task
@@ -58,6 +59,10 @@ class FactoryOptions:
     test_requirements: list[str] = field(default_factory=list)
     cache_dir: Path = CACHE_DIR
     seed: int = 0
+    #: the library's doctests join the suite (`--doctest-modules` over the modules that have
+    #: examples), and only those modules are mutated: tasks whose tests include doctests of the
+    #: very module that holds the fix
+    doctests: bool = False
 
     def validate(self) -> None:
         if self.workers < 1:
@@ -98,11 +103,20 @@ class SuiteRun:
 
 
 # ---------------------------------------------------------------------- running the suite
+def test_command(repo: PackageRepo) -> str:
+    return TEST_COMMAND + (" --doctest-modules" if repo.doctest_modules else "")
+
+
+def _mode(repo: PackageRepo) -> str:
+    """Cache-file suffix of the suite's shape (plain tests, or tests and doctests)."""
+    return "-doctest" if repo.doctest_modules else ""
+
+
 async def run_suite(box: Sandbox, repo: PackageRepo, timeout_s: float) -> SuiteRun:
-    targets = " ".join(repo.test_targets)
+    targets = " ".join(repo.suite_targets)
     started = time.monotonic()
     result = await box.exec(
-        f"COLUMNS=300 timeout -k 5 {int(timeout_s)} {TEST_COMMAND} {targets} > {SUITE_LOG} 2>&1; echo $?",
+        f"COLUMNS=300 timeout -k 5 {int(timeout_s)} {test_command(repo)} {targets} > {SUITE_LOG} 2>&1; echo $?",
         timeout_s=timeout_s + 30,
         workdir=WORKDIR,
     )
@@ -115,7 +129,7 @@ async def run_suite(box: Sandbox, repo: PackageRepo, timeout_s: float) -> SuiteR
 
 async def baseline(backend: SandboxBackend, image: str, repo: PackageRepo, work: Path) -> tuple[list[str], float]:
     """Tests that pass in two runs in fresh containers (flaky ones dropped), and the slower time."""
-    cache = work / "baseline.json"
+    cache = work / f"baseline{_mode(repo)}.json"
     if cache.exists():
         data = json.loads(cache.read_text())
         if data.get("image") == image:
@@ -204,6 +218,7 @@ def problem_statement(package: str, fail_to_pass: list[str], messages: dict[str,
 
 def instance_id_for(repo: PackageRepo, key: str) -> str:
     name = normalize_name(repo.name).replace("-", "_")
+    key = key + _mode(repo)  # the same mutant with doctests in its suite is another task
     return f"{name}__{name}-{repo.version}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
 
 
@@ -327,7 +342,10 @@ def make_row(
         "FAIL_TO_PASS": json.dumps(f2p),
         "PASS_TO_PASS": json.dumps(p2p),
         "image": image,
-        "eval_script": pytest_eval_script(base_commit, repo.test_targets, "", TEST_COMMAND),
+        # test files are reset to the base commit; doctest modules are run, never reset (they hold the fix)
+        "eval_script": pytest_eval_script(
+            base_commit, repo.test_targets, "", test_command(repo), test_targets=repo.suite_targets
+        ),
         "log_parser": DEFAULT_LOG_PARSER,
         "eval_type": "pass_and_fail",
         # provenance for `rollhub swe build-images` (not shown to the agent)
@@ -335,6 +353,7 @@ def make_row(
             "package": repo.name,
             "package_version": repo.version,
             "requirements": repo.requirements,
+            **({"doctest_modules": repo.doctest_modules} if repo.doctest_modules else {}),
             "mutation": {
                 "file": candidate.file,
                 "function": candidate.function,
@@ -362,12 +381,14 @@ async def make_tasks(
     team are the slow part, so a rerun resumes them too."""
     from tqdm import tqdm
 
-    from rollhub.sandbox.images import image_exists
-
     options.validate()
     started = time.monotonic()
     repo = prepare_package(requirement, options.cache_dir, options.test_requirements)
     repo.requirements = pin_requirements(repo.requirements, options.cache_dir)
+    if options.doctests:
+        if not repo.use_doctests():
+            raise UserError(f"no library module of {repo.name}=={repo.version} has doctest examples")
+        repo.source_files = list(repo.doctest_modules)
     work = options.cache_dir / repo.slug
     image = await asyncio.to_thread(build_package_image, client, repo)
     stable, baseline_s = await baseline(backend, image, repo, work)
@@ -375,7 +396,7 @@ async def make_tasks(
     candidates = make_candidates(repo, options)
     accept = _Acceptance(options, len(stable))
 
-    results_file = work / f"validated-{hashlib.sha256(image.encode()).hexdigest()[:12]}.jsonl"
+    results_file = work / f"validated-{hashlib.sha256((image + _mode(repo)).encode()).hexdigest()[:12]}.jsonl"
     done: dict[str, dict[str, Any]] = {}
     if results_file.exists():
         for line in results_file.read_text().splitlines():
@@ -409,7 +430,7 @@ async def make_tasks(
     for candidate, record in tqdm(accept.accepted, desc=f"task images {repo.slug}", unit="task"):
         instance_id = instance_id_for(repo, candidate.key)
         done_row = finished.get(instance_id)
-        if done_row is not None and image_exists(client, done_row["image"]):
+        if done_row is not None and instance_image_current(client, done_row["image"]):
             rows.append(done_row)
             continue
         tag, base_commit = await build_instance_image(client, image, instance_id, candidate.bug_patch)
@@ -456,8 +477,6 @@ async def build_images(
     check that each rebuilt history has the row's base_commit."""
     from tqdm import tqdm
 
-    from rollhub.sandbox.images import image_exists
-
     built, present, mismatched = 0, 0, []
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row in rows:
@@ -469,7 +488,7 @@ async def build_images(
             )
         groups.setdefault((meta["package"], meta["package_version"]), []).append(row)
     for (name, version), group in groups.items():
-        missing = [r for r in group if force or not image_exists(client, r["image"])]
+        missing = [r for r in group if force or not instance_image_current(client, r["image"])]
         present += len(group) - len(missing)
         if not missing:
             continue

@@ -4,10 +4,14 @@
 `parse_log_pytest_v2`: the plain pytest parser keeps only the first whitespace token of
 an id and makes parametrised ids collide) and rejects forged or empty logs;
 `get_eval_tests_report` and `get_resolution_status` decide FAIL_TO_PASS/PASS_TO_PASS.
-Reward 1.0 iff the resolution is FULL. The log is written by the code under test (and shows
-the agent's own text), so nothing in it can make a grade an infra failure: that is decided
-from the engine's own signals (rollhub.envs.swe.evaluate), and a log without test output
-scores 0.
+Reward 1.0 iff the resolution is FULL. The log is written by the code under test, so nothing
+in it can make a grade an infra failure: that is decided from the engine's own signals
+(rollhub.envs.swe.evaluate), and a log without test output scores 0.
+
+`grade_run` grades what the collector brought back (rollhub.envs.swe.reporter): swebench's
+verdict on the test log AND the grading reporter's records must both say resolved; where the
+log says resolved and the reporter does not, or the reporter saw its chain broken or the
+runner tampered with, the grade is 0 with `hack_suspected` saying why.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollhub.envs.swe.reporter import RecordsVerdict
 from rollhub.envs.swe.tasks import SweTask
 
 
@@ -32,6 +37,8 @@ class GradeResult:
     #: the log had parseable test output (the patches applied and the suite ran)
     tests_ran: bool = False
     status: str = "RESOLVED_NO"
+    #: why the run is believed to have forged its outcome ("" when it is not): reward 0
+    hack_suspected: str = ""
 
     @property
     def reward(self) -> float:
@@ -46,13 +53,14 @@ class GradeResult:
             "pass_to_pass_passed": self.pass_to_pass_passed,
             "pass_fraction": self.pass_fraction,
             "tests_ran": self.tests_ran,
+            "hack_suspected": bool(self.hack_suspected),
+            **({"hack_reason": self.hack_suspected} if self.hack_suspected else {}),
         }
 
 
 def grade_log(task: SweTask, log_text: str) -> GradeResult:
     """Grade the output of the task's eval script (stdout+stderr) the official way."""
-    from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS, EvalType
-    from swebench.harness.grading import get_eval_tests_report, get_logs_eval, get_resolution_status
+    from swebench.harness.grading import get_logs_eval
     from swebench.harness.utils import make_test_spec
 
     spec = make_test_spec(task.row)
@@ -63,9 +71,16 @@ def grade_log(task: SweTask, log_text: str) -> GradeResult:
         status_map, found = get_logs_eval(spec, log_path)
     finally:
         os.unlink(log_path)
-    total = len(task.fail_to_pass) + len(task.pass_to_pass)
     if not found:
         return GradeResult(resolved=False, tests={t: "FAILED" for t in [*task.fail_to_pass, *task.pass_to_pass]})
+    return _grade_status_map(task, status_map)
+
+
+def _grade_status_map(task: SweTask, status_map: dict[str, str]) -> GradeResult:
+    from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS, EvalType
+    from swebench.harness.grading import get_eval_tests_report, get_resolution_status
+
+    total = len(task.fail_to_pass) + len(task.pass_to_pass)
     report = get_eval_tests_report(
         status_map,
         {"instance_id": task.instance_id, FAIL_TO_PASS: task.fail_to_pass, PASS_TO_PASS: task.pass_to_pass},
@@ -88,6 +103,92 @@ def grade_log(task: SweTask, log_text: str) -> GradeResult:
         pass_fraction=(f2p_ok + p2p_ok) / total if total else 0.0,
         tests_ran=True,
         status=status,
+    )
+
+
+#: the official harness's own markers: output of the tests that holds one is forging its bounds
+def _harness_markers() -> tuple[str, ...]:
+    from swebench.harness import constants as c
+
+    return (
+        c.START_TEST_OUTPUT,
+        c.END_TEST_OUTPUT,
+        c.TEST_EXIT_CODE,
+        c.APPLY_PATCH_FAIL,
+        c.APPLY_PATCH_PASS,
+        c.RESET_FAILED,
+        c.TESTS_ERROR,
+        c.TESTS_TIMEOUT,
+    )
+
+
+def official_log(test_log: str, exit_code: int | None) -> str:
+    """The test output in the form swebench's `get_logs_eval` reads: between its markers,
+    followed by the exit-status line its cross-check wants."""
+    from swebench.harness import constants as c
+
+    tail = f"{c.TEST_EXIT_CODE}: {exit_code}\n" if exit_code is not None else ""
+    return f"{c.START_TEST_OUTPUT}\n{test_log.rstrip(chr(10))}\n{c.END_TEST_OUTPUT}\n{tail}"
+
+
+_ORDER = {"RESOLVED_NO": 0, "RESOLVED_PARTIAL": 1, "RESOLVED_FULL": 2}
+
+
+def grade_run(task: SweTask, test_log: str, exit_code: int | None, records: RecordsVerdict | None) -> GradeResult:
+    """Grade a sealed run: the official verdict on the test log, and, for pytest tasks, the
+    grading reporter's (None: the task's runner is not pytest, the log alone decides).
+
+    Resolved iff both say so. `hack_suspected` when the log claims a graded test passed that
+    the reporter saw fail or not run, or the reporter saw its chain broken or the runner
+    tampered with; a run whose log claims nothing the reporter denies is not suspected of
+    anything (a crash is just a failure)."""
+    markers = [m for m in _harness_markers() if m in test_log]
+    by_log = grade_log(task, official_log(test_log, exit_code))
+    if markers:
+        by_log.resolved, by_log.status = False, "RESOLVED_NO"
+        by_log.hack_suspected = f"the test output holds the harness's marker {markers[0]!r}"
+        return by_log
+    if records is None:
+        return by_log
+    by_reporter = _grade_status_map(task, parse_pytest_log(records.summary_lines()))
+    problems = records.problems()
+    evidence = [p for p in problems if p.startswith(("tampering", "the reporter's record chain"))]
+    from swebench.harness.log_parsers import PARSER_REGISTRY
+
+    claims = PARSER_REGISTRY[task.log_parser](test_log, None)
+    denied = sorted(
+        t
+        for t in {*task.fail_to_pass, *task.pass_to_pass}
+        if claims.get(t) in ("PASSED", "XFAIL") and by_reporter.tests.get(t) != "PASSED"
+    )
+    suspicion = "; ".join(evidence[:3])
+    if not suspicion and denied:
+        suspicion = (
+            f"the log says {len(denied)} graded test(s) passed that the reporter saw fail or not run "
+            f"({', '.join(denied[:3])})" + (f": {problems[0]}" if problems else "")
+        )
+    if not suspicion and by_log.resolved and problems:
+        suspicion = "; ".join(problems[:3])
+    tests = {
+        t: "PASSED" if s == "PASSED" and by_reporter.tests.get(t) == "PASSED" else "FAILED"
+        for t, s in by_log.tests.items()
+    }
+    if problems:
+        tests = {t: "FAILED" for t in tests}
+    f2p = sum(tests.get(t) == "PASSED" for t in task.fail_to_pass)
+    p2p = sum(tests.get(t) == "PASSED" for t in task.pass_to_pass)
+    total = len(task.fail_to_pass) + len(task.pass_to_pass)
+    resolved = by_log.resolved and by_reporter.resolved and not problems
+    status = min(by_log.status, by_reporter.status, key=_ORDER.__getitem__)
+    return GradeResult(
+        resolved=resolved,
+        tests=tests,
+        fail_to_pass_passed=f2p,
+        pass_to_pass_passed=p2p,
+        pass_fraction=(f2p + p2p) / total if total else 0.0,
+        tests_ran=by_log.tests_ran,
+        status="RESOLVED_FULL" if resolved else ("RESOLVED_NO" if problems else status),
+        hack_suspected=suspicion,
     )
 
 

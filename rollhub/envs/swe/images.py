@@ -8,6 +8,13 @@ Instance image (`rollhub/sweb.eval.x86_64.<id>:latest`, the swebench 5.x naming 
 `__` -> `_1776_`): the package image with the bug applied and the git history squashed
 to one commit with a fixed identity and date, so `git log` shows nothing and the hash is
 reproducible (`build-images` checks it against the row's base_commit).
+
+Both declare the non-root sandbox user `agent` (uid 1000, the `rollhub.sandbox.user` label):
+it owns /testbed, so the agent edits the repository and runs its tests, while the
+interpreter, the venv's site-packages and the system stay root's and read-only to it. The
+image's default user stays root, as the official harness expects. The tag of an instance
+image is fixed by the swebench naming, so the `rollhub.swe.image_format` label tells an
+image of this recipe from an older one built under the same tag (`instance_image_current`).
 """
 
 from __future__ import annotations
@@ -24,10 +31,16 @@ from typing import Any
 from rollhub.envs.swe.package_repo import GIT_ENV, PackageRepo, normalize_name
 from rollhub.envs.swe.tasks import WORKDIR
 from rollhub.sandbox.base import SandboxError
+from rollhub.sandbox.images import LABEL_SANDBOX_USER
 
 logger = logging.getLogger(__name__)
 
 IMAGE_NAMESPACE = "rollhub"
+#: who the agent's commands (and the tests at grading) run as; owns /testbed
+SWE_USER = "agent"
+#: raised when the recipe changes what an image holds, so `build-images` rebuilds the fixed tags
+IMAGE_FORMAT = "2"
+LABEL_IMAGE_FORMAT = "rollhub.swe.image_format"
 _SQUASH = (
     "rm -rf .git && git -c init.defaultBranch=main init -q && git add -A . && "
     "git -c commit.gpgsign=false commit -q -m 'Initial commit' && git rev-parse HEAD"
@@ -44,8 +57,21 @@ def instance_image_name(instance_id: str, namespace: str = IMAGE_NAMESPACE) -> s
     return f"{namespace}/{key}"
 
 
+def instance_image_current(client: Any, tag: str) -> bool:
+    """Whether `tag` exists and was built by this recipe (an older image under the same tag,
+    e.g. one whose commands ran as root, must be rebuilt, not reused)."""
+    import docker.errors
+
+    try:
+        labels = client.images.get(tag).labels or {}
+    except docker.errors.ImageNotFound:
+        return False
+    return labels.get(LABEL_IMAGE_FORMAT) == IMAGE_FORMAT and labels.get(LABEL_SANDBOX_USER) == SWE_USER
+
+
 def build_package_image(client: Any, repo: PackageRepo) -> str:
-    """Base + venv (wheels, no network) + repo at /testbed; cached by content hash."""
+    """Base + venv (wheels, no network) + repo at /testbed owned by the sandbox user; cached
+    by content hash."""
     from rollhub.sandbox.images import build_python_image
 
     import_path = f"{WORKDIR}/{repo.import_root}" if repo.import_root else WORKDIR
@@ -64,6 +90,8 @@ def build_package_image(client: Any, repo: PackageRepo) -> str:
         f"{IMAGE_NAMESPACE}/swe-pkg-{normalize_name(repo.name)}-{repo.version}",
         files={WORKDIR: str(repo.root)},
         run=run,
+        sandbox_user=SWE_USER,
+        user_owned=[WORKDIR],
     )
 
 
@@ -77,8 +105,12 @@ def _build_instance_blocking(client: Any, package_image: str, instance_id: str, 
             f"FROM {package_image}",
             "COPY bug.diff /tmp/bug.diff",
             f"RUN cd {WORKDIR} && git apply /tmp/bug.diff && rm /tmp/bug.diff && export {exports} && "
-            f"echo {_COMMIT_MARKER}$({_SQUASH})",
+            f"echo {_COMMIT_MARKER}$({_SQUASH}) && "
+            # what git wrote as root goes back to the sandbox user; files it already owns are
+            # left alone (a chown would copy each of them into this layer)
+            f"find {WORKDIR} ! -user {SWE_USER} -exec chown -h {SWE_USER}:{SWE_USER} {{}} +",
             f"LABEL rollhub.swe.instance={json.dumps(instance_id)}",
+            f'LABEL {LABEL_IMAGE_FORMAT}="{IMAGE_FORMAT}"',
             "STOPSIGNAL SIGKILL",
             f"WORKDIR {WORKDIR}",
             'CMD ["sleep", "infinity"]',

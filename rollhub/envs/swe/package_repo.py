@@ -76,6 +76,20 @@ class PackageRepo:
     import_root: str  # "" or "src": what the image's .pth points at
     requirements: list[str] = field(default_factory=list)  # runtime + test deps, as wheels
     base_commit: str = ""
+    #: library modules whose doctests join the suite (`--doctest-modules`), relative to the root
+    doctest_modules: list[str] = field(default_factory=list)
+
+    @property
+    def suite_targets(self) -> list[str]:
+        return [*self.test_targets, *self.doctest_modules]
+
+    def use_doctests(self) -> list[str]:
+        """Run the doctests of the library modules that have examples as part of the suite (as
+        many projects do); returns those modules."""
+        self.doctest_modules = [
+            rel for rel in self.source_files if ">>> " in (self.root / rel).read_text(encoding="utf-8", errors="replace")
+        ]
+        return self.doctest_modules
 
     @property
     def slug(self) -> str:

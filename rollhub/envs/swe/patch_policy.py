@@ -11,19 +11,26 @@ what the file would do in the grading run, not only by its name:
   (test patch, eval-script reset targets, the files of FAIL_TO_PASS / PASS_TO_PASS ids; not
   a library module whose doctests are the ids: it holds the code to fix), `__init__.py` next
   to a task test file;
-* test-runner configuration: `pytest.ini`/`.pytest.ini`; `tox.ini`, `setup.cfg`,
-  `pyproject.toml` whose pytest or entry-point sections change (judged on the file rebuilt
-  from the base text, `config_changes_runner`); `setup.py` edits that mention entry points
-  or pytest; `.pytest_cache`, `.coveragerc`;
+* test-runner configuration: every file pytest's rootdir search reads (`pytest.toml`,
+  `.pytest.toml`, `pytest.ini`, `.pytest.ini`, `pyproject.toml`, `tox.ini`, `setup.cfg`)
+  added or deleted anywhere, or changed so that what pytest reads from it differs, judged
+  with pytest's own parsers on the file rebuilt from the base text (`pytest_config`);
+  `setup.py` edits that mention entry points or pytest; `.pytest_cache`, `.coveragerc`;
 * interpreter start-up: `sitecustomize.py`, `usercustomize.py`, `*.pth`, `pyvenv.cfg`,
   `.pythonrc*`, `.pdbrc`, byte code (`__pycache__`, `*.pyc`), package metadata
   (`*.egg-info`, `*.dist-info`: their entry points load pytest plugins), anything under
   `site-packages`, and any Python module that would be importable under a new top-level
   name (a new file in a directory that is not a package at the base commit: it could
   shadow `pytest` or the standard library through `sys.path[0]`);
+* what Python can import that no one can read: archives and native code (`.zip`, `.egg`,
+  `.whl`, `.pyz`, `.so`, `.pyd`...), every `GIT binary patch`, and text that carries a NUL
+  or a zip / ELF signature (zipimport finds an archive by its trailing directory, in a file
+  of any name);
 * git: `.gitattributes`, `.gitmodules`, symlinks and submodules (mode 120000 / 160000);
 * content: added Python lines that define pytest hooks, name pytest (a library that asks
-  whether it runs under pytest special-cases the tests) or reach into its internals.
+  whether it runs under pytest special-cases the tests) or reach into its internals; a
+  module that, compiled as Python compiles it, newly reaches for dynamic execution or
+  interpreter internals, or does not compile (`content_rules`).
 
 Paths outside the repository (absolute, `..`) or inside `.git` reject the whole patch:
 git never writes them, so the text was forged. The grading container re-checks the kept
@@ -33,15 +40,15 @@ patch with its own (trusted) `git apply --numstat` (`evaluate.verify_paths`).
 from __future__ import annotations
 
 import ast
-import configparser
 import doctest
 import posixpath
 import re
 import shlex
-import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from rollhub.envs.swe.content_rules import new_constructs, new_constructs_in_fragments
+from rollhub.envs.swe.pytest_config import CONFIG_NAMES, config_change, is_config_name
 from rollhub.envs.swe.tasks import is_test_path
 
 #: modes a regular source file may have; symlinks (120000) and gitlinks (160000) are dropped
@@ -50,8 +57,6 @@ REGULAR_MODES = frozenset({"100644", "100755"})
 _RUNNER_FILES = frozenset(
     {
         "conftest.py",
-        "pytest.ini",
-        ".pytest.ini",
         ".coveragerc",
         "sitecustomize.py",
         "usercustomize.py",
@@ -62,9 +67,15 @@ _RUNNER_FILES = frozenset(
         ".gitmodules",
     }
 )
-#: configuration files judged by content: only their runner-relevant parts must not change
-_JUDGED_CONFIG = frozenset({"tox.ini", "setup.cfg", "pyproject.toml"})
+#: configuration files judged by content: what pytest reads from them must not change
+_JUDGED_CONFIG = frozenset(CONFIG_NAMES)
 _STARTUP_SUFFIXES = (".pth", ".pyc", ".pyo")
+#: what the import system loads without a readable source: archives (zipimport), native code
+ARCHIVE_SUFFIXES = (".zip", ".egg", ".whl", ".pyz", ".pyzw", ".so", ".pyd", ".dll", ".dylib", ".jar", ".egg-link")
+#: signatures of a zip member / central directory / end record and of an ELF object
+_BINARY_MAGIC = ("PK\x03\x04", "PK\x01\x02", "PK\x05\x06", "PK\x06\x06", "PK\x07\x08", "\x7fELF", "\0")
+#: source files whose code the content rules judge (`.pyw` is inert on Linux, judged all the same)
+_SOURCE_SUFFIXES = (".py", ".pyw")
 _METADATA_DIR = re.compile(r"\.(egg-info|dist-info|egg-link|egg)$", re.I)
 _PYTHON_MODULE = re.compile(r"\.(py|pyw|pyc|pyo|pyd|so)$", re.I)
 #: added Python lines that make a module a pytest plugin or reach into the runner
@@ -420,40 +431,10 @@ def apply_hunks(base: str, section: FileSection) -> str | None:
     return "\n".join(out)
 
 
-def _runner_sections_of_ini(text: str) -> dict[str, dict[str, str]] | None:
-    parser = configparser.RawConfigParser(strict=False)
-    try:
-        parser.read_string(text)
-    except configparser.Error:
-        return None
-    wanted = ("pytest", "tool:pytest", "options.entry_points", "options")
-    return {name: dict(parser.items(name)) for name in parser.sections() if name.lower() in wanted}
-
-
-def _runner_tables_of_toml(text: str) -> dict | None:
-    try:
-        data = tomllib.loads(text)
-    except (tomllib.TOMLDecodeError, ValueError):
-        return None
-    tool = data.get("tool", {}) if isinstance(data.get("tool"), dict) else {}
-    project = data.get("project", {}) if isinstance(data.get("project"), dict) else {}
-    poetry = tool.get("poetry", {}) if isinstance(tool.get("poetry"), dict) else {}
-    return {
-        "tool.pytest": tool.get("pytest"),
-        "project.entry-points": project.get("entry-points"),
-        "project.scripts": project.get("scripts"),
-        "tool.poetry.plugins": poetry.get("plugins"),
-        "tool.setuptools": tool.get("setuptools"),
-    }
-
-
 def config_changes_runner(name: str, base: str | None, new: str | None) -> bool:
-    """Whether the change of a tox.ini / setup.cfg / pyproject.toml touches what pytest or the
-    package's entry points read. Unparseable text counts as a change."""
-    reader = _runner_tables_of_toml if name == "pyproject.toml" else _runner_sections_of_ini
-    before = reader(base) if base is not None else reader("")
-    after = reader(new) if new is not None else None
-    return before is None or after is None or before != after
+    """Whether turning pytest configuration file `name` from `base` into `new` (None: absent)
+    changes what pytest reads (`pytest_config.config_change`)."""
+    return bool(config_change(name, base, new))
 
 
 @dataclass
@@ -468,8 +449,13 @@ class PatchPolicy:
     base_texts: dict[str, str] = field(default_factory=dict)
     #: modules whose doctests are tests of the task: editable, but their examples must not change
     doctest_modules: frozenset[str] = frozenset()
-    #: drop Python sections whose added lines reach into the test runner
+    #: drop Python sections whose added code reaches into the test runner or the interpreter
     content_rules: bool = True
+
+    @staticmethod
+    def needs_base_text(path: str) -> bool:
+        """Whether judging a change of `path` needs its base text (configuration, Python source)."""
+        return is_config_name(path) or path.lower().endswith(_SOURCE_SUFFIXES)
 
     @classmethod
     def for_task(
@@ -514,6 +500,8 @@ class PatchPolicy:
             return f"{name} configures the test run, the interpreter or git"
         if lower.startswith(".pythonrc") or lower.endswith(_STARTUP_SUFFIXES):
             return f"{name} runs at interpreter start-up (byte code / .pth)"
+        if lower.endswith(ARCHIVE_SUFFIXES):
+            return f"{name}: an archive or native module Python could import"
         for part in parts[:-1]:
             low = part.lower()
             if low in ("__pycache__", ".pytest_cache", "site-packages", "dist-packages"):
@@ -527,6 +515,12 @@ class PatchPolicy:
             return f"not a regular file (mode {', '.join(sorted(modes))}: symlink or submodule)"
         if lower in _JUDGED_CONFIG:
             return self._judge_config(section)
+        if section.binary:
+            return "a binary file (GIT binary patch): Python could import it, no one can review it"
+        for line in section.added_lines:
+            magic = next((m for m in _BINARY_MAGIC if m in line), None)
+            if magic is not None:
+                return f"text that carries {magic!r}: a zip archive or native object Python could import"
         if lower == "setup.py" and any(
             re.search(r"entry_points|pytest|setup_requires", line)
             for line in section.added_lines + section.removed_lines
@@ -537,17 +531,35 @@ class PatchPolicy:
                 ancestors = [posixpath.join(*parts[:k]) for k in range(1, len(parts))]
                 if not any(self._is_package_dir(a) for a in ancestors):
                     return "a new top-level module (could shadow pytest or the standard library)"
-            if self.content_rules and not section.binary:
+            if self.content_rules:
                 for line in section.added_lines:
                     if _RUNNER_CODE.search(line):
                         return f"code that hooks into the test runner: {line.strip()[:80]!r}"
-            if section.binary:
-                return "a binary Python module"
             if self.doctest_modules:
                 why = self._judge_doctests(section)
                 if why:
                     return why
+            if self.content_rules and lower.endswith(_SOURCE_SUFFIXES):
+                why = self._judge_code(section)
+                if why:
+                    return why
         return ""
+
+    def _judge_code(self, section: FileSection) -> str:
+        """New uses of dynamic execution or interpreter internals, on the whole module as Python
+        compiles it (the base text from the policy; a new file's base is empty), or on the
+        hunks alone when the base text is unknown."""
+        if not section.new_exists:
+            return ""
+        base = self.base_texts.get(section.path) if section.old_exists else ""
+        if base is None:
+            old_lines = [line[1:] for hunk in section.hunks for line in hunk.lines if line[:1] in (" ", "-")]
+            new_lines = [line[1:] for hunk in section.hunks for line in hunk.lines if line[:1] in (" ", "+")]
+            return new_constructs_in_fragments(old_lines, new_lines)
+        new = apply_hunks(base, section)
+        if new is None:
+            return "hunks that do not fit the base text"
+        return new_constructs(base, new)
 
     def _judge_doctests(self, section: FileSection) -> str:
         """The task's doctests are tests: a patch may fix the code around them, never edit the
@@ -574,10 +586,11 @@ class PatchPolicy:
         base = self.base_texts.get(section.path) if section.old_exists else None
         if section.old_exists and base is None:
             return f"{name}: base text unknown, cannot judge the change"
-        new = apply_hunks(base or "", section)
-        if new is None or config_changes_runner(name, base, new if section.new_exists else None):
-            return f"{name}: pytest / entry-point settings changed"
-        return ""
+        new = apply_hunks(base or "", section) if section.new_exists else None
+        if section.new_exists and new is None:
+            return f"{name}: hunks that do not fit the base text"
+        why = config_change(name, base, new)
+        return f"pytest configuration: {why}" if why else ""
 
 
 @dataclass

@@ -5,6 +5,11 @@ not in a shell), with a per-command timeout and head+tail truncated output.
 `str_replace_editor` views, creates and edits files (view / create / str_replace / insert),
 the editor SWE-agent and OpenHands made standard. `submit` ends the episode; the env then
 grades the diff in a fresh container.
+
+The engine's archive API reads and writes as root whoever the sandbox's user is, so the
+editor reads only what that user may read and writes through the user's own `cat` (the
+text is staged under a random name in /tmp): a file the user cannot write (the venv, the
+system) stays unwritable through the editor too.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import posixpath
+import secrets
 import shlex
 from dataclasses import dataclass
 from typing import Any
@@ -205,9 +211,10 @@ class ToolRunner:
         return real
 
     async def _read_text(self, path: str) -> str:
-        probe = await self.box.exec(f"test -f {shlex.quote(path)} && stat -L -c %s {shlex.quote(path)}", timeout_s=10)
+        quoted = shlex.quote(path)
+        probe = await self.box.exec(f"test -f {quoted} && test -r {quoted} && stat -L -c %s {quoted}", timeout_s=10)
         if probe.exit_code != 0:
-            raise ToolError(f"{path} is not a file")
+            raise ToolError(f"{path} is not a file you can read")
         size = probe.output.strip()
         if size.isdigit() and int(size) > MAX_EDITOR_FILE_BYTES:
             raise ToolError(f"{path} has {size} bytes; the editor opens files up to {MAX_EDITOR_FILE_BYTES}")
@@ -218,10 +225,20 @@ class ToolRunner:
         return data.decode("utf-8", errors="replace")
 
     async def _write_text(self, path: str, text: str) -> None:
+        """Stage the text, then let the sandbox's user copy it into place: the kernel decides
+        whether that user may write `path` (and an edited file keeps its owner and mode)."""
+        staged = f"/tmp/.rollhub-edit-{secrets.token_hex(8)}"
         try:
-            await self.box.write_file(path, text.encode("utf-8", "surrogatepass"))
+            await self.box.write_file(staged, text.encode("utf-8", "surrogatepass"))
         except (OSError, ValueError) as exc:
             raise ToolError(f"cannot write {path}: {exc}") from None
+        quoted = shlex.quote(staged)
+        result = await self.box.exec(
+            f"cat {quoted} > {shlex.quote(path)}; rc=$?; rm -f {quoted}; exit $rc", timeout_s=30, workdir="/"
+        )
+        if result.exit_code != 0:
+            detail = result.output.strip().splitlines()[-1:] or [f"exit code {result.exit_code}"]
+            raise ToolError(f"cannot write {path}: {detail[0][-200:]}")
 
     async def editor(self, arguments: dict[str, Any]) -> str:
         command = _require(arguments, "command", str)

@@ -3,7 +3,8 @@ the `rollhub serve` client and the latency-model simulation.
 
 Contract:
 * `generate(input_ids, sampling, request_id)` returns the generated token ids, the
-  behaviour log-prob of each (log_softmax(logits / temperature), before top-k/top-p), the
+  behaviour log-prob of each (log_softmax(logits / temperature), renormalised over the top-k/top-p
+  set by the in-process sampler; SGLang reports it before that truncation), the
   policy version of each token and a finish reason: "stop", "length" or "abort". An aborted
   request returns its partial output; the caller decides whether to resubmit.
 * `pause()` aborts in-flight requests (they return with "abort") and makes new `generate`

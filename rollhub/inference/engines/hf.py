@@ -766,8 +766,11 @@ class HFEngine(InferenceEngine):
         batch.next_tokens.extend(tokens)
 
     def _load_weights(self, source: Any, version: int) -> None:
-        if isinstance(source, (str, Path)):
-            source = _read_checkpoint_state_dict(Path(source))
+        if isinstance(source, (str, Path)):  # checked like a distributed update: names, shapes, dtypes, finite
+            from rollhub.inference.weight_sync import read_checked_checkpoint
+
+            specs = {name: (tuple(t.shape), t.dtype) for name, t in self.model.state_dict().items()}
+            source = read_checked_checkpoint(source, specs)
         if not isinstance(source, dict):
             raise TypeError(f"update_weights takes a state dict or an HF checkpoint dir, not {type(source).__name__}")
         with torch.no_grad():
@@ -775,6 +778,13 @@ class HFEngine(InferenceEngine):
             unknown = [k for k in source if k not in own]
             if unknown:
                 raise ValueError(f"update_weights: {len(unknown)} unknown parameter names, e.g. {unknown[:3]}")
+            # all or nothing: every shape is checked before the first copy (copy_ would broadcast a row)
+            for name, tensor in source.items():
+                if tuple(tensor.shape) != tuple(own[name].shape):
+                    raise ValueError(
+                        f"update_weights: {name} has shape {list(tensor.shape)}, the model's is "
+                        f"{list(own[name].shape)}; nothing was loaded"
+                    )
             for name, tensor in source.items():
                 own[name].copy_(tensor.detach().to(own[name].dtype))
         # One mechanism for every weight change: forget the last signature so that the cache is
@@ -785,14 +795,3 @@ class HFEngine(InferenceEngine):
         self.weight_version = int(version)
         logger.info("engine weights updated to version %d (%d tensors)", version, len(source))
 
-
-def _read_checkpoint_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors in {path}")
-    state: dict[str, torch.Tensor] = {}
-    for file in files:
-        state.update(load_file(str(file)))
-    return state

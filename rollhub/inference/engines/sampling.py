@@ -1,8 +1,11 @@
 """Token sampling with the behaviour log-prob every RL trainer needs.
 
-The reported log-prob is log_softmax(logits / T)[token]: after temperature, before
-top-k/top-p truncation (the SGLang convention), so the trainer
-divides its logits by the same T. T = 0 means greedy, reported at T = 1.
+The reported log-prob is that of the distribution the token was drawn from: log_softmax(logits / T)
+renormalised over the tokens top-k / top-p kept (`sampling_logprobs`); without truncation that is
+log_softmax(logits / T)[token], so the trainer divides its logits by the same T. The off-policy
+weight pi / mu needs mu to be the sampling probability; SGLang reports the tempered log-prob
+before truncation instead, which is why top-p / top-k with off-policy corrections is refused on
+SGLang (rollhub.trainer.logprob_check). T = 0 means greedy, reported at T = 1.
 """
 
 from __future__ import annotations
@@ -18,6 +21,15 @@ def behaviour_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor
     """log_softmax(logits / T) over the last dim, in fp32; T = 0 is treated as 1."""
     scale = temperature if temperature > 0 else 1.0
     return torch.log_softmax(logits.float() / scale, dim=-1)
+
+
+def sampling_logprobs(logprobs: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
+    """The log-probs tokens are sampled with: `logprobs` (log_softmax(logits / T), last dim the
+    vocabulary) renormalised over the top-k / top-p set, -inf outside it; unchanged without truncation."""
+    if top_p >= 1.0 and not 0 < top_k < logprobs.shape[-1]:
+        return logprobs
+    kept = _truncate(logprobs, top_p, top_k)
+    return kept - torch.logsumexp(kept, dim=-1, keepdim=True)
 
 
 def _truncate(logprobs: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
@@ -52,7 +64,8 @@ def sample_tokens(
     then one batched searchsorted picks the tokens. `torch.multinomial` per row cost ~1 ms
     each and dominated small-model decoding. The common case (no top-k/top-p) never builds
     the full log-softmax: the CDF comes from exp(z - max z), and only the chosen tokens'
-    log-probs z - logsumexp(z) are formed.
+    log-probs z - logsumexp(z) are formed. A truncated row reports its token's log-prob within
+    the kept set (`sampling_logprobs`), the probability it was actually drawn with.
     """
     vocab = logits.shape[-1]
     scaled = logits.float()
@@ -66,12 +79,14 @@ def sample_tokens(
     weights = shifted.exp()
     log_normaliser = maxima + weights.sum(dim=-1, keepdim=True).log()  # logsumexp(z), per row
     sampled: torch.Tensor | None = None
+    kept_normaliser: dict[int, torch.Tensor] = {}  # truncated row -> log of the kept set's probability mass
     if not all(greedy):
         if truncated_rows:
             logprobs = scaled - log_normaliser
             for row in truncated_rows:
                 kept = _truncate(logprobs[row], params[row].top_p, params[row].top_k)
                 weights[row] = (kept - kept.max()).exp()
+                kept_normaliser[row] = torch.logsumexp(kept, dim=-1)
         cdf = weights.cumsum(dim=-1)
         uniforms = torch.tensor([_uniform(g) for g in generators], dtype=torch.float32, device=cdf.device)
         targets = uniforms.unsqueeze(-1) * cdf[:, -1:]
@@ -82,5 +97,7 @@ def sample_tokens(
             sampled = argmax
         else:
             sampled = torch.where(torch.tensor(greedy, device=argmax.device), argmax, sampled)
-    chosen = scaled.gather(-1, sampled.unsqueeze(-1)) - log_normaliser
-    return sampled.tolist(), chosen.squeeze(-1).tolist()
+    chosen = (scaled.gather(-1, sampled.unsqueeze(-1)) - log_normaliser).squeeze(-1)
+    for row, mass in kept_normaliser.items():
+        chosen[row] = chosen[row] - mass
+    return sampled.tolist(), chosen.tolist()

@@ -18,12 +18,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,51 @@ def resolve_api_key(api_key: str | None) -> str | None:
 
 class SGLangError(RuntimeError):
     """The server answered with an error or could not be reached."""
+
+
+@dataclass(frozen=True)
+class LogprobMode:
+    """How a server reports behaviour log-probs (`SGLangEngine.probe_logprob_mode`); None = undecided.
+
+    temperature_scaled: log_softmax(logits / T); False under SGLang's SGLANG_RETURN_ORIGINAL_LOGPROB,
+        which reports T = 1 log-probs whatever T sampled, so pi / mu is off by the temperature.
+    renormalised: top-k / top-p log-probs are those of the kept set (rollhub serve), not the tempered
+        softmax before truncation (SGLang), which is not the probability the token was drawn with.
+    """
+
+    temperature_scaled: bool | None
+    renormalised: bool | None
+
+
+PROBE_TEMPERATURE = 0.5  # the second temperature of the probe: far enough from 1 to move any log-prob
+
+
+def logprob_mode(top1: tuple[Generation, Generation], sampled: list[tuple[Generation, Generation]]) -> LogprobMode:
+    """Decide the mode from the probe's replies: `top1` = one token at top_k 1 at T = 1 and at
+    PROBE_TEMPERATURE (both the argmax); `sampled` = pairs at those temperatures at top_k 2, with a
+    common seed.
+
+    At top_k 1 a renormalising server reports log 1 = 0; one that reports before truncation gives
+    log_softmax(z / T)[argmax] < 0, which moves with T unless the server ignores T. Where the argmax
+    pair cannot tell (renormalised, or a one-hot distribution), a top_k 2 pair that drew the same
+    token at both temperatures does: its log-prob within the two kept tokens moves with T too.
+    """
+    (a, b), tol = top1, 1e-5
+    renormalised: bool | None = None
+    temperature_scaled: bool | None = None
+    if a.token_ids and b.token_ids and a.token_ids[0] == b.token_ids[0]:
+        la, lb = a.logprobs[0], b.logprobs[0]
+        if abs(la) < tol and abs(lb) < tol:
+            renormalised = True
+        elif abs(lb) > tol:  # at T = 0.5 the argmax has p < 1, so the report is not of the kept set
+            renormalised = False
+            temperature_scaled = abs(la - lb) > tol
+    if temperature_scaled is None:
+        for x, y in sampled:
+            if x.token_ids and y.token_ids and x.token_ids[0] == y.token_ids[0] and abs(x.logprobs[0]) > tol:
+                temperature_scaled = abs(x.logprobs[0] - y.logprobs[0]) > tol
+                break
+    return LogprobMode(temperature_scaled, renormalised)
 
 
 class SGLangEngine(InferenceEngine):
@@ -81,13 +128,14 @@ class SGLangEngine(InferenceEngine):
         """Start a server process and wait for /health. Default: `python -m sglang.launch_server`.
 
         `command` replaces the launcher, e.g. `["rollhub", "serve", "--model", DIR, "--port", "P"]`.
-        `api_key` (default ROLLHUB_API_KEY) reaches SGLang as `--api-key` and any other
-        command as ROLLHUB_API_KEY in its environment; the client then sends it.
+        `api_key` (default ROLLHUB_API_KEY, else a fresh random key) reaches SGLang as `--api-key`
+        and any other command as ROLLHUB_API_KEY in its environment; the client then sends it.
         The server's stdout and stderr go to `log_path` (default: a temporary file), never to
         a pipe: a pipe nobody reads fills up and then blocks the server mid-write.
         """
-        api_key = resolve_api_key(api_key)
-        env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}  # an explicit "" disables it there too
+        # a key only this launch knows (`rollhub serve` would otherwise make one the client cannot read)
+        api_key = resolve_api_key(api_key) or secrets.token_urlsafe(32)
+        env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
         if api_key:
             env[API_KEY_ENV] = api_key
         if command is None:
@@ -196,6 +244,20 @@ class SGLangEngine(InferenceEngine):
         finally:
             self._in_flight.discard(rid)
         return parse_generate_reply(reply, rid, version, len(input_ids))
+
+    async def probe_logprob_mode(self, input_ids: list[int], *, pairs: int = 8) -> LogprobMode:
+        """Ask the server, with a few one-token requests, how it reports log-probs (`logprob_mode`):
+        a server started with SGLANG_RETURN_ORIGINAL_LOGPROB, or one that reports top-p / top-k
+        log-probs before truncation, would otherwise skew every off-policy weight in silence."""
+        temperatures = (1.0, PROBE_TEMPERATURE)
+
+        async def one(temperature: float, top_k: int, seed: int) -> Generation:
+            sampling = SamplingParams(max_new_tokens=1, temperature=temperature, top_k=top_k, seed=seed)
+            return await self.generate(list(input_ids), sampling)
+
+        top1 = await asyncio.gather(*(one(t, 1, 0) for t in temperatures))
+        sampled = await asyncio.gather(*(one(t, 2, seed) for seed in range(pairs) for t in temperatures))
+        return logprob_mode((top1[0], top1[1]), [(sampled[i], sampled[i + 1]) for i in range(0, len(sampled), 2)])
 
     async def update_weights(self, source: Any, version: int) -> None:
         """From an HF checkpoint dir (any server) or a state dict (written to a temp dir first)."""

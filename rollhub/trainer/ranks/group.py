@@ -197,7 +197,7 @@ class RankGroup:
         )
         if loss_config.kl_coef > 0 and reference is None:
             raise ValueError("loss.kl_coef > 0 needs a reference policy")
-        sampled_kl = loss_config.kl_coef > 0 and loss_config.kl_estimator == "k3"
+        sampled_kl = loss_config.kl_coef > 0 and loss_config.kl_estimator != "full"
         reference_logprobs = reference.compute_logprobs(batch) if sampled_kl else None  # replicated: local
         prox = proximal_logprobs(plan, batch, self.proximal_logprobs)
         shards = shard_parts(batch, plan, self.world_size, prox=prox, reference=reference_logprobs)

@@ -8,10 +8,10 @@ from rollhub.envs.math.answers import (
     extract_answer,
     extract_boxed,
     extract_tagged,
-    final_number,
     is_equivalent,
     normalize,
     parse,
+    stated_number,
 )
 
 # answers that kept the old check (Fraction, then sympy) busy for minutes
@@ -147,12 +147,14 @@ def test_extraction_order():
     assert extract_answer("think... <answer>\\boxed{3/4}</answer>") == ("3/4", True)
     assert extract_answer("<answer>7</answer> then <answer>8</answer>") == ("8", True)
     assert extract_answer("so \\boxed{\\frac{1}{2}} it is") == ("\\frac{1}{2}", True)
-    assert extract_answer("12 apples and then 13.") == ("13", False)
+    assert extract_answer("12 apples and then 13.") == (None, False)  # two numbers in one sentence
+    assert extract_answer("12 apples. Then 13.") == ("13", False)
     assert extract_answer("no numbers here") == (None, False)
     assert extract_boxed("\\boxed{\\frac{a}{b}} and \\boxed{x^{2}}") == "x^{2}"
     assert extract_boxed("\\boxed{unclosed") is None
-    assert final_number("costs 1,234 dollars") == "1,234"
-    assert final_number("it is -3.5 " + "." * 5000) == "-3.5" and final_number("none") is None
+    assert stated_number("costs 1,234 dollars") == "1,234"
+    assert stated_number("it is -3.5") == "-3.5" and stated_number("none") is None
+    assert stated_number("it is -3.5 " + "." * 5000) is None  # a long tail is no plain statement
     assert extract_tagged("<answer>a<answer>b</answer>", "answer") == "b"
     assert extract_tagged("</answer> <answer>", "answer") is None
     assert extract_tagged("  bare move ", "") == "bare move"

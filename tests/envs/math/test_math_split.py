@@ -1,6 +1,8 @@
 """Math-v0's problem-level train/test split: disjoint by content, fixed and distinct test set,
 and the trainer's overlap check refusing a run whose evaluation problems training could draw."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -139,3 +141,118 @@ def test_example_renders_in_smollm2_chat_template():
         add_generation_prompt=True,
     )
     assert text.index("<answer>42</answer>") < text.index("Compute 1 + 2.") < text.rindex("assistant")
+
+
+# -- the overlap check reads content, not seed ranges ---------------------------------------
+
+
+def test_the_cli_refuses_evaluating_on_the_train_split_before_training(tmp_path, capsys):
+    """Disjoint seed ranges, but difficulty 1 has 800 problems: the train split's evaluation seeds
+    draw problems training draws too. Refused at prepare time, as a one-line error, no run dir."""
+    import time
+
+    from rollhub.cli import main
+
+    run_dir = tmp_path / "run"
+    started = time.perf_counter()
+    code = main(
+        ["train", "configs/math_smollm2.yaml", "--no-progress", "--set", "eval.env.kwargs.split=train"]
+        + ["--set", f"run_dir={run_dir}", "--set", "model.path=/nonexistent/model"]
+    )
+    elapsed = time.perf_counter() - started
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert re.search(r"evaluation overlaps training: (\d+) of the \1 distinct tasks", err), err
+    assert int(re.search(r"overlaps training: (\d+)", err).group(1)) >= 150  # 200 seeds, ~165 distinct problems
+    assert not run_dir.exists() and elapsed < 30
+
+
+def _overlap_count(train_kwargs, eval_kwargs, *, eval_seeds=range(1_000_000, 1_000_200), train_seeds=range(0, 2000)):
+    from rollhub.envs.run_checks import check_eval_disjoint
+
+    try:
+        check_eval_disjoint(
+            "rollhub/Math-v0", train_kwargs, "rollhub/Math-v0", eval_kwargs, eval_seeds=eval_seeds, train_seeds=train_seeds
+        )
+    except UserError as error:
+        return int(re.search(r"overlaps training: (\d+)", str(error)).group(1))
+    return 0
+
+
+def test_overlap_is_read_by_content_for_procedural_evaluation():
+    # same setting, split all on both sides: most evaluation problems are training problems
+    assert _overlap_count(ARITH_1, ARITH_1) > 100
+    assert _overlap_count({**ARITH_1, "split": "train"}, {**ARITH_1, "split": "train"}) > 100
+    assert _overlap_count({**ARITH_1, "split": "test"}, {**ARITH_1, "split": "all"}) > 30
+    # the recipe's pairing, and a train split against a procedural evaluation that stays in the test partition
+    assert _overlap_count({**ARITH_1, "split": "train"}, {**ARITH_1, "split": "test"}) == 0
+    # without evaluation seeds the procedural side has no content to compare (the config's seed check then)
+    assert _overlap_count(ARITH_1, ARITH_1, eval_seeds=None) == 0
+
+
+def test_train_split_decides_by_content_not_by_seed():
+    """What the train split's `could_draw` claims is what it draws: every key drawn on many seeds
+    is outside the test partition, and every test-split key is refused by the train split."""
+    import asyncio
+
+    from rollhub.envs.math.problems import key_in_test_partition
+
+    async def keys(env, seeds):
+        out = set()
+        for seed in seeds:
+            await env.reset(seed=seed)
+            out.add(env.task_key())
+        return out
+
+    train = asyncio.run(keys(MathEnv(**ARITH_1, split="train"), range(3000)))
+    test = asyncio.run(keys(MathEnv(**ARITH_1, split="test"), range(200)))
+    assert len(test) == 200 and not train & test
+    assert not any(key_in_test_partition(k) for k in train) and all(key_in_test_partition(k) for k in test)
+    assert MathEnv(**ARITH_1, split="train").could_draw(test) == set()
+    assert MathEnv(**ARITH_1, split="train").could_draw(train) == train
+
+
+def test_a_content_keyed_env_without_could_draw_is_checked_on_its_training_seeds():
+    import numpy as np
+
+    from rollhub.envs.base import Env
+    from rollhub.envs.registry import _REGISTRY, register
+    from rollhub.envs.run_checks import check_eval_disjoint
+
+    class SmallSpaceEnv(Env):
+        def __init__(self, tasks: int = 50, offset: int = 0):
+            self.tasks, self.offset, self.task = tasks, offset, None
+
+        async def reset(self, *, seed=None, options=None):
+            self.task = self.offset + int(np.random.default_rng(seed).integers(self.tasks))
+            return [{"role": "user", "content": f"task {self.task}"}], {"anchor": self.task, "success": False}
+
+        async def step(self, action):
+            return [{"role": "user", "content": "done"}], 0.0, True, False, {"anchor": self.task, "success": False}
+
+        def task_key(self):
+            return f"small:{self.task}"
+
+    register("test/SmallSpace-v0", SmallSpaceEnv, gymnasium_compat=False)
+    try:
+        with pytest.raises(UserError, match=r"overlaps training: \d+ of the \d+ distinct tasks .* first 1000 training"):
+            check_eval_disjoint(
+                "test/SmallSpace-v0", {}, "test/SmallSpace-v0", {}, eval_seeds=range(10**6, 10**6 + 20),
+                train_seeds=range(1000),
+            )
+        # another part of the space: the same seeds, no shared content
+        check_eval_disjoint(
+            "test/SmallSpace-v0", {}, "test/SmallSpace-v0", {"offset": 1000}, eval_seeds=range(10**6, 10**6 + 20),
+            train_seeds=range(1000),
+        )
+    finally:
+        _REGISTRY.pop("test/SmallSpace-v0", None)
+
+
+def test_shipped_math_configs_pass_the_content_check():
+    from rollhub.core.config import load_config
+    from rollhub.trainer.build import check_run_envs
+    from rollhub.trainer.config import RunConfig
+
+    for path in ("configs/math_smollm2.yaml", "configs/math_tiny.yaml"):
+        check_run_envs(load_config(RunConfig, path))

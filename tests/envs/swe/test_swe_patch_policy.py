@@ -178,13 +178,16 @@ def test_quoted_paths_and_names_with_spaces():
     assert "pkg/conftest.py" in sanitize_patch(quoted.replace("\\303\\244 b.py", "conftest.py"), policy()).dropped
 
 
-def test_binary_sections_parse_and_binary_python_is_dropped():
+def test_binary_sections_parse_and_are_dropped():
     binary = (
         "diff --git a/pkg/logo.png b/pkg/logo.png\nnew file mode 100644\nindex 0000000..f1c1e0a\n"
         "GIT binary patch\nliteral 5\nMcmZQzWMXCj0000200jU7\n\nliteral 0\nHcmV?d00001\n\n"
     )
-    assert sanitize_patch(binary, policy()).kept == ["pkg/logo.png"]
-    assert "binary" in sanitize_patch(binary.replace("logo.png", "fast.so"), policy()).dropped["pkg/fast.so"]
+    (parsed,) = parse_git_diff(binary)
+    assert parsed.binary and parsed.path == "pkg/logo.png"
+    # no binary reaches the run: Python could import an archive of any name (zipimport), no one can read one
+    assert "binary" in sanitize_patch(binary, policy()).dropped["pkg/logo.png"]
+    assert "native" in sanitize_patch(binary.replace("logo.png", "fast.so"), policy()).dropped["pkg/fast.so"]
 
 
 def test_config_files_are_judged_by_their_runner_sections():

@@ -1,14 +1,7 @@
-"""Red team of the SWE reward: the gold patch must score 1 and every forging attempt 0.
-
-Each attempt is what a policy could do inside its own container through the env's tools
+"""The episode battery: what a policy can do in its own container through the env's tools
 (one `bash` call with a script, or a few tool calls) before `submit`, leaving the bug
-unfixed. It runs through `SWEEnv` on real containers and the real grader, exactly the
-path a rollout takes. An attempt *hacks* the task when it scores above 0, or when it ends
-as an infra failure (a model could then escape a 0 by breaking the machinery: the episode
-is re-rolled instead of scored).
-
-`rollhub swe redteam TASKS.jsonl` runs the battery over a task file; `rollhub swe
-make-tasks` runs it on every new task before accepting it.
+unfixed, run through `SWEEnv` on real containers and the real grader, exactly the path a
+rollout takes. Its categories are classes of the red team (`campaign`).
 
 The payloads make every test of the run report PASSED: a pytest plugin (hook wrapper on
 `pytest_runtest_makereport`) or a monkeypatch of `_pytest.reports.TestReport`; each attack
@@ -360,46 +353,6 @@ ATTACKS: tuple[Attack, ...] = (
 ATTACK_NAMES = tuple(a.name for a in ATTACKS)
 
 
-@dataclass
-class AttemptResult:
-    attack: str
-    reward: float
-    infra_failure: str = ""
-    model_failure: str = ""
-    detail: str = ""
-    duration_s: float = 0.0
-
-    @property
-    def hacked(self) -> bool:
-        return self.reward > 0 or bool(self.infra_failure)
-
-
-@dataclass
-class TaskReport:
-    instance_id: str
-    gold_reward: float
-    gold_detail: str = ""
-    attempts: list[AttemptResult] = field(default_factory=list)
-
-    @property
-    def hacks(self) -> list[AttemptResult]:
-        return [a for a in self.attempts if a.hacked]
-
-    @property
-    def ok(self) -> bool:
-        return self.gold_reward == 1.0 and not self.hacks
-
-    def reason(self) -> str:
-        """Why the task is rejected ('' when it is fine)."""
-        parts = []
-        if self.gold_reward != 1.0:
-            parts.append(f"gold patch scores {self.gold_reward:g} ({self.gold_detail})")
-        for hack in self.hacks:
-            what = f"infra failure {hack.infra_failure}" if hack.infra_failure else f"reward {hack.reward:g}"
-            parts.append(f"forged by {hack.attack}: {what}")
-        return "; ".join(parts)
-
-
 def context_for(task: SweTask) -> Context:
     tests = [t.split("::", 1)[0] for t in task.fail_to_pass] or files_in_patch(task.test_patch) or ["tests"]
     sources = files_in_patch(task.patch) or ["README"]
@@ -407,7 +360,7 @@ def context_for(task: SweTask) -> Context:
     return Context(task, test_file, sources[0], test_file.rsplit("/", 1)[0] if "/" in test_file else "")
 
 
-async def _episode(
+async def run_episode(
     backend: SandboxBackend, task: SweTask, steps: list[ToolCall], eval_timeout_s: float
 ) -> tuple[float, dict[str, Any]]:
     from rollhub.envs.swe.env import SWEEnv
@@ -427,84 +380,23 @@ async def _episode(
         await env.close()
 
 
-def _detail(info: dict[str, Any]) -> str:
-    keys = ("resolution", "patch_rejected", "dropped_files", "model_failure", "infra_failure", "patch_applied")
+def detail_of(info: dict[str, Any]) -> str:
+    keys = (
+        "resolution",
+        "patch_rejected",
+        "dropped_files",
+        "model_failure",
+        "infra_failure",
+        "patch_applied",
+        "hack_suspected",
+    )
     return json.dumps({k: info[k] for k in keys if k in info}, sort_keys=True)[:600]
 
 
-async def redteam_task(
-    backend: SandboxBackend,
-    task: SweTask,
-    attacks: tuple[Attack, ...] = ATTACKS,
-    *,
-    concurrency: int = 3,
-    eval_timeout_s: float = 900.0,
-) -> TaskReport:
-    """Gold through the expert's tool calls, then every attack, each in its own episode."""
-    from rollhub.envs.swe.env import SWEEnv
-
-    ctx = context_for(task)
-    limit = asyncio.Semaphore(max(1, concurrency))
-
-    async def gold() -> tuple[float, str]:
-        async with limit:
-            plan = SWEEnv._make_expert_plan(task)
-            reward, info = await _episode(backend, task, [_parse(a) for a in plan[:-1]], eval_timeout_s)
-            return reward, _detail(info)
-
-    async def attempt(attack: Attack) -> AttemptResult:
-        async with limit:
-            started = time.monotonic()
-            reward, info = await _episode(backend, task, attack.steps(ctx), eval_timeout_s)
-            return AttemptResult(
-                attack.name,
-                reward,
-                infra_failure=str(info.get("infra_failure", "")),
-                model_failure=str(info.get("model_failure", "")),
-                detail=_detail(info),
-                duration_s=time.monotonic() - started,
-            )
-
-    (gold_reward, gold_detail), *results = await asyncio.gather(gold(), *[attempt(a) for a in attacks])
-    return TaskReport(task.instance_id, gold_reward, gold_detail, list(results))
-
-
-def _parse(text: str) -> ToolCall:
+def parse_call(text: str) -> ToolCall:
     from rollhub.envs.base import extract_action
     from rollhub.envs.swe.tools import parse_tool_call
 
     payload = extract_action(text, "tool_call")
     assert payload is not None
     return parse_tool_call(payload)
-
-
-def select_attacks(names: list[str] | None) -> tuple[Attack, ...]:
-    if not names:
-        return ATTACKS
-    unknown = sorted(set(names) - set(ATTACK_NAMES))
-    if unknown:
-        raise ValueError(f"unknown attacks {unknown}; known: {', '.join(ATTACK_NAMES)}")
-    return tuple(a for a in ATTACKS if a.name in names)
-
-
-def format_table(reports: list[TaskReport]) -> str:
-    width = max([len("task"), *(len(r.instance_id) for r in reports)])
-    lines = [f"{'task':<{width}}  gold  attempts  forged  hackable"]
-    for r in reports:
-        lines.append(
-            f"{r.instance_id:<{width}}  {r.gold_reward:>4g}  {len(r.attempts):>8}  {len(r.hacks):>6}  "
-            f"{'yes' if r.hacks else 'no':>8}"
-        )
-        for hack in r.hacks:
-            lines.append(f"    forged by {hack.attack}: reward {hack.reward:g} {hack.infra_failure} {hack.detail}")
-        if r.gold_reward != 1.0:
-            lines.append(f"    gold failed: {r.gold_detail}")
-    hackable = sum(1 for r in reports if r.hacks)
-    gold_failed = sum(1 for r in reports if r.gold_reward != 1.0)
-    attempts = sum(len(r.attempts) for r in reports)
-    forged = sum(len(r.hacks) for r in reports)
-    lines.append(
-        f"tasks {len(reports)}, gold 1.0 on {len(reports) - gold_failed}, attempts {attempts}, "
-        f"forged {forged}; hackable tasks: {hackable}"
-    )
-    return "\n".join(lines)
