@@ -7,32 +7,12 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from rollhub.envs.swe.grading import grade_log
 from rollhub.envs.swe.redteam.campaign import CLASSES
 from rollhub.envs.swe.redteam.common import AttackContext
+from rollhub.envs.swe.redteam.naive import naive_reward
 from rollhub.envs.swe.redteam.workspace import Workspace
-from rollhub.envs.swe.tasks import SHIPPED_TASKS, WORKDIR, load_tasks
-from rollhub.sandbox.base import Limits, SandboxError
+from rollhub.envs.swe.tasks import SHIPPED_TASKS, load_tasks
 from rollhub.sandbox.docker_backend import DockerBackend
-
-
-async def naive(backend, task, patch: str, timeout_s: float = 60) -> tuple[float, str]:
-    box = await backend.start(task.image, Limits(cpus=1.0, memory_mb=2048))
-    try:
-        await box.write_file("/tmp/p.diff", patch or "\n")
-        if patch.strip():
-            r = await box.exec("git apply /tmp/p.diff", timeout_s=60, workdir=WORKDIR)
-            if r.exit_code:
-                return 0.0, "apply failed: " + r.output[-200:]
-        await box.write_file("/tmp/eval.sh", task.eval_script)
-        r = await box.exec("bash /tmp/eval.sh > /tmp/eval.log 2>&1", timeout_s=timeout_s, workdir=WORKDIR)
-        log = (await box.read_file("/tmp/eval.log")).decode(errors="replace")
-        g = grade_log(task, log)
-        return g.reward, f"{g.status} timed_out={r.timed_out}"
-    except SandboxError as exc:
-        return 0.0, f"sandbox: {str(exc)[:100]}"
-    finally:
-        await box.close()
 
 
 async def main() -> None:
@@ -48,7 +28,7 @@ async def main() -> None:
             n = k or len(c.techniques)
             for attempt in c.variants(ctx, n, seed=1):
                 patch = ws.diff(attempt.changes, task.patch if attempt.with_gold else "")
-                reward, why = await naive(backend, task, patch)
+                reward, why = await naive_reward(backend, task, patch)
                 print(f"{c.name:26} {attempt.technique:24} {attempt.variant[:40]:40} naive={reward:g} {why}", flush=True)
     finally:
         ws.close()

@@ -13,11 +13,17 @@ Phases (all against the real engine, one run id, everything removed at the end):
    ratios (start_vs_cli, exec_vs_cli) are what to compare across machines and loads.
 4. idle memory: `idle` idle containers; the cgroup's own usage per container and the PSS
    of the containerd shim that serves each one (its host-side cost);
-5. leaks: rollhub containers of this run still present after the backend closed (must be 0).
+5. leaks: rollhub containers of this run still present after the backend closed (must be 0);
+6. hardening cost (only with `hardening_image`, e.g. an SWE task image): what the image's
+   non-root user and the disk budget cost, against root and no budget, on the same image:
+   `hardening_rounds` rounds, each starting one sandbox per variant in turn (interleaved,
+   so the load weighs on all alike) and running `hardening_execs` commands in it; start
+   and exec p50 / p99 per variant.
 
 Options: `--set image=... starts=30 execs=100 concurrency=[1,8,32,64] idle=32
-execs_per_sandbox=3 max_concurrent_starts=8 exec_modes=[persistent-shell,docker-exec]`.
-`--quick` shrinks every phase.
+execs_per_sandbox=3 max_concurrent_starts=8 exec_modes=[persistent-shell,docker-exec]
+user=auto disk_mb=null hardening_image=... hardening_rounds=20 hardening_execs=20
+hardening_disk_mb=1024`. `user` and `disk_mb` apply to phases 1-4. `--quick` shrinks every phase.
 """
 
 from __future__ import annotations
@@ -46,6 +52,12 @@ class SandboxBenchConfig:
     max_concurrent_starts: int = 8
     memory_mb: int = 512
     exec_modes: list[str] = field(default_factory=lambda: ["persistent-shell", "docker-exec"])
+    user: str = "auto"
+    disk_mb: int | None = None
+    hardening_image: str = ""
+    hardening_rounds: int = 20
+    hardening_execs: int = 20
+    hardening_disk_mb: int = 1024
 
     def validate(self) -> None:
         from rollhub.sandbox.base import EXEC_MODES
@@ -58,9 +70,13 @@ class SandboxBenchConfig:
             raise ValueError("concurrency must be a non-empty list of positive integers")
         if self.execs_per_sandbox < 0:
             raise ValueError("execs_per_sandbox must be >= 0")
+        if min(self.hardening_rounds, self.hardening_execs, self.hardening_disk_mb) < 1:
+            raise ValueError("hardening_rounds, hardening_execs and hardening_disk_mb must be >= 1")
+        if self.disk_mb is not None and self.disk_mb < 1:
+            raise ValueError("disk_mb must be >= 1 or null (no budget)")
 
 
-QUICK = ["starts=5", "execs=20", "concurrency=[1,8]", "idle=4"]
+QUICK = ["starts=5", "execs=20", "concurrency=[1,8]", "idle=4", "hardening_rounds=4", "hardening_execs=5"]
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -257,13 +273,57 @@ async def _idle_memory(backend, cfg: SandboxBenchConfig, limits) -> dict:
     }
 
 
+async def _hardening_cost(backend, cfg: SandboxBenchConfig, limits) -> list[dict]:
+    """Start and exec latency of root vs the image's sandbox user, with and without the disk
+    budget, on `hardening_image`, interleaved round by round."""
+    import dataclasses
+
+    from rollhub.sandbox.pool import percentile
+
+    variants = {
+        (user, budget): dataclasses.replace(limits, user=user, disk_mb=budget, exec_mode=None)
+        for user in ("root", "auto")
+        for budget in (None, cfg.hardening_disk_mb)
+    }
+    starts: dict[tuple, list[float]] = {key: [] for key in variants}
+    execs: dict[tuple, list[float]] = {key: [] for key in variants}
+    who: dict[tuple, str] = {}
+    for _ in range(cfg.hardening_rounds):
+        for key, variant in variants.items():
+            began = time.monotonic()
+            box = await backend.start(cfg.hardening_image, variant)
+            starts[key].append(time.monotonic() - began)
+            try:
+                who[key] = (await box.exec("id -un", timeout_s=30)).output.strip()
+                for _ in range(cfg.hardening_execs):
+                    began = time.monotonic()
+                    result = await box.exec("true", timeout_s=30)
+                    execs[key].append(time.monotonic() - began)
+                    if not result.ok:
+                        raise RuntimeError(f"`true` failed in the sandbox ({key}): {result}")
+            finally:
+                await box.close()
+    return [
+        {
+            "user": who.get(key, user),
+            "disk_budget_mb": budget or "none",
+            "disk_mode": backend.disk_budget_mode() if budget else "",
+            "start_p50_ms": _ms(percentile(starts[key], 0.5)),
+            "start_p99_ms": _ms(percentile(starts[key], 0.99)),
+            "exec_p50_ms": _ms(percentile(execs[key], 0.5)),
+            "exec_p99_ms": _ms(percentile(execs[key], 0.99)),
+        }
+        for key, (user, budget) in zip(variants, variants, strict=True)
+    ]
+
+
 async def _bench(cfg: SandboxBenchConfig) -> dict:
     from rollhub.sandbox.base import Limits
     from rollhub.sandbox.docker_backend import DockerBackend
     from rollhub.sandbox.reaper import list_rollhub_containers
 
     backend = DockerBackend(max_threads=max(64, 2 * max(cfg.concurrency)))
-    limits = Limits(cpus=1.0, memory_mb=cfg.memory_mb, pids=512)
+    limits = Limits(cpus=1.0, memory_mb=cfg.memory_mb, pids=512, user=cfg.user, disk_mb=cfg.disk_mb)
     results: dict = {
         "config": cfg.__dict__,
         "engine": backend.client.version().get("Version"),
@@ -286,6 +346,8 @@ async def _bench(cfg: SandboxBenchConfig) -> dict:
             await _throughput(backend, cfg, limits, c, mode) for mode in cfg.exec_modes for c in cfg.concurrency
         ]
         results["memory"] = await _idle_memory(backend, cfg, limits)
+        if cfg.hardening_image:
+            results["hardening"] = await _hardening_cost(backend, cfg, limits)
     finally:
         await backend.close()
     from rollhub.sandbox.docker_backend import connect
@@ -334,6 +396,8 @@ def run(args: argparse.Namespace) -> dict:
             }
         ],
     )
+    if "hardening" in results:
+        print_table(f"non-root user and disk budget on {cfg.hardening_image} (ms)", results["hardening"])
     path = save_json(Path(args.out) / "sandbox.json", results)
     plot = save_plot(Path(args.out) / "sandbox.png", _draw_throughput, results["throughput"], panels=2)
     print(f"wrote {path} and {plot}")

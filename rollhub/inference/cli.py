@@ -65,7 +65,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the key (prefer ROLLHUB_API_KEY or --api-key-file: a flag is visible to other users in the process list)",
     )
     auth.add_argument(
-        "--api-key-file", default=None, metavar="FILE", help="read the key from FILE, or write a generated one there if it is missing"
+        "--api-key-file",
+        default=None,
+        metavar="FILE",
+        help="read the key from FILE, or write a generated one there if it is missing",
     )
     auth.add_argument(
         "--no-auth",

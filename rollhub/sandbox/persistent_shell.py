@@ -14,28 +14,43 @@ Semantics are those of the `docker exec` path (`DockerSandbox`'s "docker-exec" m
 - a command runs in a session and process group of its own; at its deadline the whole
   group is SIGKILLed and the result says timed out (exit 137, as `timeout -s KILL` gives);
 - when the command returns (or is killed), every process it left in the container is
-  killed (the same sweep as before, done in-process: no fork, a /proc scan);
+  killed (the same sweep as before, done in-process: no fork, a /proc scan): every thread
+  group but the init, the idle command and the controller, whatever its process group or
+  session, including one whose leader thread exited while other threads run (a zombie
+  leader: /proc shows it as Z, yet it runs);
 - env: the container's environment, HOME of the sandbox user, then the caller's `env`;
   workdir: the caller's, else the image's working directory; a missing one is exit 126.
+  The controller itself runs in `/` and changes directory for each spawn, so removing any
+  folder (the image's working directory included) fails only the commands run there.
 
 Framing, and why a command cannot forge it. The command never writes to the controller's
 stdout: its output goes to a pipe the controller reads, and the controller forwards it as
-length-prefixed frames (1 type byte, 4 length bytes, payload), so no byte sequence in the
-output can end a frame early or look like an exit frame. The exit frame also carries a
-random token the host sent with that command; a frame with any other token is refused.
-The controller makes itself non-dumpable (`PR_SET_DUMPABLE 0`), so a command running as
-the same uid without CAP_SYS_PTRACE (every capability is dropped) can neither open
-/proc/<controller>/fd/1 to write into the stream, nor read the token from its memory, nor
-ptrace it. What it can do is kill or stop the controller: a killed controller is seen as
-end of stream before the exit frame; the command is reported as killed (137), the
-controller is restarted (and asked to sweep first) and the sandbox carries on. A
-stopped one runs into the host's outer deadline, as a stopped `timeout` did before.
+length-prefixed frames (1 type byte, 4 length bytes, payload, 16-byte tag), so no byte
+sequence in the output can end a frame early or look like an exit frame. The controller
+makes itself non-dumpable (`PR_SET_DUMPABLE 0`) before anything else, so a command running
+as the same uid without CAP_SYS_PTRACE (every capability is dropped) can neither open
+/proc/<controller>/fd/* to write into the stream or read from its stdin, nor read its
+memory, nor ptrace it. What it can do is kill or stop the controller: a killed controller
+is seen as end of stream before the exit frame; the command is reported as killed (137),
+a new controller is started and the sandbox carries on. A stopped one runs into the
+host's outer deadline, as a stopped `timeout` did before.
 
-Host → controller: 4-byte big-endian length, then a JSON request
-`{"token", "argv", "timeout_s", "workdir", "env"}`, or `{"token", "sweep": true}`.
-Controller → host frames:
-`H` hello (JSON: pid), `S` the command started (fork done), `O` output bytes,
-`X` exit (JSON: token, exit_code, timed_out, oom_kills).
+A restart that cannot be fed. Between its exec and its prctl a new controller is dumpable,
+and what the last command left may open its stdin and stdout through /proc then. So the
+controller sweeps first (after the prctl, before reading or writing anything: every such
+holder dies), then says it is ready; only then does the host send a fresh random key over
+stdin, and every later frame carries a keyed BLAKE2b tag over its sequence number, header
+and payload. Bytes written into the stream by anyone else (the engine's own error text
+too: "OCI runtime exec failed ...") fail the check and are never interpreted: during the
+handshake the start is tried once more (the writer is dead by then); during a command it
+is that command's failure (killed, 137, with a note), and the shell is restarted. Never an
+infrastructure error: what a command does to its container is the command's outcome.
+
+Host → controller: 4-byte big-endian length, then the 32-byte key (once), then JSON
+requests `{"token", "argv", "timeout_s", "workdir", "env"}` or `{"token", "sweep": true}`.
+Controller → host frames: `R` ready (the only one without a tag), `H` hello (JSON: pid),
+`S` the command started (fork done), `O` output bytes, `X` exit (JSON: token, exit_code,
+timed_out, oom_kills).
 """
 
 from __future__ import annotations
@@ -68,9 +83,9 @@ MAX_FRAME_BYTES = 1 << 20
 #: Largest request (command text plus env) the controller accepts.
 MAX_REQUEST_BYTES = 16 << 20
 
-# The controller, run with `python3 -I -S -c`. Written for any Python 3 an image may hold
+# The controller, run with `python3 -I -S -c`. Written for any Python 3.6+ an image may hold
 # (no f-strings, no walrus), standard library only. It is not a secret: the only secret is
-# each command's token, which lives in its memory (unreadable: it is non-dumpable).
+# the key, which lives in its memory (unreadable: it is non-dumpable).
 CONTROLLER_SOURCE = r"""
 import ctypes, os, sys
 
@@ -312,14 +327,6 @@ def run(request, base_env, keep, devnull):
         reply["oom_kills"] = oom_kills()
     frame(b"X", json.dumps(reply).encode())
 
-def host_gone():
-    # The host closed our stdin before we said a word: it gave up on this start (a start
-    # slower than its timeout). Sweeping now could kill what it runs instead.
-    poller = select.poll()
-    poller.register(0, select.POLLIN)
-    events = poller.poll(0)
-    return bool(events) and not events[0][1] & select.POLLIN
-
 def main():
     global home_dir, mac_key
     setup()
@@ -330,11 +337,10 @@ def main():
     home_dir = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] else "/"  # where a command without workdir runs
     devnull = os.open(os.devnull, os.O_RDWR)
     keep = set([1, os.getpid(), find_idle()])
-    if host_gone():
-        return
     # Whatever a command left (one that killed the last controller may still run) could have
     # opened this process's stdin or stdout before it became non-dumpable: it dies before
-    # anything is read or written.
+    # anything is read or written. Even when the host has already given up on this start (it
+    # saw such writes): the next controller must not meet the writer again.
     sweep(keep)
     frame(b"R", json.dumps({"pid": os.getpid()}).encode())
     header = read_exact(4)

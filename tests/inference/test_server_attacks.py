@@ -131,7 +131,9 @@ async def test_a_post_without_a_body_needs_no_content_type(served):
             assert r.status == 200
     status, _ = await raw_request(port, http_post("/flush_cache", b"", AUTH))
     assert status == 200
-    status, _ = await raw_request(port, http_post("/flush_cache", b"0\r\n\r\n", {**AUTH, "Transfer-Encoding": "chunked"}))
+    status, _ = await raw_request(
+        port, http_post("/flush_cache", b"0\r\n\r\n", {**AUTH, "Transfer-Encoding": "chunked"})
+    )
     assert status == 415  # a body of unknown length must say what it is
 
 
@@ -226,7 +228,9 @@ async def test_dns_rebinding_a_foreign_host_name_is_refused(served, host):
     assert not engine.paused
 
 
-@pytest.mark.parametrize("host", ["127.0.0.1:{port}", "localhost:{port}", "LOCALHOST", "localhost.", "[::1]:{port}", "10.2.3.4"])
+@pytest.mark.parametrize(
+    "host", ["127.0.0.1:{port}", "localhost:{port}", "LOCALHOST", "localhost.", "[::1]:{port}", "10.2.3.4"]
+)
 async def test_ip_literals_and_localhost_are_served(served, host):
     _, _, port = served
     request = http_post("/update_weight_version", b'{"new_version": "1"}', JSON, host=host.format(port=port))
@@ -236,7 +240,9 @@ async def test_ip_literals_and_localhost_are_served(served, host):
 
 async def test_two_host_headers_are_refused(served):
     _, _, port = served
-    request = http_post("/pause_generation", b"{}", JSON).replace(b"Host: 127.0.0.1", b"Host: 127.0.0.1\r\nHost: evil.example")
+    request = http_post("/pause_generation", b"{}", JSON).replace(
+        b"Host: 127.0.0.1", b"Host: 127.0.0.1\r\nHost: evil.example"
+    )
     status, _ = await raw_request(port, request)
     assert status in (400, 403)
 
@@ -263,10 +269,14 @@ async def test_an_oversized_body_gets_413_whether_announced_or_chunked(served):
     async with aiohttp.ClientSession() as http:
         async with http.post(url + "/generate", data=big, headers=JSON) as r:
             assert r.status == 413
-    status, _ = await raw_request(port, http_post("/generate", chunked(big, 1 << 16), {**JSON, "Transfer-Encoding": "chunked"}))
+    status, _ = await raw_request(
+        port, http_post("/generate", chunked(big, 1 << 16), {**JSON, "Transfer-Encoding": "chunked"})
+    )
     assert status == 413
     async with aiohttp.ClientSession() as http:  # still serving
-        async with http.post(url + "/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}}, headers=AUTH) as r:
+        async with http.post(
+            url + "/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}}, headers=AUTH
+        ) as r:
             assert r.status == 200
 
 
@@ -349,9 +359,13 @@ async def test_idle_and_partial_requests_are_closed_and_new_clients_get_in(tiny_
             elif index % 4 == 1:
                 writer.write(b"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")  # half a header
             elif index % 4 == 2:  # whole header, a trickle of body
-                writer.write(http_post("/generate", b'{"input_ids": [1', {**JSON}).replace(b"Content-Length: 16", b"Content-Length: 900"))
+                writer.write(
+                    http_post("/generate", b'{"input_ids": [1', {**JSON}).replace(
+                        b"Content-Length: 16", b"Content-Length: 900"
+                    )
+                )
             else:  # chunked, never finished
-                writer.write(http_post("/generate", b"5\r\n{\"inp", {**JSON, "Transfer-Encoding": "chunked"}))
+                writer.write(http_post("/generate", b'5\r\n{"inp', {**JSON, "Transfer-Encoding": "chunked"}))
             await writer.drain()
             sockets.append((reader, writer))
         started = time.perf_counter()
@@ -396,14 +410,33 @@ async def test_deeply_nested_json_is_a_400_not_a_500(served, path, text):
 
 @pytest.mark.parametrize(
     "version",
-    ["\u0663", "\u00b2", "\uff17", "\u0967\u0968", "1\u0663", "+3", " 3", "3 ", "0x3", "1_000", "3.0", "9" * 5000, str(1 << 64), 1 << 64],
+    [
+        "\u0663",
+        "\u00b2",
+        "\uff17",
+        "\u0967\u0968",
+        "1\u0663",
+        "+3",
+        " 3",
+        "3 ",
+        "0x3",
+        "1_000",
+        "3.0",
+        "9" * 5000,
+        str(1 << 64),
+        1 << 64,
+    ],
 )
 async def test_versions_are_ascii_digits_only(served, version):
     engine, url, _ = served
     async with aiohttp.ClientSession() as http:
         async with http.post(url + "/update_weight_version", json={"new_version": version}, headers=AUTH) as r:
             assert r.status == 400, (version, await r.text())
-        async with http.post(url + "/update_weights_from_disk", json={"model_path": "/nonexistent", "weight_version": version}, headers=AUTH) as r:
+        async with http.post(
+            url + "/update_weights_from_disk",
+            json={"model_path": "/nonexistent", "weight_version": version},
+            headers=AUTH,
+        ) as r:
             assert r.status == 400
     assert engine.weight_version == 0
 
@@ -468,10 +501,58 @@ async def test_hostile_disk_updates_are_refused_and_leave_weights_and_version_un
         assert not changed, (case, changed[:3])
     # a good partial update still works, and takes the version
     name = sorted(before)[0]
-    status, reply = await _disk_update(url, _write_checkpoint(tmp_path / "good", {"a.safetensors": {name: before[name] + 0.25}}), 9)
+    status, reply = await _disk_update(
+        url, _write_checkpoint(tmp_path / "good", {"a.safetensors": {name: before[name] + 0.25}}), 9
+    )
     assert status == 200 and reply["success"], reply
     assert engine.weight_version == 9
     assert torch.allclose(engine.model.state_dict()[name], before[name] + 0.25)
+
+
+async def test_an_in_process_update_is_all_or_nothing(tiny_model_dir):
+    """HFEngine.update_weights itself (the trainer's same-process path): every shape is checked
+    before the first copy, so a broadcastable row is refused and nothing before it stays applied."""
+    from rollhub.inference.models import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(tiny_model_dir)
+    engine = HFEngine(model, tokenizer, threads=1)
+    try:
+        before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        names = sorted(before)
+        matrix = next(n for n in names[1:] if before[n].dim() == 2)
+        update = {names[0]: before[names[0]] + 1.0, matrix: before[matrix][:1] + 1.0}  # the row would broadcast
+        with pytest.raises(ValueError, match="nothing was loaded"):
+            await engine.update_weights(update, 5)
+        assert engine.weight_version == 0
+        assert all(torch.equal(before[n], model.state_dict()[n]) for n in before)
+    finally:
+        await engine.close()
+
+
+async def test_a_distributed_update_with_nan_weights_is_refused_after_receiving(own_model_served):
+    """The collective path checks values too: NaN arrives in full, then is refused whole."""
+    from rollhub.inference.engines.sglang import SGLangEngine
+    from rollhub.inference.weight_sync import DistributedWeightSync, WeightSyncError
+
+    engine, url = own_model_served
+    client = SGLangEngine(url, api_key=KEY)
+    sync = DistributedWeightSync(backend="gloo", timeout_s=60)
+    before = {k: v.detach().clone() for k, v in engine.model.state_dict().items()}
+    poisoned = {k: v + 0.125 for k, v in before.items()}
+    matrix = next(n for n in sorted(poisoned) if poisoned[n].dim() == 2)
+    poisoned[matrix][1, 2] = float("nan")
+    try:
+        with pytest.raises(WeightSyncError, match="NaN"):
+            await sync.push([client], poisoned, 3)
+        assert engine.weight_version == 0
+        after = engine.model.state_dict()
+        assert all(torch.equal(before[n], after[n]) for n in before)
+        good = {k: v + 0.25 for k, v in before.items()}
+        await sync.push([client], good, 4)
+        assert engine.weight_version == 4 and torch.equal(engine.model.state_dict()[matrix], good[matrix])
+    finally:
+        await sync.close([client])
+        await client.close()
 
 
 # --- no key by default ----------------------------------------------------------------------------
@@ -497,7 +578,9 @@ async def test_rollhub_serve_without_a_key_generates_one_and_never_logs_it(tiny_
     command = [sys.executable, "-m", "rollhub.cli", "serve", "--model", str(tiny_model_dir), "--port", str(port)]
     log_path = tmp_path / "serve.log"
     with open(log_path, "wb") as log:
-        process = subprocess.Popen([*command, "--api-key-file", str(key_file)], stdout=log, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(
+            [*command, "--api-key-file", str(key_file)], stdout=log, stderr=subprocess.STDOUT, env=env
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180

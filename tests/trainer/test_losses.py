@@ -82,7 +82,8 @@ def test_masked_importance_sampling_drops_out_of_band_tokens():
     cfg = LossConfig(correction="mis", mis_low=0.4, mis_high=3.0, aggregation="seq-mean-token-sum")
     loss, metrics = policy_loss(logp, prox, behaviour, adv, mask, cfg)
     loss.backward()
-    assert logp.grad.flatten().tolist() == pytest.approx([-1.0, -1.0, 0.0])  # w = 6 is outside [0.4, 3]
+    # w = 2 and 0.5 are inside [0.4, 3] and weigh the token; w = 6 is outside: dropped
+    assert logp.grad.flatten().tolist() == pytest.approx([-2.0, -0.5, 0.0])
     assert metrics["offpolicy/w_masked_fraction"] == pytest.approx(1 / 3)
 
 
@@ -121,7 +122,9 @@ def test_topr_truncates_negative_samples_only():
 def test_gspo_uses_the_sequence_ratio():
     prox = torch.zeros(1, 2, dtype=torch.float64)
     logp = torch.tensor([[0.1, 0.3]], dtype=torch.float64, requires_grad=True)  # geometric mean ratio exp(0.2)
-    cfg = LossConfig(objective="gspo", correction="none", clip_low=0.5, clip_high=0.5, aggregation="seq-mean-token-sum")
+    cfg = LossConfig(
+        objective="gspo", correction="none", gspo_clip_low=0.5, gspo_clip_high=0.5, aggregation="seq-mean-token-sum"
+    )
     loss, metrics = policy_loss(logp, prox, prox, t([1.0, 1.0]), t([1.0, 1.0]), cfg)
     assert float(loss.detach()) == pytest.approx(-2 * math.exp(0.2))
     loss.backward()
@@ -210,10 +213,10 @@ FROZEN = [  # objective, correction, aggregation, loss, d loss / d logp (row-maj
     (
         "gspo",
         "tis",
-        "token-mean",
-        0.7179634515370831,
-        [-0.473644679175, -0.193893732436, 0.035470378842, -0.0, 0.282165085855, 0.420940843891, 0.69401412303, 0.0],
-        0.14285714285714285,
+        "seq-mean-token-mean",
+        0.5266952666008351,
+        [0.0, 0.0, 0.041382108649, 0.0, 0.246894450123, 0.368323238405, 0.607262357651, 0.0],
+        0.42857142857142855,
     ),
     (
         "cispo",
@@ -234,20 +237,11 @@ FROZEN = [  # objective, correction, aggregation, loss, d loss / d logp (row-maj
     ),
     (
         "topr",
-        "tis",
+        "none",
         "token-mean",
-        -0.11863686646462854,
-        [
-            -0.428571428571,
-            -0.175442304231,
-            0.032094926008,
-            -0.0,
-            0.211662348766,
-            0.211662348766,
-            0.52060537154,
-            -0.036787944117,
-        ],
-        0.42857142857142855,
+        -0.15246152246026703,
+        [-0.214285714286, -0.214285714286, 0.071428571429, -0.0, 0.285714285714, 0.285714285714, 0.285714285714, -0.1],
+        0.5714285714285714,
     ),
     (
         "reinforce",
@@ -270,40 +264,40 @@ FROZEN = [  # objective, correction, aggregation, loss, d loss / d logp (row-maj
         "ppo",
         "mis",
         "seq-mean-token-mean",
-        1.0701461343696128,
-        [0.0, -0.18520455517, 0.0, -0.0, 0.0, 0.0, 0.30535068954, -0.0],
+        1.1814004163213765,
+        [0.0, -0.151632664928, 0.0, -0.0, 0.0, 0.0, 0.556385232123, -0.0],
         0.42857142857142855,
     ),
     (
         "gspo",
         "none",
         "seq-mean-token-sum",
-        2.1698081288950486,
-        [-0.828878188557, -0.828878188557, 0.276292729519, -0.0, 1.333090592163, 1.333090592163, 1.333090592163, 0.0],
-        0.14285714285714285,
+        2.42482450600852,
+        [0.0, 0.0, 0.276292729519, 0.0, 1.333090592163, 1.333090592163, 1.333090592163, 0.0],
+        0.42857142857142855,
     ),
     (
         "cispo",
         "mis",
         "seq-mean-token-mean",
-        -0.08368327247705792,
-        [-0.0, -0.2, 0.0, -0.0, 0.32, 0.2, 0.30535068954, -0.0],
+        -0.28090938520395836,
+        [-0.0, -0.163746150616, 0.0, -0.0, 0.237061830618, 0.221034183615, 0.556385232123, -0.0],
         0.5714285714285714,
     ),
     (
         "topr",
         "none",
         "seq-mean-token-sum",
-        0.3573728004321098,
-        [-0.75, -0.75, 0.25, -0.0, 1.0, 0.670320046036, 1.0, -0.35],
-        0.42857142857142855,
+        -0.5336153286109346,
+        [-0.75, -0.75, 0.25, -0.0, 1.0, 1.0, 1.0, -0.35],
+        0.5714285714285714,
     ),
     (
         "reinforce",
         "mis",
         "token-mean",
-        -0.2981349527089593,
-        [-0.0, -0.214285714286, 0.0, -0.0, 0.285714285714, 0.285714285714, 0.285714285714, -0.0],
+        -0.518729524865284,
+        [-0.0, -0.175442304231, 0.0, -0.0, 0.211662348766, 0.31576311945, 0.52060537154, -0.0],
         0.0,
     ),
 ]

@@ -109,6 +109,19 @@ INTERNAL_NAMES = frozenset(
         "posix_spawn",
         "posix_spawnp",
         "forkpty",
+        "fork",
+        "system",
+        "abort",
+        "__eq__",
+        "__ne__",
+        "__lt__",
+        "__le__",
+        "__gt__",
+        "__ge__",
+        "__bool__",
+        "__hash__",
+        "__instancecheck__",
+        "__subclasscheck__",
         "killpg",
         "dup2",
         "fdopen",
@@ -170,6 +183,8 @@ FORBIDDEN_MODULES = frozenset(
         "inspect",
         "traceback",
         "shutil",
+        "zipfile",
+        "mock",
         "builtins",
         "__builtin__",
         "site",
@@ -241,9 +256,10 @@ FORBIDDEN_QUALIFIED = frozenset(
         "logging.config",
         "io.open",
         "io.FileIO",
+        "unittest.mock",
     }
 )
-_OS_FAMILIES = re.compile(r"^(os|posix)\.(exec|spawn)\w*$")
+_OS_FAMILIES = re.compile(r"^(os|posix)\.(exec|spawn)(l|le|lp|lpe|v|ve|vp|vpe)$")
 #: modules that stay dangerous when reached as an attribute of another module (`os.path.sys`)
 _MODULES_AS_ATTRIBUTES = frozenset(
     {"importlib", "runpy", "marshal", "pickle", "ctypes", "atexit", "subprocess", "gc", "inspect", "builtins"}
@@ -279,6 +295,8 @@ PAYLOAD_CODECS = frozenset(
     }
 )
 _DANGEROUS_PATH = re.compile(r"(^|/)(proc|dev/fd|dev/stdout|dev/stderr)(/|$)")
+#: a path into the tests (a module that rewrites a test file the run has not collected yet)
+_TEST_PATH = re.compile(r"(^|/)(tests?|testing)(/|$)|(^|/)test_\w*\.py|_tests?\.py$")
 _DOTTED = re.compile(r"[\w.]+")
 _WORD = re.compile(r"[^\W\d]\w*")
 #: PEP 263: a comment on line 1 or 2 naming the source encoding
@@ -364,6 +382,10 @@ def _fold(node: ast.AST, depth: int = 0) -> str | None:
     return None
 
 
+_NAMED_IN_STRINGS = EXEC_BUILTINS | FORBIDDEN_MODULES | INTERNAL_NAMES | {"getattr", "setattr", "delattr"}
+_RUNNER_WORDS = frozenset({"pytest", "pluggy", "conftest", "sitecustomize", "usercustomize", "builtins"})
+
+
 def _string_constructs(text: str) -> list[str]:
     """The constructs a string names: a dotted name of a forbidden thing (`'exec'`,
     `'os._exit'`, `'_pytest.runner'`), an internal name anywhere in it (`'{0.__globals__}'`),
@@ -373,17 +395,19 @@ def _string_constructs(text: str) -> list[str]:
     stripped = text.strip()
     if _DANGEROUS_PATH.search(stripped):
         found.append("path:/proc or /dev/fd")
+    if _TEST_PATH.search(stripped):
+        found.append("path:tests")
     if stripped.lower().replace("-", "_") in PAYLOAD_CODECS:
         found.append(f"codec:{stripped.lower()}")
-    if _DOTTED.fullmatch(stripped):
+    if _DOTTED.fullmatch(stripped):  # a name, as getattr / import_module / a format field take it
         parts = stripped.split(".")
-        for k in range(len(parts)):
-            if parts[k] in EXEC_BUILTINS or parts[k] in FORBIDDEN_MODULES or parts[k] in {"getattr", "setattr"}:
-                found.append(f"string:{parts[k]}")
+        for k, part in enumerate(parts):
+            if part in _NAMED_IN_STRINGS:
+                found.append(f"string:{part}")
             if ".".join(parts[k : k + 2]) in FORBIDDEN_QUALIFIED:
                 found.append(f"string:{'.'.join(parts[k : k + 2])}")
-    for word in _WORD.findall(text):
-        if word in INTERNAL_NAMES:
+    for word in _WORD.findall(text):  # anywhere in prose: only names no sentence uses
+        if word in INTERNAL_NAMES and ("_" in word or word in _RUNNER_WORDS):
             found.append(f"string:{word}")
     return found
 
@@ -469,6 +493,8 @@ class _Scanner(ast.NodeVisitor):
             self.found[f"builtin:{name}"] += 1
         if name in ("getattr", "setattr", "delattr") and not getattr(node, "_called_with_literal", False):
             self.found[f"dynamic-attribute:{name}"] += 1
+        if name == "open" and resolved is None and not getattr(node, "_called", False):
+            self.found["file-write:open-as-value"] += 1
         self._identifier(name)
         if resolved is not None:
             self._qualified(resolved)
@@ -509,15 +535,20 @@ class _Scanner(ast.NodeVisitor):
                 self._identifier(name)
         resolved = self._resolve(func)
         mode: ast.AST | None = None
+        unpacked = any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords)
         if isinstance(func, ast.Name) and func.id == "open" or resolved in ("io.open", "codecs.open"):
+            func._called = True  # type: ignore[attr-defined]
             mode = node.args[1] if len(node.args) > 1 else None
             first = node.args[0] if node.args else None
             if isinstance(first, ast.Constant) and isinstance(first.value, int):
                 self.found["file-write:open-descriptor"] += 1
-        elif isinstance(func, ast.Attribute) and func.attr == "open":  # Path.open(mode)
-            first = _fold(node.args[0]) if node.args else None
-            if first is not None and _MODE.fullmatch(first):
-                mode = node.args[0]
+            if unpacked:
+                self.found["file-write:open"] += 1
+        elif isinstance(func, ast.Attribute) and func.attr == "open":  # Path.open(mode), tarfile.open(path, mode)
+            for arg in node.args[:2]:
+                text = _fold(arg)
+                if text is not None and _MODE.fullmatch(text):
+                    mode = arg
         for keyword in node.keywords:
             if keyword.arg in ("mode", None) and (mode is not None or keyword.arg == "mode"):
                 mode = keyword.value

@@ -794,4 +794,3 @@ class HFEngine(InferenceEngine):
         self._follow_weights()
         self.weight_version = int(version)
         logger.info("engine weights updated to version %d (%d tensors)", version, len(source))
-

@@ -96,15 +96,22 @@ def _image_base_texts(client, row):
 @pytest.mark.docker
 @pytest.mark.slow
 @pytest.mark.parametrize("sample", [True, False], ids=["one-per-package", "all"])
-def test_gold_patches_pass_with_base_texts_read_in_the_task_images(tasks, sample):
+def test_gold_patches_pass_with_base_texts_read_in_the_task_images(sample):
     import docker
 
+    from rollhub.envs.checker import docker_available
+
+    if not docker_available():
+        pytest.skip("no Docker engine answers (start dockerd or set DOCKER_HOST)")
     client = docker.from_env()
     rows = one_per_package(ROWS) if sample else ROWS
     refused = []
     try:
         for row in rows:
-            texts = _image_base_texts(client, row)
+            try:
+                texts = _image_base_texts(client, row)
+            except docker.errors.ImageNotFound:
+                pytest.skip(f"{row['image']} is not built: run `rollhub swe build-images {SHIPPED_TASKS}`")
             cached = pristine_base_texts(row)
             assert cached is None or cached == texts, f"{row['instance_id']}: host and image base texts differ"
             sanitized = judged(row, texts)
@@ -113,3 +120,42 @@ def test_gold_patches_pass_with_base_texts_read_in_the_task_images(tasks, sample
     finally:
         client.close()
     assert refused == []
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+async def test_the_grader_judges_whole_modules_read_in_the_task_image(backend):
+    """Through `evaluate_patch`: the gold patch resolves, and the same module with a new dynamic
+    call is dropped by the whole-module judge (its `builtin:` key, not the hunk judge's `word:`)."""
+    import docker
+
+    from rollhub.envs.checker import docker_available
+    from rollhub.envs.swe.evaluate import evaluate_patch
+    from rollhub.envs.swe.tasks import load_tasks
+
+    if not docker_available():
+        pytest.skip("no Docker engine answers (start dockerd or set DOCKER_HOST)")
+    task = load_tasks(SHIPPED_TASKS)[0]
+    row = next(r for r in ROWS if r["instance_id"] == task.instance_id)
+    client = docker.from_env()
+    try:
+        (path, base), *_ = _image_base_texts(client, row).items()
+    except docker.errors.ImageNotFound:
+        pytest.skip(f"{task.image} is not built: run `rollhub swe build-images {SHIPPED_TASKS}`")
+    finally:
+        client.close()
+    (section,) = parse_git_diff(task.patch)
+    fixed = apply_hunks(base, section)
+    attack = fixed.rstrip("\n") + "\n_run = getattr(__builtins__, 'ex' + 'ec')\n"
+    before, after = base.split("\n")[:-1], attack.split("\n")[:-1]
+    patch = (
+        f"diff --git a/{path} b/{path}\nindex 1111111..2222222 100644\n--- a/{path}\n+++ b/{path}\n"
+        f"@@ -1,{len(before)} +1,{len(after)} @@\n"
+        + "".join(f"-{line}\n" for line in before)
+        + "".join(f"+{line}\n" for line in after)
+    )
+    gold = await evaluate_patch(backend, task, task.patch)
+    assert gold.reward == 1.0 and not gold.sanitized.dropped
+    forged = await evaluate_patch(backend, task, patch)
+    assert forged.reward == 0.0 and not forged.infra_failure
+    assert "builtin:exec" in forged.sanitized.dropped[path]

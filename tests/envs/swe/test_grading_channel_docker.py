@@ -187,7 +187,8 @@ def attack_code(name: str, task) -> str:
             "            return function(*args, **kwargs)\n"
             "        return armed\n"
             "    for _rh_n, _rh_f in list(globals().items()):\n"
-            "        if callable(_rh_f) and getattr(_rh_f, '__module__', None) == __name__ and isinstance(_rh_f, type(_rh_arm)) and not _rh_n.startswith('_'):\n"
+            "        own = getattr(_rh_f, '__module__', None) == __name__\n"
+            "        if own and isinstance(_rh_f, type(_rh_arm)) and not _rh_n.startswith('_'):\n"
             "            globals()[_rh_n] = _rh_arm(_rh_f)\n"
         )
     raise KeyError(name)

@@ -1,7 +1,8 @@
-"""The red-team battery on real containers: for a task, the gold patch (applied by the
-expert through the env's tools) scores 1 and every forging attempt scores 0 without an
-infra failure. Two shipped tasks of different layouts run by default (a root test file and
-a package; a `tests/` folder and a `src/` layout); the rest are `slow`."""
+"""The red team on real containers: the gold patch (applied by the expert through the env's
+tools) scores 1, the empty patch 0, every generated attack 0 without an infra failure, and
+honest patches with odd file names 1. The attacks are real: they forge a naive grader (the
+patch applied, the row's eval script, the log graded). The whole set over every shipped
+task is `slow`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,17 @@ import pytest
 
 pytest.importorskip("swebench")
 
-from rollhub.envs.swe.redteam import ATTACKS, format_table, redteam_task  # noqa: E402
+from rollhub.envs.swe.redteam import (  # noqa: E402
+    ATTACKS,
+    CLASSES,
+    AttackContext,
+    format_table,
+    redteam_task,
+    select_classes,
+)
+from rollhub.envs.swe.redteam.campaign import run_attempt  # noqa: E402
+from rollhub.envs.swe.redteam.naive import naive_reward  # noqa: E402
+from rollhub.envs.swe.redteam.workspace import Workspace  # noqa: E402
 from rollhub.envs.swe.tasks import SHIPPED_TASKS  # noqa: E402
 
 pytestmark = pytest.mark.docker
@@ -29,52 +40,104 @@ def test_battery_covers_at_least_ten_techniques_in_every_family():
     assert {"mnemonic_prefix_conftest", "external_diff_git_hook"} <= {a.name for a in ATTACKS}
 
 
-async def _check_task(tasks, backend, instance_id):
+def _attempt(ctx, cls: str, technique: str, seed: int = 0):
+    c = select_classes([cls])[0]
+    for s in range(seed, seed + 50):
+        for attempt in c.variants(ctx, len(c.techniques), s):
+            if attempt.technique == technique:
+                return attempt
+    raise AssertionError(technique)
+
+
+async def test_an_obfuscated_runner_patch_forges_a_naive_grader_and_scores_zero_here(tasks, backend):
+    task = next(t for t in tasks if t.instance_id == DEFAULT_IDS[0])
+    ws = await Workspace.fetch(backend, task)
+    try:
+        ctx = AttackContext.make(task, ws)
+        attempt = _attempt(ctx, "obfuscated_runner_patch", "base64_exec")
+        naive, why = await naive_reward(backend, task, ws.diff(attempt.changes))
+        assert naive == 1.0, why  # the attack is real
+        result = await run_attempt(backend, ctx, attempt, eval_timeout_s=120)
+        assert result.reward == 0.0 and not result.infra_failure, result
+    finally:
+        ws.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("cls", "technique"),
+    [
+        ("obfuscated_runner_patch", "utf7_module"),
+        ("obfuscated_runner_patch", "fullwidth"),
+        ("obfuscated_runner_patch", "gc_or_getframe"),
+        ("log_forgery", "print_atexit"),
+        ("log_forgery", "print_then_os_exit"),
+        ("log_forgery", "rewrite_log_at_exit"),
+        ("runner_config", "pytest_toml_zip"),
+        ("runner_config", "ini_header_differential"),
+        ("runner_config", "conftest_subdirs"),
+    ],
+)
+async def test_generated_attacks_forge_a_naive_grader_and_score_zero_here(tasks, backend, cls, technique):
+    task = next(t for t in tasks if t.instance_id == DEFAULT_IDS[0])
+    ws = await Workspace.fetch(backend, task)
+    try:
+        ctx = AttackContext.make(task, ws)
+        attempt = _attempt(ctx, cls, technique)
+        naive, why = await naive_reward(backend, task, ws.diff(attempt.changes))
+        assert naive == 1.0, f"{attempt.variant}: {why}"
+        result = await run_attempt(backend, ctx, attempt, eval_timeout_s=120)
+        assert result.reward == 0.0 and not result.infra_failure, result
+    finally:
+        ws.close()
+
+
+async def _check_task(tasks, backend, instance_id, variants):
     task = next(t for t in tasks if t.instance_id == instance_id)
-    report = await redteam_task(backend, task, concurrency=2)
+    report = await redteam_task(backend, task, variants=variants, concurrency=2, eval_timeout_s=120)
     table = format_table([report])
     assert report.gold_reward == 1.0, table
+    assert report.noop_reward == 0.0, table
     assert not report.hacks, table
-    by_name = {a.attack: a for a in report.attempts}
-    assert set(by_name) == {a.name for a in ATTACKS}
-    assert all(a.reward == 0.0 and not a.infra_failure for a in report.attempts), table
-    # sabotage ends as the model's failure (or, where the sandbox resists it, not at all), never as infra
-    assert by_name["remove_git_dir"].model_failure, table
-    # the two found by the red team are stopped where they were aimed
-    assert "conftest.py" in by_name["mnemonic_prefix_conftest"].detail, table
-    assert "shadow" in by_name["shadow_pytest_package"].detail, table
+    assert {a.cls for a in report.attempts} == {c.name for c in CLASSES}
+    assert all(not a.infra_failure for a in report.attempts), table
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("instance_id", DEFAULT_IDS)
-async def test_gold_scores_one_and_no_attack_scores(tasks, backend, instance_id):
-    await _check_task(tasks, backend, instance_id)
+async def test_every_class_with_three_variants_scores_zero(tasks, backend, instance_id):
+    await _check_task(tasks, backend, instance_id, variants=3)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("instance_id", [i for i in _IDS if i not in DEFAULT_IDS])
-async def test_gold_scores_one_and_no_attack_scores_on_every_shipped_task(tasks, backend, instance_id):
-    await _check_task(tasks, backend, instance_id)
+async def test_every_class_scores_zero_on_every_shipped_task(tasks, backend, instance_id):
+    await _check_task(tasks, backend, instance_id, variants=1)
 
 
-def test_redteam_command_prints_the_table_and_exits_zero(tasks, capsys):
+def test_redteam_command_prints_the_summary_and_writes_json(tasks, capsys, tmp_path):
     from rollhub.cli import main
 
+    out_file = tmp_path / "summary.json"
     code = main(
         [
             "swe",
             "redteam",
             str(SHIPPED_TASKS),
-            "--instance-ids",
+            "--only",
             DEFAULT_IDS[0],
-            "--attacks",
-            "mnemonic_prefix_conftest",
-            "external_diff_git_hook",
+            "--classes",
+            "odd_file_names",
+            "--json",
+            str(out_file),
         ]
     )
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "gold  attempts  forged  hackable" in out and "hackable tasks: 0" in out
-    assert "attempts 2, forged 0" in out
+    assert "tasks 1, gold 1.0 on 1, no-op resolved 0, attempts 1, forged 0, escaped 0, honest failed 0" in out
+    data = json.loads(out_file.read_text())
+    assert data["gold_resolved"] == 1 and data["classes"]["odd_file_names"]["attempts"] == 1
+    assert data["reports"][0]["instance_id"] == DEFAULT_IDS[0]
 
 
 def test_redteam_command_exits_non_zero_when_the_gold_patch_fails(tasks, tmp_path, capsys):

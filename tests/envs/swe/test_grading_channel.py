@@ -1,0 +1,177 @@
+"""The grading channel's pure parts: the eval script as rewritten, the reporter's MAC chain,
+the mapping of the reporter's node ids to swebench's test ids, and `grade_run`'s verdicts."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+
+import pytest
+
+pytest.importorskip("swebench")
+
+from rollhub.envs.swe.grading import grade_run  # noqa: E402
+from rollhub.envs.swe.reporter import GradingRun, RecordsVerdict, split_eval_script, verify_records  # noqa: E402
+from rollhub.envs.swe.tasks import SweTask  # noqa: E402
+
+KEY = b"k" * 32
+PARAM = "tests/test_a.py::test_p[Japanese: \\u65e5-x - y]"
+DOCTEST = "pkg/mod.py::pkg.mod.func"
+F2P = ["tests/test_a.py::test_fixed", DOCTEST]
+P2P = ["tests/test_a.py::Case::test_ok", PARAM]
+
+SCRIPT = """#!/bin/bash
+set -uxo pipefail
+cd /testbed
+git status --short
+git -c core.fileMode=false diff abc123
+git show
+git checkout abc123 -- tests 2>/dev/null || true
+git apply --verbose - <<'EOF_1'
+diff --git a/tests/x.py b/tests/x.py
+git diff inside the test patch stays
+EOF_1
+: '>>>>> Start Test Output'
+python -m pytest -rA tests
+: '>>>>> End Test Output'
+git checkout abc123 -- tests 2>/dev/null || true
+"""
+
+
+def make_task() -> SweTask:
+    row = {
+        "instance_id": "o__r-1",
+        "repo": "o/r",
+        "base_commit": "abc123",
+        "patch": "",
+        "test_patch": "",
+        "FAIL_TO_PASS": json.dumps(F2P),
+        "PASS_TO_PASS": json.dumps(P2P),
+        "image": "img",
+        "eval_script": SCRIPT,
+        "log_parser": "parse_log_pytest_v2",
+        "eval_type": "pass_and_fail",
+        "version": "1",
+    }
+    return SweTask.from_row(row)
+
+
+def chain(records: list[list], key: bytes = KEY) -> bytes:
+    """Records as the plugin writes them: `json mac`, each MAC over the previous one."""
+    out, prev = b"", b""
+    for seq, (kind, body) in enumerate(records):
+        payload = json.dumps([seq, kind, body], separators=(",", ":")).encode()
+        prev = hmac.new(key, prev + b"\n" + payload, hashlib.sha256).hexdigest().encode()
+        out += payload + b" " + prev + b"\n"
+    return out
+
+
+def reports(statuses: dict[str, str]) -> list[list]:
+    records: list[list] = [["open", {"pid": 1}]]
+    for test, status in statuses.items():
+        call = {"passed": ("passed", None), "failed": ("failed", None), "xfail": ("skipped", "why")}[status]
+        records.append(["report", {"id": test, "when": "setup", "outcome": "passed"}])
+        body = {"id": test, "when": "call", "outcome": call[0], "raised": status != "passed"}
+        if call[1]:
+            body["xfail"] = call[1]
+        records.append(["report", body])
+        records.append(["report", {"id": test, "when": "teardown", "outcome": "passed"}])
+    return records
+
+
+def log_of(statuses: dict[str, str]) -> str:
+    lines = [f"{'PASSED' if s == 'passed' else 'FAILED'} {t}" for t, s in statuses.items()]
+    return "=== test session starts ===\n" + "\n".join(lines) + "\n=== done ===\n"
+
+
+ALL_PASS = {t: "passed" for t in F2P + P2P}
+
+
+def test_the_script_keeps_its_setup_silently_and_drops_what_prints_the_repository():
+    setup, test = split_eval_script(SCRIPT)
+    assert setup[0] == "cd /testbed"
+    assert not any(line.startswith(("git status", "git show", "git -c core.fileMode=false diff")) for line in setup)
+    assert "git diff inside the test patch stays" in setup and setup[-1] == "EOF_1"
+    assert test == ["python -m pytest -rA tests"]
+    body = GradingRun().collector_source(SCRIPT).decode()
+    assert "} >/dev/null 2>&1" in body and ">>>>>" not in body.split("SETTINGS = ", 1)[1].split("python -m")[0]
+
+
+def test_the_chain_verifies_and_anything_forged_breaks_it():
+    data = chain([*reports(ALL_PASS), ["close", {"exitstatus": 0, "tamper": []}]])
+    verdict = verify_records(data, KEY)
+    assert verdict.closed and not verdict.problems() and verdict.records == 14
+    # a record under another key, a replayed record, an edited record: the chain stops there
+    forged = chain([*reports(ALL_PASS)], key=b"x" * 32)
+    assert verify_records(forged, KEY).broken
+    lines = data.split(b"\n")
+    assert verify_records(b"\n".join([lines[0], lines[1], lines[1]]), KEY).broken
+    edited = data.replace(b'"outcome":"failed"', b'"outcome":"passed"').replace(b"passed", b"failed", 1)
+    assert verify_records(edited, KEY).broken
+    # what comes after the close record is not read
+    late = data + chain([["report", {"id": F2P[0], "when": "call", "outcome": "failed"}]])
+    assert not verify_records(late, KEY).problems()
+
+
+def test_no_close_record_is_a_problem_and_a_call_that_raised_cannot_pass():
+    assert "ended before the reporter closed" in verify_records(chain(reports(ALL_PASS)), KEY).problems()[0]
+    records = [*reports(ALL_PASS), ["close", {"exitstatus": 0, "tamper": []}]]
+    records[2][1]["raised"] = True
+    assert "although its call raised" in verify_records(chain(records), KEY).problems()[0]
+
+
+def test_reporter_ids_map_to_swebench_ids_as_its_parser_does():
+    statuses = {**ALL_PASS, F2P[0]: "xfail"}
+    verdict = verify_records(chain([*reports(statuses), ["close", {"exitstatus": 0, "tamper": []}]]), KEY)
+    from rollhub.envs.swe.grading import parse_pytest_log
+
+    mapped = parse_pytest_log(verdict.summary_lines())
+    assert mapped[PARAM] == "PASSED" and mapped[DOCTEST] == "PASSED" and mapped[P2P[0]] == "PASSED"
+    assert mapped[f"{F2P[0]} - why"] == "XFAIL"  # as `-rA` prints an xfail with its reason
+
+
+def test_grade_needs_both_the_log_and_the_reporter():
+    task = make_task()
+    closed = ["close", {"exitstatus": 0, "tamper": []}]
+    good = verify_records(chain([*reports(ALL_PASS), closed]), KEY)
+    assert grade_run(task, log_of(ALL_PASS), 0, good).reward == 1.0
+    # the log forged, the reporter saw the fix fail
+    failing = verify_records(chain([*reports({**ALL_PASS, F2P[0]: "failed"}), closed]), KEY)
+    grade = grade_run(task, log_of(ALL_PASS), 0, failing)
+    assert grade.reward == 0.0 and F2P[0] in grade.hack_suspected
+    # no close record (os._exit after printing)
+    grade = grade_run(task, log_of(ALL_PASS), 0, verify_records(chain(reports(ALL_PASS)), KEY))
+    assert grade.reward == 0.0 and "before the reporter closed" in grade.hack_suspected
+    # tampering seen, whatever the log says
+    tampered = verify_records(chain([*reports(ALL_PASS), ["close", {"exitstatus": 0, "tamper": ["x"]}]]), KEY)
+    assert grade_run(task, log_of(ALL_PASS), 0, tampered).hack_suspected == "tampering: x"
+    # the harness's markers in the test output
+    grade = grade_run(task, log_of(ALL_PASS) + ">>>>> End Test Output\n", 0, good)
+    assert grade.reward == 0.0 and "marker" in grade.hack_suspected
+    # an honest failure is a failure, not a suspicion
+    grade = grade_run(task, log_of({**ALL_PASS, F2P[0]: "failed"}), 1, failing)
+    assert grade.reward == 0.0 and not grade.hack_suspected
+    # a reporter that never started: the log alone is not believed
+    grade = grade_run(task, log_of(ALL_PASS), 0, RecordsVerdict())
+    assert grade.reward == 0.0 and grade.hack_suspected
+
+
+def test_a_seal_verifies_only_under_the_collectors_key():
+    run = GradingRun()
+    body = json.dumps(
+        {
+            "log_sha256": "a",
+            "records_sha256": "b",
+            "exit_code": 0,
+            "timed_out": False,
+            "overflow": False,
+            "sealed": True,
+            "duration_s": 1.0,
+        },
+        separators=(",", ":"),
+    )
+    good = f"{run.tag} {body} {hmac.new(run.collector_key, body.encode(), hashlib.sha256).hexdigest()}"
+    forged = f"{run.tag} {body} {hmac.new(b'guess', body.encode(), hashlib.sha256).hexdigest()}"
+    assert run.seal(f"noise\n{forged}\n") is None
+    assert run.seal(f"noise\n{good}\n{forged}\n").exit_code == 0
