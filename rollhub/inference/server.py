@@ -387,8 +387,13 @@ async def handle_generate(request: web.Request) -> web.Response:
     parsed = await loop.run_in_executor(parser, _parse_generate_body, raw, engine, request.app[LIMITS_KEY])
     started = time.perf_counter()
     generations = await _generate_all(engine, parsed)
-    results = [generation_json(engine, g, parsed.return_logprob, started) for g in generations]
-    return web.json_response(results if parsed.batched else results[0])
+
+    def reply_body() -> bytes:  # decoding and serialising a big batch is CPU work too: off the event loop
+        results = [generation_json(engine, g, parsed.return_logprob, started) for g in generations]
+        return json.dumps(results if parsed.batched else results[0]).encode()
+
+    body = await loop.run_in_executor(parser, reply_body)
+    return web.Response(body=body, content_type="application/json", charset="utf-8")
 
 
 async def handle_abort(request: web.Request) -> web.Response:
@@ -959,10 +964,10 @@ def serve_key(
         return ServeKey(api_key, "--api-key")
     if key_file is not None and Path(key_file).exists():
         return ServeKey(_read_key_file(Path(key_file)), str(key_file))
-    if key_file is None and (from_env := resolve_api_key(None)):
+    if from_env := resolve_api_key(None):
         return ServeKey(from_env, API_KEY_ENV)
     path = Path(key_file) if key_file is not None else default_key_file(port)
-    if key_file is None and path.exists() or path.is_symlink():
+    if key_file is None and (path.exists() or path.is_symlink()):
         path.unlink()  # the default file is per launch: a previous launch's key must not stay valid
     key = secrets.token_urlsafe(32)
     _write_key_file(path, key)

@@ -118,8 +118,8 @@ async def run_training(
     try:
         await start_engine(run.engine)  # launched servers up and ready before the first evaluation
         if checkpoint is None:
-            run.metrics_log.log(0, await version0_check(run))  # engine vs trainer log-probs at version 0
-            warmstart = await evaluate_warm_start(run, print_fn=print_fn)
+            check = await version0_check(run)  # engine vs trainer log-probs at version 0, in the first record
+            warmstart = await evaluate_warm_start(run, print_fn=print_fn, check=check)
             if selector is not None:  # the warm-start is a candidate too: RL that only hurts hands it back
                 run.metrics_log.log(0, await validate(run, selector, 0, force=True))
             run.state.final_reserve_s = final_reserve_s(run.phases)
@@ -291,13 +291,15 @@ async def validate(run: Run, selector: CheckpointSelector, step: int, *, force: 
     return selector.metrics(result)
 
 
-async def evaluate_warm_start(run: Run, *, print_fn: Callable[[str], None]) -> EvalResult:
+async def evaluate_warm_start(
+    run: Run, *, print_fn: Callable[[str], None], check: dict[str, float] | None = None
+) -> EvalResult:
     result = await evaluate(run, "warmstart")
     greedy = await evaluate(run, "warmstart_greedy", greedy=True) if run.config.eval.greedy_reading else None
     run.state.warmstart_success = result.success_rate
     record = result.metrics(prefix="") | greedy_metrics(greedy, prefix="")
     (run.run_dir / WARMSTART_FILE).write_text(json.dumps(record))
-    run.metrics_log.log(0, {**result.metrics(), **greedy_metrics(greedy), "policy/version": 0})
+    run.metrics_log.log(0, {**(check or {}), **result.metrics(), **greedy_metrics(greedy), "policy/version": 0})
     print_fn(f"warm-start success on {run.config.eval.label}: {100 * result.success_rate:.1f}%")
     if greedy is not None:
         print_fn(f"warm-start success on {run.config.eval.greedy_label}: {100 * greedy.success_rate:.1f}%")

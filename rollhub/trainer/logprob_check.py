@@ -195,9 +195,9 @@ def _trainer_gap(policy: Any, batch: Any, agent: Any) -> torch.Tensor:
 
 
 async def version0_check(run: Any) -> dict[str, float]:
-    """`engine_agreement` for a training job's `Run`, as its first metrics record (step 0). Trainer ranks
+    """`engine_agreement` for a training job's `Run`, for its first metrics record (step 0). Trainer ranks
     skip the trainer side (a sharded forward needs every rank), not the server probe."""
     if run.ranks is not None or getattr(run.policy, "fsdp", False):
         prompt = _prompts(run.policy.tokenizer)[0]
-        return {**await check_server_modes(run.engine, run.config, prompt), "policy/version": 0}
-    return {**await engine_agreement(run.engine, run.policy, run.config, seed=run.config.seed), "policy/version": 0}
+        return await check_server_modes(run.engine, run.config, prompt)
+    return await engine_agreement(run.engine, run.policy, run.config, seed=run.config.seed)

@@ -296,7 +296,9 @@ PAYLOAD_CODECS = frozenset(
 )
 _DANGEROUS_PATH = re.compile(r"(^|/)(proc|dev/fd|dev/stdout|dev/stderr)(/|$)")
 #: a path into the tests (a module that rewrites a test file the run has not collected yet)
-_TEST_PATH = re.compile(r"(^|/)(tests?|testing)(/|$)|(^|/)test_\w*\.py|_tests?\.py$")
+_TEST_PATH = re.compile(r"(^|/)(tests?|testing)(/|$)|(^|/)test_[^/]*\.py|_tests?\.py$|(^|/)conftest")
+#: a file the interpreter loads at start-up or imports without a readable source
+_IMPORTABLE_BLOB = re.compile(r"\.(pth|pyc|pyo|so|pyd|zip|egg|whl|pyz)$", re.I)
 _DOTTED = re.compile(r"[\w.]+")
 _WORD = re.compile(r"[^\W\d]\w*")
 #: PEP 263: a comment on line 1 or 2 naming the source encoding
@@ -320,9 +322,18 @@ def encoding_declaration(source: bytes) -> str | None:
     return match.group(1).decode("ascii", "replace").lower().replace("_", "-") if match else None
 
 
+_FOLD_LIMIT = 100_000  # characters: `(('a' * 64) * 64) * 64...` must not exhaust the grader's memory
+
+
 def _fold(node: ast.AST, depth: int = 0) -> str | None:
     """The string an expression always evaluates to, where simple arithmetic on constants
-    makes it (None otherwise). Bytes count as their latin-1 text."""
+    makes it (None otherwise, and for strings longer than `_FOLD_LIMIT`). Bytes count as
+    their latin-1 text."""
+    text = _fold_unbounded(node, depth)
+    return text if text is None or len(text) <= _FOLD_LIMIT else None
+
+
+def _fold_unbounded(node: ast.AST, depth: int) -> str | None:
     if depth > 200:
         return None
     sub = depth + 1
@@ -340,7 +351,8 @@ def _fold(node: ast.AST, depth: int = 0) -> str | None:
             for text_node, count_node in ((node.left, node.right), (node.right, node.left)):
                 text = _fold(text_node, sub)
                 if text is not None and isinstance(count_node, ast.Constant) and isinstance(count_node.value, int):
-                    return text * max(0, min(count_node.value, 64))
+                    count = max(0, count_node.value)
+                    return text * count if len(text) * count <= _FOLD_LIMIT else None
         if isinstance(node.op, ast.Mod):
             return _fold(node.left, sub)  # the template's own text is what can be judged
         return None
@@ -397,6 +409,10 @@ def _string_constructs(text: str) -> list[str]:
         found.append("path:/proc or /dev/fd")
     if _TEST_PATH.search(stripped):
         found.append("path:tests")
+    if _IMPORTABLE_BLOB.search(stripped):
+        found.append("path:start-up file or archive")
+    if "pytest" in stripped.lower():  # PYTEST_CURRENT_TEST, a plugin name, a module path
+        found.append("string:pytest")
     if stripped.lower().replace("-", "_") in PAYLOAD_CODECS:
         found.append(f"codec:{stripped.lower()}")
     if _DOTTED.fullmatch(stripped):  # a name, as getattr / import_module / a format field take it

@@ -146,25 +146,36 @@ def test_example_renders_in_smollm2_chat_template():
 # -- the overlap check reads content, not seed ranges ---------------------------------------
 
 
-def test_the_cli_refuses_evaluating_on_the_train_split_before_training(tmp_path, capsys):
+def test_the_cli_refuses_evaluating_on_the_train_split_before_training(tmp_path):
     """Disjoint seed ranges, but difficulty 1 has 800 problems: the train split's evaluation seeds
-    draw problems training draws too. Refused at prepare time, as a one-line error, no run dir."""
+    draw problems training draws too. Refused at prepare time, as a one-line error, no run dir.
+    A subprocess in its own session, killed whole at the deadline: a run the check lets through
+    fails the test instead of training."""
+    import os
+    import signal
+    import subprocess
+    import sys
     import time
 
-    from rollhub.cli import main
-
     run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "rollhub.cli", "train", "configs/math_smollm2.yaml", "--no-progress"]
+    command += ["--set", "eval.env.kwargs.split=train", "--set", f"run_dir={run_dir}"]
     started = time.perf_counter()
-    code = main(
-        ["train", "configs/math_smollm2.yaml", "--no-progress", "--set", "eval.env.kwargs.split=train"]
-        + ["--set", f"run_dir={run_dir}", "--set", "model.path=/nonexistent/model"]
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
+    try:
+        _, err = process.communicate(timeout=90)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
     elapsed = time.perf_counter() - started
-    err = capsys.readouterr().err
-    assert code == 2 and "Traceback" not in err
+    assert process.returncode == 2 and "Traceback" not in err, err[-2000:]
     assert re.search(r"evaluation overlaps training: (\d+) of the \1 distinct tasks", err), err
     assert int(re.search(r"overlaps training: (\d+)", err).group(1)) >= 150  # 200 seeds, ~165 distinct problems
-    assert not run_dir.exists() and elapsed < 30
+    assert not run_dir.exists() and elapsed < 90
 
 
 def _overlap_count(train_kwargs, eval_kwargs, *, eval_seeds=range(1_000_000, 1_000_200), train_seeds=range(0, 2000)):

@@ -124,6 +124,7 @@ ATTACKS = {
         "import importlib\nR = importlib.import_module('_py' + 'test.runner')",
         "P = __import__('plu' 'ggy')",
         "UNDER = any(m.startswith('_py' 'test') for m in __import__('sys').modules)",
+        "UNDER = 'PYTEST_' + 'CURRENT_TEST' in os.environ",
     ],
     "always-equal objects": [
         "class Same:\n    def __eq__(self, other):\n        return True",
@@ -154,6 +155,7 @@ ATTACKS = {
         "open(*('x', 'w'))",
         "import tarfile\ntarfile.open('x.tar', 'w')",
         "P = 'tes' + 'ts/test_core.py'",
+        "import tempfile\nF = tempfile.NamedTemporaryFile(suffix='.p' 'th', delete=False)",
     ],
 }
 #: whole new module texts: a source-encoding declaration, or text Python does not compile
@@ -249,3 +251,6 @@ def test_code_is_read_as_python_compiles_it():
     assert encoding_declaration(b"#!/bin/sh\n# -*- coding: Latin-1 -*-\n") == "latin-1"
     assert encoding_declaration(b"x = 1\ny = 2\n# coding: utf-7\n") is None  # only lines 1 and 2 count
     assert constructs(b"def f(:\n") is None
+    # folding stays bounded: a string that would take gigabytes is not built
+    bomb = "x = " + "(" * 8 + "'ab'" + " * 64)" * 8 + "\n"
+    assert constructs(bomb.encode()) == {}

@@ -142,6 +142,8 @@ def test_changed_settings_unreadable_texts_and_parser_disagreements_are_refused(
         ("tox.ini", TOX, "\ufeff[pytest]\naddopts = -p forge\n" + TOX),  # iniconfig >= 2.3.1 strips a BOM
         ("tox.ini", TOX, TOX + "# \udcff\n"),  # not UTF-8: pytest cannot open it
         ("pyproject.toml", PYPROJECT, PYPROJECT + "[broken\n"),
+        # pytest opens the file with universal newlines: a CR starts a table a raw tomllib read rejects
+        ("pyproject.toml", PYPROJECT, PYPROJECT.rstrip("\n") + '\r[tool.pytest]\raddopts = ["-p", "forge"]\n'),
         ("pytest.toml", "[pytest]\nxfail_strict = true\n", "[pytest]\nxfail_strict = true\n\n[x]\ny = 1\n"),
     ]
     for name, base, new in cases:
