@@ -150,7 +150,11 @@ async def _play(env: Env, seed: int, problems: list[str], warnings: list[str]) -
     obs, info = result
     _check_messages(obs, "reset", problems)
     _check_info(info, ("anchor", "success"), "reset", problems)
-    trace: list[tuple] = [("reset", _freeze(obs), _anchor_of(info))]
+    key = env.task_key()  # part of the trace: the same seed must give the same content key
+    if key is not None and not isinstance(key, str):
+        problems.append(f"task_key() must return None or a str, got {type(key).__name__}")
+        key = None
+    trace: list[tuple] = [("reset", _freeze(obs), _anchor_of(info), key)]
     limit = env.max_steps
     for step in range(1, limit + 1):
         try:

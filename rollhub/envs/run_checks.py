@@ -157,7 +157,9 @@ def _overrides(env_id: str, member: str) -> bool:
     return env_class is not None and getattr(env_class, member) is not getattr(Env, member)
 
 
-def env_task_keys(env_id: str, kwargs: dict[str, Any], seeds: Sequence[int], *, budget_s: float) -> dict[str, str] | None:
+def env_task_keys(
+    env_id: str, kwargs: dict[str, Any], seeds: Sequence[int], *, budget_s: float
+) -> dict[str, str] | None:
     """Content key -> `seed N` of the tasks the env draws on `seeds` (read in order until
     `budget_s` runs out), or None when the env reports no content (`Env.task_key`).
 

@@ -139,13 +139,20 @@ def read_exact(size):
         left -= len(chunk)
     return b"".join(chunks)
 
+# /proc through a descriptor opened at start: the sweep must work whatever a command did to
+# the paths (`chmod 000 /` makes every absolute path unreachable for a root without caps).
+proc_fd = os.open("/proc", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+
 def proc_stat(pid):
-    with open("/proc/%d/stat" % pid, "rb") as handle:
-        raw = handle.read()
+    fd = os.open("%d/stat" % pid, os.O_RDONLY, dir_fd=proc_fd)
+    try:
+        raw = os.read(fd, 4096)
+    finally:
+        os.close(fd)
     return raw[raw.rindex(b")") + 2:].split()
 
 def pids():
-    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    return [int(name) for name in os.listdir(proc_fd) if name.isdigit()]
 
 def find_idle():
     # The idle command: the oldest child of the init (orphans adopted later are younger).

@@ -71,9 +71,9 @@ class LossConfig:
     clip_low: float = 0.2  # PPO / CISPO clip below: ratio >= 1 - clip_low
     clip_high: float = 0.28  # "clip-higher" (DAPO); set equal to clip_low for symmetric PPO
     dual_clip: float | None = 3.0  # lower bound c*A on the objective of negative-advantage tokens; None = off
-    # GSPO's clip of its sequence ratio (a geometric mean of token ratios, so far tighter than PPO's)
+    # GSPO's clip below of its sequence ratio (a geometric mean of token ratios: far tighter than PPO's)
     gspo_clip_low: float = 3e-4
-    gspo_clip_high: float = 4e-4
+    gspo_clip_high: float = 4e-4  # GSPO's clip above (the paper's 3e-4 / 4e-4)
     is_cap: float = 2.0  # C for "tis"
     mis_low: float = 0.5  # band for "mis"
     mis_high: float = 2.0  # upper end of the "mis" band

@@ -250,6 +250,18 @@ async def test_a_broken_interpreter_or_controller_is_the_commands_failure(docker
             assert result.output == "ok\n"
 
 
+async def test_an_unreachable_root_does_not_crash_the_controller(docker_backend_shell):
+    """`chmod 000 /` (root owns /; without capabilities it can then reach no absolute path):
+    the sweep still works (it holds /proc open), commands come back as failures."""
+    async with await docker_backend_shell.start(IMAGE) as box:
+        first = box._shell.pid
+        result = await box.exec("chmod 000 /; echo done", timeout_s=20)
+        assert (result.exit_code, result.output) == (0, "done\n")
+        assert box._shell.pid == first and not box._shell_unavailable
+        later = await box.exec("echo never", timeout_s=20)
+        assert later.exit_code == 126 and "chdir to / failed" in later.output
+
+
 async def test_a_full_disk_does_not_stop_the_shell(docker_backend_shell):
     """/tmp full (the disk budget's), then the controller killed: the restart needs no disk."""
     from rollhub.sandbox.base import Limits

@@ -12,7 +12,7 @@ The judgement is made on what Python compiles, not on the diff's lines:
 
 * the text is parsed from its bytes, as the import system does: the source-encoding
   declaration is honoured (a `# coding: utf-7` module hides code in a comment otherwise) and
-  `\\r`, `\\f` and the other line breaks Python knows split lines the way Python splits them;
+  a lone `\\r` ends a line, as it does for Python and does not for a diff;
 * identifiers are taken from the syntax tree, where Python has already folded them to NFKC
   (`ｅｘｅｃ` is `exec`);
 * string constants are folded where the parser or simple arithmetic makes them
@@ -210,6 +210,8 @@ FORBIDDEN_QUALIFIED = frozenset(
         "os.posix_spawn",
         "os.posix_spawnp",
         "os.dup",
+        "os.close",
+        "os.closerange",
         "os.dup2",
         "os.fdopen",
         "os.open",

@@ -247,7 +247,9 @@ def test_hostile_answers_score_zero_never_raise_and_stay_fast(answer):
 @pytest.mark.parametrize("answer", HOSTILE, ids=lambda a: ascii(a[:24]))
 async def test_hostile_answers_through_step_score_zero(tmp_path, answer):
     path = tmp_path / "gold.jsonl"
-    path.write_text("".join(json.dumps({"question": f"q{i}", "answer": f"#### {g}"}) + "\n" for i, g in enumerate("5x")))
+    path.write_text(
+        "".join(json.dumps({"question": f"q{i}", "answer": f"#### {g}"}) + "\n" for i, g in enumerate("5x"))
+    )
     env = MathEnv(dataset_path=str(path))
     for index in (0, 1):
         for action in (f"<answer>{answer}</answer>", f"\\boxed{{{answer}}}", answer):

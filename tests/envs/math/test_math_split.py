@@ -162,7 +162,11 @@ def test_the_cli_refuses_evaluating_on_the_train_split_before_training(tmp_path)
     command += ["--set", "eval.env.kwargs.split=train", "--set", f"run_dir={run_dir}"]
     started = time.perf_counter()
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     try:
@@ -183,7 +187,12 @@ def _overlap_count(train_kwargs, eval_kwargs, *, eval_seeds=range(1_000_000, 1_0
 
     try:
         check_eval_disjoint(
-            "rollhub/Math-v0", train_kwargs, "rollhub/Math-v0", eval_kwargs, eval_seeds=eval_seeds, train_seeds=train_seeds
+            "rollhub/Math-v0",
+            train_kwargs,
+            "rollhub/Math-v0",
+            eval_kwargs,
+            eval_seeds=eval_seeds,
+            train_seeds=train_seeds,
         )
     except UserError as error:
         return int(re.search(r"overlaps training: (\d+)", str(error)).group(1))
@@ -248,12 +257,20 @@ def test_a_content_keyed_env_without_could_draw_is_checked_on_its_training_seeds
     try:
         with pytest.raises(UserError, match=r"overlaps training: \d+ of the \d+ distinct tasks .* first 1000 training"):
             check_eval_disjoint(
-                "test/SmallSpace-v0", {}, "test/SmallSpace-v0", {}, eval_seeds=range(10**6, 10**6 + 20),
+                "test/SmallSpace-v0",
+                {},
+                "test/SmallSpace-v0",
+                {},
+                eval_seeds=range(10**6, 10**6 + 20),
                 train_seeds=range(1000),
             )
         # another part of the space: the same seeds, no shared content
         check_eval_disjoint(
-            "test/SmallSpace-v0", {}, "test/SmallSpace-v0", {"offset": 1000}, eval_seeds=range(10**6, 10**6 + 20),
+            "test/SmallSpace-v0",
+            {},
+            "test/SmallSpace-v0",
+            {"offset": 1000},
+            eval_seeds=range(10**6, 10**6 + 20),
             train_seeds=range(1000),
         )
     finally:

@@ -17,10 +17,12 @@ def _shipped_tasks():
         return None, 0
     import docker
 
+    from rollhub.envs.swe.images import instance_image_current
+
     tasks = load_tasks(SHIPPED_TASKS)
     client = docker.from_env()
-    try:
-        missing = [t.image for t in tasks if not client.images.list(name=t.image.rsplit(":", 1)[0])]
+    try:  # one inspect per image (a filtered list costs seconds each on a busy engine); stale = missing
+        missing = [t.image for t in tasks if not instance_image_current(client, t.image)]
     finally:
         client.close()
     return tasks, len(missing)
@@ -34,7 +36,10 @@ def tasks():
     if tasks is None:
         pytest.skip("no Docker engine answers (start dockerd or set DOCKER_HOST)")
     if missing:
-        pytest.skip(f"{missing} shipped task images are not built: run `rollhub swe build-images {SHIPPED_TASKS}`")
+        pytest.skip(
+            f"{missing} shipped task images are not built or predate the current recipe: "
+            f"run `rollhub swe build-images {SHIPPED_TASKS}`"
+        )
     return tasks
 
 

@@ -94,6 +94,7 @@ ATTACKS = {
         "os.kill(os.getpid(), 9)",
         "import faulthandler",
         "o = os\no.abort()",
+        "for fd in (1, 2):\n    os.close(fd)",
     ],
     "interpreter internals": [
         "import sys\nsys.modules['x'] = None",

@@ -214,6 +214,30 @@ ATTACKS = {
 SILENT = {"rewrite_log_in_place"}
 
 
+@pytest.fixture(scope="module")
+def tasks():
+    """The few tasks these tests use, their images checked one by one (listing all shipped
+    images costs minutes on a busy engine)."""
+    from rollhub.envs.checker import docker_available
+    from rollhub.envs.swe.tasks import SHIPPED_TASKS, load_tasks
+
+    if not docker_available():
+        pytest.skip("no Docker engine answers (start dockerd or set DOCKER_HOST)")
+    import docker
+
+    chosen = load_tasks(SHIPPED_TASKS, instance_ids=[WCWIDTH, TOOLZ, CACHETOOLS, INFLECTION])
+    client = docker.from_env()
+    try:
+        for task in chosen:
+            try:
+                client.images.get(task.image)
+            except docker.errors.ImageNotFound:
+                pytest.skip(f"{task.image} is not built: run `rollhub swe build-images {SHIPPED_TASKS}`")
+    finally:
+        client.close()
+    return chosen
+
+
 def _task(tasks, instance_id):
     return next(t for t in tasks if t.instance_id == instance_id)
 

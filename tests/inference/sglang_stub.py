@@ -1,0 +1,172 @@
+"""An aiohttp server with the HTTP behaviour of SGLang (0.5.6 to 0.5.23) that the client depends on.
+
+What it reproduces, read from SGLang's `srt/entrypoints/http_server.py` and `tokenizer_manager.py`:
+* `/health` and `/health_generate` are one handler that submits a one-token generation and
+  waits for it; while generation is paused nothing is generated, so the probe blocks and
+  answers 503 after `health_timeout_s` (SGLang: SGLANG_HEALTH_CHECK_TIMEOUT, 20 s);
+* `/ping` answers from the HTTP loop alone (200 while paused);
+* `/pause_generation` (mode "abort") aborts in-flight requests, which return finish
+  "abort"; new requests wait until `/continue_generation`;
+* `/generate` refuses (400) a prompt of context_length tokens or more, and a prompt plus
+  max_new_tokens that reaches the context length; its reply carries `meta_info.weight_version`
+  as the server's version when the output is emitted;
+* control endpoints answer `{"success", "message"}`, with 400 when `success` is False;
+* the API key guards every path but those starting with /health (SGLang's middleware).
+Only what cannot run here (a GPU model) is stubbed: tokens are a fixed sequence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+
+@dataclass
+class StubState:
+    context_length: int = 64
+    health_timeout_s: float = 1.0
+    token_delay_s: float = 0.01
+    api_key: str | None = None
+    weight_version: str = "default"
+    fail_updates: bool = False
+    update_delay_s: float = 0.0
+    paused: bool = False
+    hung: bool = False  # a wedged server: the port is open, nothing answers
+    resumed: asyncio.Event = field(default_factory=asyncio.Event)
+    aborted: asyncio.Event = field(default_factory=asyncio.Event)
+    calls: list[tuple[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.resumed.set()
+
+
+def _control(success: bool, message: str) -> web.Response:
+    return web.json_response({"success": success, "message": message}, status=200 if success else 400)
+
+
+def make_app(state: StubState) -> web.Application:
+    @web.middleware
+    async def auth(request: web.Request, handler: Any) -> web.StreamResponse:
+        while state.hung:
+            await asyncio.sleep(0.05)
+        if state.api_key and not request.path.startswith("/health"):
+            if request.headers.get("Authorization") != "Bearer " + state.api_key:
+                return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    async def body_of(request: web.Request) -> Any:
+        text = await request.text()
+        body = json.loads(text) if text else {}
+        state.calls.append((request.path, body))
+        return body
+
+    async def health(request: web.Request) -> web.Response:
+        state.calls.append((request.path, None))
+        try:  # the one-token generation waits for the scheduler, which does nothing while paused
+            await asyncio.wait_for(state.resumed.wait(), timeout=state.health_timeout_s)
+        except TimeoutError:
+            return web.Response(status=503)
+        await asyncio.sleep(state.token_delay_s)
+        return web.Response(status=200)
+
+    async def ping(request: web.Request) -> web.Response:
+        state.calls.append((request.path, None))
+        return web.Response(status=200)
+
+    async def generate(request: web.Request) -> web.Response:
+        body = await body_of(request)
+        ids = body["input_ids"]
+        params = body.get("sampling_params", {})
+        max_new = int(params.get("max_new_tokens", 16))
+        if len(ids) >= state.context_length:
+            message = (
+                f"The input ({len(ids)} tokens) is longer than the model's context length "
+                f"({state.context_length} tokens)."
+            )
+            return web.json_response({"error": {"message": message}}, status=400)
+        if len(ids) + max_new >= state.context_length:
+            message = (
+                "Requested token count exceeds the model's maximum context length of "
+                f"{state.context_length} tokens. You requested a total of {len(ids) + max_new} tokens"
+            )
+            return web.json_response({"error": {"message": message}}, status=400)
+        await state.resumed.wait()
+        produced: list[list[Any]] = []
+        finish: dict[str, Any] = {"type": "length", "length": max_new}
+        aborted = state.aborted
+        for k in range(max_new):
+            if aborted.is_set():
+                finish = {"type": "abort", "message": "Abort before prefill"}
+                break
+            await asyncio.sleep(state.token_delay_s)
+            produced.append([-0.5, 100 + k, None])
+        meta = {
+            "id": body.get("rid"),
+            "finish_reason": finish,
+            "prompt_tokens": len(ids),
+            "completion_tokens": len(produced),
+            "cached_tokens": 0,
+            "weight_version": state.weight_version,
+            "e2e_latency": 0.01,
+            "output_token_logprobs": produced,
+        }
+        return web.json_response({"text": "", "output_ids": [t[1] for t in produced], "meta_info": meta})
+
+    async def pause(request: web.Request) -> web.Response:
+        await body_of(request)
+        state.paused = True
+        state.resumed.clear()
+        state.aborted.set()
+        state.aborted = asyncio.Event()
+        return web.json_response({"message": "Generation paused successfully."})
+
+    async def resume(request: web.Request) -> web.Response:
+        await body_of(request)
+        state.paused = False
+        state.resumed.set()
+        return web.json_response({"message": "Generation continued successfully."})
+
+    async def update_from_disk(request: web.Request) -> web.Response:
+        body = await body_of(request)
+        await asyncio.sleep(state.update_delay_s)
+        if state.fail_updates:
+            return _control(False, "Failed to update weights: stub refuses")
+        if body.get("weight_version") is not None:
+            state.weight_version = str(body["weight_version"])
+        return _control(True, "Succeeded to update model weights.")
+
+    async def model_info(request: web.Request) -> web.Response:
+        return web.json_response({"model_path": "stub", "is_generation": True, "weight_version": state.weight_version})
+
+    async def weight_version(request: web.Request) -> web.Response:
+        return web.json_response({"weight_version": state.weight_version})
+
+    async def abort(request: web.Request) -> web.Response:
+        await body_of(request)
+        return web.Response(status=200)
+
+    app = web.Application(middlewares=[auth])
+    app.router.add_get("/health", health)
+    app.router.add_get("/health_generate", health)
+    app.router.add_get("/ping", ping)
+    app.router.add_post("/generate", generate)
+    app.router.add_post("/pause_generation", pause)
+    app.router.add_post("/continue_generation", resume)
+    app.router.add_post("/update_weights_from_disk", update_from_disk)
+    app.router.add_get("/get_model_info", model_info)
+    app.router.add_get("/get_weight_version", weight_version)
+    app.router.add_post("/abort_request", abort)
+    return app
+
+
+async def start_stub(state: StubState) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(make_app(state))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}"
