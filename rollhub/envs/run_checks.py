@@ -227,7 +227,7 @@ def check_eval_disjoint(
         train = env_could_draw(train_id, train_kwargs, held_out)
     if train is None and train_seeds is not None:
         train = env_task_keys(train_id, train_kwargs, train_seeds[:TRAIN_KEY_SAMPLE], budget_s=KEY_SAMPLE_BUDGET_S)
-        drawn_by = f" (found among the tasks of the first {min(len(train_seeds), TRAIN_KEY_SAMPLE)} training seeds)"
+        drawn_by = " (found among the tasks of its first training seeds)"
     if train is None:
         return
     shared = [key for key in held_out if key in train]

@@ -484,10 +484,15 @@ class DistributedWeightSync:
         return "nccl" if torch.cuda.is_available() else "gloo"
 
     async def _form_group(self, clients: list[SGLangEngine]) -> float:
-        """Rank 0 here, rank 1 + i on server i; returns the seconds it took."""
+        """Rank 0 here; a server of tp ranks joins at `rank_offset` and SGLang puts its tensor-parallel
+        rank r at rank_offset + r, so each server's offset is 1 + the ranks of the servers before it.
+        Returns the seconds it took."""
         started = time.perf_counter()
         backend = self.resolved_backend()
-        world_size = 1 + len(clients)
+        check_master_address(self.master_address, [client.url for client in clients])
+        sizes = await _all_or_raise("get_server_info", clients, (client.group_ranks() for client in clients))
+        offsets = [1 + sum(sizes[:index]) for index in range(len(clients))]
+        world_size = 1 + sum(sizes)
         store = await asyncio.to_thread(
             UpdateGroup.host_store, self.master_address, self.master_port, world_size, self.timeout_s
         )
@@ -514,7 +519,7 @@ class DistributedWeightSync:
                         client.init_weights_update_group(
                             master_address=self.master_address,
                             master_port=store.port,
-                            rank_offset=1 + index,
+                            rank_offset=offsets[index],
                             world_size=world_size,
                             group_name=self.group_name,
                             backend=backend,
@@ -633,6 +638,31 @@ class DistributedWeightSync:
 
     async def close(self, clients: list[SGLangEngine] | None = None) -> None:
         await self._drop_group(clients or [])
+
+
+_LOOPBACK = ("127.", "localhost", "::1", "[::1]")
+
+
+def check_master_address(master_address: str, urls: list[str]) -> None:
+    """A loopback master address serves only servers on this machine: a server elsewhere would
+    dial its own loopback and wait out the rendezvous timeout. Refused up front, with the fix."""
+    import socket
+    from urllib.parse import urlsplit
+
+    if not master_address.startswith(_LOOPBACK):
+        return
+    local = {"0.0.0.0", socket.gethostname()}
+    try:
+        local |= {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None)}
+    except OSError:
+        pass
+    for url in urls:
+        host = urlsplit(url).hostname or ""
+        if not host.startswith(_LOOPBACK) and host not in local:
+            raise WeightSyncError(
+                f"the weight update group's master address is {master_address}, which the server at {url} cannot "
+                "reach; set engine.weight_sync_master_address to an address of this machine that it can"
+            )
 
 
 def _send_bucket(group: UpdateGroup, tensors: list[torch.Tensor]) -> None:

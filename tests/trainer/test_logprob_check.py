@@ -143,3 +143,14 @@ async def test_rollhub_serve_reports_tempered_renormalised_logprobs(engine_apps)
 def test_generation_type_is_what_the_probe_reads():
     g = _reply(5, -0.25)
     assert isinstance(g, Generation) and g.token_ids == [5] and g.logprobs == [-0.25]
+
+
+def test_a_launched_sglang_with_top_p_and_off_policy_weights_is_refused_by_the_config():
+    from rollhub.core.config import load_config
+    from rollhub.trainer.config import RunConfig
+
+    sglang = ["engine.backend=server", "engine.launch=sglang", "agent.top_p=0.9"]
+    with pytest.raises(UserError, match="before truncation"):
+        load_config(RunConfig, None, sglang)
+    load_config(RunConfig, None, [*sglang, "loss.correction=none"])  # mu unused by the loss
+    load_config(RunConfig, None, ["engine.backend=server", "engine.launch=rollhub", "agent.top_p=0.9"])

@@ -103,7 +103,7 @@ class SuiteRun:
 
 
 # ---------------------------------------------------------------------- running the suite
-def test_command(repo: PackageRepo) -> str:
+def suite_command(repo: PackageRepo) -> str:
     return TEST_COMMAND + (" --doctest-modules" if repo.doctest_modules else "")
 
 
@@ -116,7 +116,7 @@ async def run_suite(box: Sandbox, repo: PackageRepo, timeout_s: float) -> SuiteR
     targets = " ".join(repo.suite_targets)
     started = time.monotonic()
     result = await box.exec(
-        f"COLUMNS=300 timeout -k 5 {int(timeout_s)} {test_command(repo)} {targets} > {SUITE_LOG} 2>&1; echo $?",
+        f"COLUMNS=300 timeout -k 5 {int(timeout_s)} {suite_command(repo)} {targets} > {SUITE_LOG} 2>&1; echo $?",
         timeout_s=timeout_s + 30,
         workdir=WORKDIR,
     )
@@ -344,7 +344,7 @@ def make_row(
         "image": image,
         # test files are reset to the base commit; doctest modules are run, never reset (they hold the fix)
         "eval_script": pytest_eval_script(
-            base_commit, repo.test_targets, "", test_command(repo), test_targets=repo.suite_targets
+            base_commit, repo.test_targets, "", suite_command(repo), test_targets=repo.suite_targets
         ),
         "log_parser": DEFAULT_LOG_PARSER,
         "eval_type": "pass_and_fail",

@@ -41,14 +41,26 @@ class EngineConfig:
     host: str = "127.0.0.1"  # where launched servers listen
     base_port: int = 0  # replica i listens on base_port + i; 0 = a free port each
     startup_timeout_s: float = 600.0  # until /health_generate answers (model load, warm-up)
-    watchdog_interval_s: float = 1.0  # how often each replica's /health is asked
-    watchdog_timeout_s: float = 3.0  # /health unanswered this long, watchdog_misses times in a row = hung or dead
-    watchdog_misses: int = 2  # consecutive missed /health answers before a replica is declared dead
+    watchdog_interval_s: float = 1.0  # how often each replica is asked /ping (never while paused or pushing)
+    watchdog_timeout_s: float = 3.0  # /ping unanswered this long, watchdog_misses times in a row = hung or dead
+    watchdog_misses: int = 2  # consecutive missed /ping answers before a replica is declared dead
     # /health_generate (a real generation) this often; unanswered this long while no request finishes = wedged
     watchdog_generate_timeout_s: float = 30.0
     request_timeout_s: float = 3600.0  # one HTTP call; a hung server is caught by the watchdog long before
     max_reroutes: int = 1  # re-sends of a request whose replica failed; then it fails as infra
     weight_sync: Literal["disk", "distributed"] = "disk"  # how new weights reach the servers
+    # distributed sync: auto = nccl when every server has GPUs of its own, gloo when one shares the trainer's
+    weight_sync_backend: Literal["auto", "nccl", "gloo"] = "auto"
+    # where servers reach the trainer for the update group: loopback only serves servers on this machine
+    weight_sync_master_address: str = "127.0.0.1"
+    tp: int = 1  # GPUs per launched replica (SGLang --tp-size); the update group gives each its tp ranks
+    gpus: list[int] = field(default_factory=list)  # GPUs launched servers use; [] = every GPU the trainer does not
+    # let servers use the trainer's GPU(s) when too few others exist (one-GPU machines)
+    share_gpu: bool = False
+    # the server's static share of each GPU it uses (SGLang --mem-fraction-static); null = SGLang's default,
+    # or launcher.SHARED_MEM_FRACTION on a GPU shared with the trainer
+    mem_fraction: float | None = None
+    server_python: str | None = None  # interpreter of launched servers ({python}): e.g. a venv with sglang
     weights_dir: str | None = None  # disk sync folder all servers can read; default RUN_DIR/weights
     log_dir: str | None = None  # launched servers' logs; default RUN_DIR/servers
 
@@ -82,6 +94,12 @@ class EngineConfig:
                 raise ValueError(f"engine.{name} must be > 0, got {getattr(self, name)}")
         if self.max_reroutes < 0:
             raise ValueError(f"engine.max_reroutes must be >= 0, got {self.max_reroutes}")
+        if self.tp < 1:
+            raise ValueError(f"engine.tp must be >= 1, got {self.tp}")
+        if self.mem_fraction is not None and not 0 < self.mem_fraction < 1:
+            raise ValueError(f"engine.mem_fraction must be in (0, 1), got {self.mem_fraction}")
+        if self.weight_sync_backend not in ("auto", "nccl", "gloo"):
+            raise ValueError(f"engine.weight_sync_backend must be auto, nccl or gloo, got {self.weight_sync_backend!r}")
         if self.launch is not None:
             from rollhub.inference.engines.launcher import template_words
 
@@ -147,15 +165,45 @@ def build_engine(
     return HFEngine(model, **arguments)
 
 
-def _build_server_engine(config: EngineConfig, model: Any, device: str, run_dir: Path | None) -> Any:
+def trainer_gpus(device: str, environ: dict[str, str] | None = None) -> list[int]:
+    """The GPUs the trainer's ranks on this machine use: `cuda:N` -> [N]; `cuda` -> one per local
+    rank (LOCAL_WORLD_SIZE, as torchrun and rollhub's rank launcher set it); the CPU -> []."""
+    import os
+
+    env = environ if environ is not None else os.environ
+    if not device.startswith("cuda"):
+        return []
+    if ":" in device:
+        return [int(device.split(":", 1)[1])]
+    return list(range(int(env.get("LOCAL_WORLD_SIZE") or env.get("WORLD_SIZE") or 1)))
+
+
+def _build_server_engine(
+    config: EngineConfig, model: Any, device: str, run_dir: Path | None, visible_gpus: int | None = None
+) -> Any:
     from rollhub.core.errors import UserError
-    from rollhub.inference.engines.launcher import ServerEngine
+    from rollhub.inference.engines.launcher import SHARED_MEM_FRACTION, ServerEngine, plan_gpus
 
     if not isinstance(model, (str, Path)):
         raise UserError("engine.backend=server serves a model dir, not a loaded model")
     base = run_dir if run_dir is not None else Path("runs/engine")
     weights_dir = Path(config.weights_dir) if config.weights_dir else base / "weights"
     launch = None if config.urls else (config.launch or "rollhub")
+    plan, shared = None, False
+    if launch is not None:
+        if visible_gpus is None:
+            import torch
+
+            visible_gpus = torch.cuda.device_count()
+        plan, shared = plan_gpus(
+            replicas=config.replicas,
+            tp=config.tp,
+            visible=visible_gpus,
+            trainer_gpus=trainer_gpus(device),
+            gpus=list(config.gpus),
+            share=config.share_gpu,
+        )
+    mem_fraction = config.mem_fraction if config.mem_fraction is not None else (SHARED_MEM_FRACTION if shared else None)
     return ServerEngine(
         str(model),
         launch=launch,
@@ -172,22 +220,43 @@ def _build_server_engine(config: EngineConfig, model: Any, device: str, run_dir:
             "seed": config.seed,
             "device": device,
             "dtype": config.dtype,
+            "tp": config.tp,
         },
+        gpu_plan=plan,
+        mem_fraction=mem_fraction,
+        server_python=config.server_python,
         timeout_s=config.request_timeout_s,
         watchdog_interval_s=config.watchdog_interval_s,
         watchdog_timeout_s=config.watchdog_timeout_s,
         watchdog_misses=config.watchdog_misses,
         watchdog_generate_timeout_s=config.watchdog_generate_timeout_s,
         max_reroutes=config.max_reroutes,
-        weight_sync=make_weight_sync(config.weight_sync, weights_dir, str(model)),
+        weight_sync=make_weight_sync(
+            config.weight_sync,
+            weights_dir,
+            str(model),
+            shared_gpu=shared,
+            backend=config.weight_sync_backend,
+            master_address=config.weight_sync_master_address,
+        ),
         weights_dir=weights_dir,
     )
 
 
-def make_weight_sync(kind: str, weights_dir: Path, model_path: str) -> Any:
+def make_weight_sync(
+    kind: str,
+    weights_dir: Path,
+    model_path: str,
+    *,
+    shared_gpu: bool = False,
+    backend: str = "auto",
+    master_address: str = "127.0.0.1",
+) -> Any:
     """The `engine.weight_sync` method: `disk` (versioned folders under `weights_dir`, written
     atomically, older ones removed) or `distributed` (a torch.distributed group of the trainer
-    and every replica; gloo on CPU, NCCL on GPU). See rollhub.inference.weight_sync."""
+    and every replica; gloo on CPU, NCCL on GPU). With a server on the trainer's GPU the group
+    cannot be NCCL (it refuses two ranks on one GPU), so `auto` becomes gloo there and an
+    explicit nccl is refused. See rollhub.inference.weight_sync."""
     try:
         from rollhub.inference.weight_sync import build_weight_sync
     except ImportError:  # an older tree: the router's own disk push
@@ -195,7 +264,16 @@ def make_weight_sync(kind: str, weights_dir: Path, model_path: str) -> Any:
     if build_weight_sync is not None:
         if kind == "disk":
             return build_weight_sync("disk", weights_dir=weights_dir, config_dir=model_path)
-        return build_weight_sync(kind)
+        if shared_gpu and backend == "nccl":
+            from rollhub.core.errors import UserError
+
+            raise UserError(
+                "engine.weight_sync_backend=nccl with a server on the trainer's GPU: NCCL refuses two ranks on one "
+                "GPU; use engine.weight_sync_backend=gloo (or auto), engine.weight_sync=disk, or give servers own GPUs"
+            )
+        if shared_gpu and backend == "auto":
+            backend = "gloo"
+        return build_weight_sync(kind, backend=backend, master_address=master_address)
     if kind != "disk":
         from rollhub.core.errors import UserError
 

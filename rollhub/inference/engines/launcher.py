@@ -17,6 +17,13 @@ Launching, and why each step is as it is:
   included), `close()` stops the group (SIGTERM, then SIGKILL), and an `atexit` hook does
   the same for a run that never reached `close()`. A wrapper script must `exec` the server
   for the parent-death signal to reach it (its group is stopped by `close()` regardless).
+GPUs: replica i gets its own `tp` GPUs through CUDA_VISIBLE_DEVICES (`plan_gpus`), never one
+the trainer uses, unless `share_gpu` allows it (a one-GPU machine); NCCL refuses two ranks of
+one group on one GPU, and a server that takes its default share of a GPU the trainer uses
+leaves no room for the optimizer state, so a shared GPU also caps the server's static
+memory (`mem_fraction`, SGLang's `--mem-fraction-static`; `SHARED_MEM_FRACTION` by default).
+The dtype is always explicit (`{dtype}`: `auto` becomes bfloat16 on a GPU, float32 on the
+CPU): SGLang's own `auto` serves a float32 checkpoint in float16.
 Launched servers get the run's API key (ROLLHUB_API_KEY, else a fresh random one) in their
 environment as ROLLHUB_API_KEY (what `rollhub serve` reads); `{api_key}` puts it on a
 command line (SGLang's `--api-key`).
@@ -53,11 +60,16 @@ ROLLHUB_SERVE_TEMPLATE = (
     "{python} -m rollhub.cli serve --model {model} --host {host} --port {port} --threads {threads} "
     "--max-batch-size {max_batch_size} --seed {seed} --device {device} --dtype {dtype}"
 )
-#: `engine.launch: sglang` -- SGLang's own server (GPU machines)
+#: `engine.launch: sglang` -- SGLang's own server (GPU machines); `--mem-fraction-static` is added
+#: when a memory fraction is set (a shared GPU)
 SGLANG_TEMPLATE = (
     "{python} -m sglang.launch_server --model-path {model} --host {host} --port {port} --api-key {api_key} "
-    "--random-seed {seed}"
+    "--random-seed {seed} --dtype {dtype} --tp-size {tp}"
 )
+#: the server's share of a GPU it shares with the trainer (SGLang's weights + KV cache), the rest
+#: being the trainer's: for a model of P parameters the trainer holds ~16 P bytes (fp32 weights,
+#: gradients, two Adam moments) plus activations, the server 2 P (bf16) plus its KV cache
+SHARED_MEM_FRACTION = 0.3
 NAMED_TEMPLATES = {"rollhub": ROLLHUB_SERVE_TEMPLATE, "sglang": SGLANG_TEMPLATE}
 #: what `{...}` may name in a launch template
 TEMPLATE_FIELDS = (
@@ -72,6 +84,9 @@ TEMPLATE_FIELDS = (
     "device",
     "dtype",
     "api_key",
+    "tp",
+    "gpus",
+    "mem_fraction",
 )
 
 _LIBC: Any = None
@@ -108,6 +123,59 @@ def template_words(template: str) -> list[str]:
                     + ", ".join("{" + f + "}" for f in TEMPLATE_FIELDS)
                 )
     return words
+
+
+def plan_gpus(
+    *,
+    replicas: int,
+    tp: int,
+    visible: int,
+    trainer_gpus: list[int],
+    gpus: list[int] | None = None,
+    share: bool = False,
+) -> tuple[list[list[int]] | None, bool]:
+    """The GPU indices (as this process sees them) of each replica, and whether any is one of the
+    trainer's; (None, False) on a machine without GPUs. Refuses, with the fix, what cannot work:
+    too few GPUs, a GPU named twice, or a trainer GPU without `share`."""
+    if tp < 1:
+        raise UserError(f"engine.tp must be >= 1, got {tp}")
+    if visible == 0:
+        if gpus:
+            raise UserError(f"engine.gpus={gpus} but this machine has no GPU")
+        return None, False
+    need = replicas * tp
+    trainer = sorted(set(trainer_gpus))
+    if gpus:
+        if len(set(gpus)) != len(gpus) or any(not 0 <= g < visible for g in gpus):
+            raise UserError(f"engine.gpus={gpus} must name distinct GPUs in [0, {visible})")
+        pool = list(gpus)
+    else:
+        pool = [g for g in range(visible) if g not in trainer]
+        if len(pool) < need and share:
+            pool += [g for g in trainer if g < visible]
+    if len(pool) < need:
+        raise UserError(
+            f"{replicas} replica(s) x engine.tp={tp} need {need} GPU(s) beside the trainer's {trainer}, and this "
+            f"machine has {visible}: use fewer replicas, or engine.share_gpu=true to put servers on the trainer's "
+            "GPU (weights then move by disk or gloo, and the server takes engine.mem_fraction of its memory)"
+        )
+    plan = [pool[i * tp : (i + 1) * tp] for i in range(replicas)]
+    shared = any(g in trainer for part in plan for g in part)
+    if shared and not share:
+        raise UserError(
+            f"engine.gpus={gpus} includes the trainer's GPU(s) {trainer}; name other GPUs, or set engine.share_gpu=true"
+        )
+    return plan, shared
+
+
+def physical_gpus(indices: list[int], environ: dict[str, str] | None = None) -> str:
+    """CUDA_VISIBLE_DEVICES for a child: this process's indices mapped through its own
+    CUDA_VISIBLE_DEVICES (index 1 under "2,3,5" is GPU 3)."""
+    parent = (environ if environ is not None else os.environ).get("CUDA_VISIBLE_DEVICES")
+    if parent is None or not parent.strip():
+        return ",".join(str(i) for i in indices)
+    names = [item.strip() for item in parent.split(",") if item.strip()]
+    return ",".join(names[i] for i in indices)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -229,11 +297,22 @@ class ServerEngine(EngineRouter):
         startup_timeout_s: float = 600.0,
         template_values: dict[str, Any] | None = None,
         api_key: str | None = None,
+        gpu_plan: list[list[int]] | None = None,
+        mem_fraction: float | None = None,
+        server_python: str | None = None,
         **router_arguments: Any,
     ) -> None:
         if (launch is None) == (not urls):
             raise UserError("the server backend needs exactly one of engine.launch and engine.urls")
         self.launch_words = template_words(launch) if launch is not None else None
+        self.sglang_template = launch is not None and launch.strip() == "sglang"
+        if gpu_plan is not None and len(gpu_plan) != replicas:
+            raise ValueError(f"gpu_plan has {len(gpu_plan)} entries for {replicas} replicas")
+        self.gpu_plan = gpu_plan
+        if mem_fraction is not None and not 0 < mem_fraction < 1:
+            raise UserError(f"engine.mem_fraction must be in (0, 1), got {mem_fraction}")
+        self.mem_fraction = mem_fraction
+        self.server_python = server_python or sys.executable
         self.replica_count = replicas
         self.host = host
         self.base_port = base_port
@@ -280,16 +359,39 @@ class ServerEngine(EngineRouter):
 
     def command_for(self, index: int, port: int) -> list[str]:
         values = {
-            "python": sys.executable,
+            "python": self.server_python,
             "host": self.host,
             "port": port,
             "replica": index,
             "api_key": self.api_key or "",
             "dtype": "auto",
+            "tp": 1,
             **self.template_values,
         }
         values["seed"] = int(values.get("seed", 0)) + index  # replicas must not draw the same samples
-        return [word.format(**values) for word in self.launch_words or []]
+        gpus = self.gpu_plan[index] if self.gpu_plan is not None else None
+        if gpus is not None:
+            values["device"] = "cuda"  # the first of its own CUDA_VISIBLE_DEVICES
+            values["tp"] = len(gpus)
+        values["gpus"] = ",".join(str(g) for g in gpus or [])
+        on_gpu = gpus is not None or str(values.get("device", "cpu")).startswith("cuda") or self.sglang_template
+        if values["dtype"] == "auto":  # never the server's own auto: SGLang's serves float32 as float16
+            values["dtype"] = "bfloat16" if on_gpu else "float32"
+        values["mem_fraction"] = "" if self.mem_fraction is None else f"{self.mem_fraction:g}"
+        words = self.launch_words or []
+        if self.mem_fraction is None and any("{mem_fraction}" in word for word in words):
+            raise UserError("engine.launch names {mem_fraction}, but engine.mem_fraction is not set")
+        command = [word.format(**values) for word in words]
+        if self.sglang_template and self.mem_fraction is not None:
+            command += ["--mem-fraction-static", values["mem_fraction"]]
+        return command
+
+    def env_for(self, index: int, base: dict[str, str]) -> dict[str, str]:
+        """The replica's environment: the run's, with its own GPUs when placed."""
+        env = dict(base)
+        if self.gpu_plan is not None:
+            env["CUDA_VISIBLE_DEVICES"] = physical_gpus(self.gpu_plan[index], base)
+        return env
 
     async def _launch_all(self) -> None:
         env = {**os.environ, API_KEY_ENV: self.api_key or ""}
@@ -298,7 +400,8 @@ class ServerEngine(EngineRouter):
             logger.debug("launching engine servers from a non-main thread; they die when it exits")
         for index, replica in enumerate(self.replicas):
             port = self.base_port + index if self.base_port else free_port(self.host)
-            server = LaunchedServer(replica.replica_id, self.command_for(index, port), self._log_path(replica), env)
+            command = self.command_for(index, port)
+            server = LaunchedServer(replica.replica_id, command, self._log_path(replica), self.env_for(index, env))
             server.start()
             self.servers.append(server)
             replica.process = server
@@ -372,4 +475,4 @@ async def start_engine(engine: Any) -> None:
         await start()
 
 
-__all__ = ["LaunchedServer", "ReplicaError", "ServerEngine", "start_engine", "template_words"]
+__all__ = ["LaunchedServer", "ReplicaError", "ServerEngine", "plan_gpus", "start_engine", "template_words"]

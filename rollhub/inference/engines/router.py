@@ -14,12 +14,17 @@ work rather than request counts: a 2,000-token prompt weighs more than a 50-toke
 
 Failures. A replica is marked down when a request or control call to it finds the server
 gone (connection refused or reset), when its launched process exits, or by the watchdog:
-every `watchdog_interval_s` it asks `/health` (served by the HTTP loop alone, so a busy
-engine still answers) and `watchdog_misses` misses in a row of `watchdog_timeout_s` each
-mean a stopped, dead or unreachable server (a few seconds); every
+every `watchdog_interval_s` it asks `/ping` (SGLang answers it from the HTTP loop alone, so a
+busy or paused engine still answers; any HTTP answer below 500 counts, so a server without
+the route answers 404 and is alive) and `watchdog_misses` misses in a row of
+`watchdog_timeout_s` each mean a stopped, dead or unreachable server (a few seconds); every
 `watchdog_generate_timeout_s` it asks `/health_generate`, a real one-token generation, and
 no answer within that time while no request on the replica finished meanwhile means a
 wedged engine (a busy engine that keeps finishing requests is slow, not wedged).
+Not `/health` for liveness: SGLang serves `/health` with the same one-token generation,
+which waits while generation is paused and answers 503 after 20 s. So while the router is
+paused or pushing weights the watchdog asks nothing (a launched process that exits is still
+seen), and a generation probe that overlapped a pause is discarded, whatever it answered.
 Marking a replica down cancels its in-flight requests at once; each is re-sent, whole, to
 another replica at most `max_reroutes` times (its prompt ids hold the full history, so
 only KV cache is lost, never tokens), and otherwise fails
@@ -54,6 +59,9 @@ from rollhub.inference.engines.base import Generation, InferenceEngine, Sampling
 from rollhub.inference.engines.sglang import SGLangEngine, SGLangError, resolve_api_key
 
 logger = logging.getLogger(__name__)
+
+#: liveness: SGLang's `/ping` is answered by the HTTP loop (its `/health` runs a generation)
+LIVENESS_PATH = "/ping"
 
 
 class ReplicaError(SGLangError):
@@ -214,6 +222,7 @@ class EngineRouter(InferenceEngine):
         self._held = False
         self._paused = False
         self._updating = False
+        self._quiet_epoch = 0  # counts pauses and pushes: a probe that overlapped one proves nothing
         self._update_lock: asyncio.Lock | None = None
         self._retired: list[SGLangEngine] = []
         self._closing: set[asyncio.Task] = set()
@@ -469,10 +478,12 @@ class EngineRouter(InferenceEngine):
         """Gate closed, then every server aborts its in-flight requests and blocks new ones."""
         self.hold()
         self._paused = True
+        self._quiet_epoch += 1
         await self._each("pause")
 
     async def resume(self) -> None:
         self._paused = False
+        self._quiet_epoch += 1
         await self._each("resume")
         self.release()
 
@@ -494,6 +505,7 @@ class EngineRouter(InferenceEngine):
             if paused_here:
                 await self.pause()
             self._updating = True
+            self._quiet_epoch += 1
             try:
                 for _ in range(2):
                     live = [r for r in self._replicas.values() if r.live]
@@ -506,6 +518,7 @@ class EngineRouter(InferenceEngine):
                 self.set_weight_version(version)
             finally:
                 self._updating = False
+                self._quiet_epoch += 1
                 if paused_here:
                     await self.resume()
 
@@ -526,10 +539,11 @@ class EngineRouter(InferenceEngine):
             return True
         if push in done:  # failed: a replica that no longer answers is marked down and the push repeated
             error = push.exception()
-            answers = await asyncio.gather(*(self._answers(r, "/health") for r in live))
+            answers = await asyncio.gather(*(self._answers(r, LIVENESS_PATH) for r in live))
             for replica, answered in zip(live, answers):
                 if not answered:
-                    self.mark_down(replica.replica_id, f"weight push failed and /health unanswered: {error!r}"[:300])
+                    reason = f"weight push failed and {LIVENESS_PATH} unanswered: {error!r}"
+                    self.mark_down(replica.replica_id, reason[:300])
             if all(r.live for r in live):
                 raise error
         logger.warning("a replica went down during the weight push of version %d; pushing again", version)
@@ -564,7 +578,8 @@ class EngineRouter(InferenceEngine):
     # --- watchdog --------------------------------------------------------------------
 
     async def _answers(self, replica: Replica, path: str, timeout_s: float | None = None) -> bool:
-        """Whether `path` answers 200 within `timeout_s` (default: the watchdog timeout)."""
+        """Whether `path` answers within `timeout_s` (default: the watchdog timeout): 200 for a
+        generation probe; for the liveness path any status below 500 (the HTTP loop answered)."""
         import aiohttp
 
         if self._probe_session is None or self._probe_session.closed:
@@ -575,6 +590,8 @@ class EngineRouter(InferenceEngine):
             timeout = aiohttp.ClientTimeout(total=timeout_s or self.watchdog_timeout_s)
             async with self._probe_session.get(replica.url + path, timeout=timeout) as response:
                 await response.read()
+                if path == LIVENESS_PATH:
+                    return response.status < 500
                 return response.status == 200
         except (TimeoutError, aiohttp.ClientError, OSError):
             return False
@@ -588,16 +605,19 @@ class EngineRouter(InferenceEngine):
         """The engine itself: `/health_generate` runs a real generation. Unanswered within
         `watchdog_generate_timeout_s` while no request on the replica finished meanwhile = wedged."""
         started = time.monotonic()
+        epoch = self._quiet_epoch
         limit = self.watchdog_generate_timeout_s
-        if await self._answers(replica, "/health_generate", limit) or self._paused or self._updating:
-            return
+        answered = await self._answers(replica, "/health_generate", limit)
+        if answered or self._paused or self._updating or self._quiet_epoch != epoch:
+            return  # a pause or push during the probe held the generation back: no verdict
         if replica.last_finished >= started:
             return  # slow to answer the probe, but finishing requests: busy, not wedged
         self._detected(replica, f"/health_generate (a one-token generation) unanswered within {limit:g} s")
 
     async def _watch_replica(self, replica: Replica) -> None:
-        """Liveness every `watchdog_interval_s` (`/health`, which needs only the server's HTTP loop:
-        a stopped, dead or unreachable server misses it), the engine every few seconds."""
+        """Liveness every `watchdog_interval_s` (`/ping`, which needs only the server's HTTP loop:
+        a stopped, dead or unreachable server misses it), the engine every few seconds; nothing
+        is asked while paused or pushing (see the module docstring)."""
         assert self.watchdog_interval_s is not None
         generation: asyncio.Task | None = None
         next_generation = time.monotonic() + self.watchdog_generate_timeout_s
@@ -607,14 +627,21 @@ class EngineRouter(InferenceEngine):
                 if replica.process is not None and (reason := replica.process.exit_reason()) is not None:
                     self._detected(replica, reason)
                     return
-                if await self._answers(replica, "/health"):
+                if self._paused or self._updating:
                     replica.missed = 0
+                    next_generation = time.monotonic() + self.watchdog_generate_timeout_s
+                    continue
+                epoch = self._quiet_epoch
+                if await self._answers(replica, LIVENESS_PATH):
+                    replica.missed = 0
+                elif self._paused or self._updating or self._quiet_epoch != epoch:
+                    continue  # a pause began during the probe: no verdict
                 else:
                     replica.missed += 1
                     if replica.missed >= self.watchdog_misses:
                         self._detected(
                             replica,
-                            f"/health unanswered {replica.missed} times in a row within "
+                            f"{LIVENESS_PATH} unanswered {replica.missed} times in a row within "
                             f"{self.watchdog_timeout_s:g} s each (hung or dead)",
                         )
                         return

@@ -109,6 +109,8 @@ class SGLangEngine(InferenceEngine):
         self._closed = False
         self._in_flight: set[str] = set()
         self.log_path: Path | None = None  # where a launched server logs
+        self.tp_size: int | None = None  # ranks the server brings to a weight update group; None = ask it
+        self.context_length: int | None = None  # prompt + new tokens it serves; None = learn from its refusals
 
     # --- construction ----------------------------------------------------------------
 
@@ -319,6 +321,22 @@ class SGLangEngine(InferenceEngine):
         self.weight_version = int(version)
         return reply
 
+    async def group_ranks(self) -> int:
+        """Ranks this server brings to a weight update group: its tensor-parallel size, from
+        `/get_server_info` (SGLang's server args; 1 for a server without the route). Data or
+        pipeline parallel servers are refused: SGLang puts only tp ranks in the group."""
+        if self.tp_size is None:
+            try:
+                info = await self._get("/get_server_info")
+            except SGLangError:
+                info = {}
+            sizes = {key: _find_int(info, key) for key in ("tp_size", "dp_size", "pp_size")}
+            for key in ("dp_size", "pp_size"):
+                if (sizes[key] or 1) > 1:
+                    raise SGLangError(f"server {self.url} runs {key}={sizes[key]}; weight pushes support tp only")
+            self.tp_size = sizes["tp_size"] or 1
+        return self.tp_size
+
     async def destroy_weights_update_group(self, group_name: str) -> dict[str, Any]:
         """`/destroy_weights_update_group` (SGLang >= 0.5): the server leaves the group."""
         return await self._control("/destroy_weights_update_group", {"group_name": group_name})
@@ -382,6 +400,19 @@ class SGLangEngine(InferenceEngine):
             await self._post("/abort_request", {"rid": rid})
         except Exception as exc:  # best effort: the request may already be gone
             logger.debug("abort of %s failed: %r", rid, exc)
+
+
+def _find_int(info: Any, key: str, depth: int = 0) -> int | None:
+    """`key` in SGLang's server info, at the top or in a nested record (newer releases nest them)."""
+    if not isinstance(info, dict) or depth > 3:
+        return None
+    if isinstance(info.get(key), int):
+        return int(info[key])
+    for value in info.values():
+        found = _find_int(value, key, depth + 1)
+        if found is not None:
+            return found
+    return None
 
 
 def _maybe_json(text: str) -> Any:
