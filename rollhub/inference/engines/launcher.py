@@ -407,6 +407,8 @@ class ServerEngine(EngineRouter):
             replica.process = server
             replica.url = f"http://{self.host}:{port}"
             replica.client = self._new_client(replica.url)
+            if self.gpu_plan is not None:
+                replica.client.tp_size = len(self.gpu_plan[index])
             logger.info("engine %s: pid %s on %s, log %s", replica.replica_id, server.pid, replica.url, server.log_path)
 
     def _log_path(self, replica: Replica) -> Path:

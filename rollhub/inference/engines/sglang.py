@@ -4,10 +4,13 @@ Works against a real SGLang server (`python -m sglang.launch_server`, launched h
 reached by URL) and against `rollhub serve`. Only the fields we need are sent and
 unknown response keys are ignored, because SGLang's schema drifts between releases.
 
-Versions are stamped on our side: SGLang reports `weight_version` when the output is
-emitted, which hides the mix after a pause. The manager's protocol is pause (requests
-return "abort" with partial output) -> update -> resume, and every resubmitted segment is
-a new request, so stamping each segment with the client's version at submit is exact.
+Versions come from the server: its reply's `meta_info.weight_version` is the version its
+weights had when the output was emitted. The manager's protocol is pause (in-flight requests
+return "abort" with their partial output) -> update -> resume, and every resubmitted segment
+is a new request, so no reply spans two versions and the server's label is exact -- also for
+a request sent before a pause that reached the server after the update, which a label taken
+by the client at submit would get wrong. A server that reports no numeric version (SGLang's
+"default" before the first push) gets the client's version at submit.
 
 Authentication: with an API key (given, or ROLLHUB_API_KEY) every request carries
 `Authorization: Bearer <key>`, which both `rollhub serve` and SGLang's `--api-key` check.
@@ -18,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -219,9 +223,14 @@ class SGLangEngine(InferenceEngine):
         if self._closed:
             raise RuntimeError("engine is closed")
         rid = request_id or uuid.uuid4().hex
-        version = self.weight_version  # stamped at submit (see module docstring)
+        version = self.weight_version  # used only when the server reports no version
+        max_new = sampling.max_new_tokens
+        if self.context_length is not None:  # SGLang refuses prompt + max_new_tokens >= its context length
+            max_new = min(max_new, self.context_length - 1 - len(input_ids))
+        if max_new <= 0:
+            return Generation([], [], [], "length", request_id=rid, prompt_tokens=len(input_ids))
         params: dict[str, Any] = {
-            "max_new_tokens": sampling.max_new_tokens,
+            "max_new_tokens": max_new,
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
             "top_k": sampling.top_k,
@@ -240,6 +249,15 @@ class SGLangEngine(InferenceEngine):
         self._in_flight.add(rid)
         try:
             reply = await self._post("/generate", body)
+        except SGLangError as exc:
+            limit = context_limit(str(exc))
+            if limit is None:
+                raise
+            # no room left in the context: the in-process engine's "length", not a crashed episode
+            self.context_length = limit
+            if len(input_ids) < limit - 1 and max_new > limit - 1 - len(input_ids):
+                return await self.generate(input_ids, sampling, request_id)
+            return Generation([], [], [], "length", request_id=rid, prompt_tokens=len(input_ids))
         except asyncio.CancelledError:
             await asyncio.shield(self._abort_quietly(rid))
             raise
@@ -402,6 +420,17 @@ class SGLangEngine(InferenceEngine):
             logger.debug("abort of %s failed: %r", rid, exc)
 
 
+_CONTEXT_REFUSAL = re.compile(r"(?:longer than the model's context length|maximum context length of) \(?(\d+) tokens")
+
+
+def context_limit(message: str) -> int | None:
+    """The context length in SGLang's 400 for a prompt (or prompt + max_new_tokens) that does not fit."""
+    if "-> 400" not in message:
+        return None
+    found = _CONTEXT_REFUSAL.search(message)
+    return int(found.group(1)) if found else None
+
+
 def _find_int(info: Any, key: str, depth: int = 0) -> int | None:
     """`key` in SGLang's server info, at the top or in a nested record (newer releases nest them)."""
     if not isinstance(info, dict) or depth > 3:
@@ -432,6 +461,9 @@ def parse_generate_reply(reply: dict[str, Any], rid: str, version: int, prompt_t
     logprobs = [float(t[0]) for t in triples]
     if len(logprobs) != len(token_ids):
         raise SGLangError("server returned no per-token logprobs; is return_logprob supported?")
+    server_version = _int_version(meta.get("weight_version"))
+    if server_version is not None:
+        version = server_version
     finish = meta.get("finish_reason") or {}
     kind = finish.get("type") if isinstance(finish, dict) else str(finish)
     reason = kind if kind in ("stop", "length", "abort") else "stop"
@@ -444,6 +476,17 @@ def parse_generate_reply(reply: dict[str, Any], rid: str, version: int, prompt_t
         prompt_tokens=prompt_tokens,
         meta={"e2e_latency_s": meta.get("e2e_latency", 0.0), "server_weight_version": meta.get("weight_version")},
     )
+
+
+def _int_version(value: Any) -> int | None:
+    """A version as the server reports it ("7"), or None for a label that is not ours ("default")."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return None
 
 
 def write_version_folder(state: dict[str, Any], weights_dir: Path, version: int, model_path: str | None) -> str:

@@ -240,8 +240,8 @@ def test_hostile_answers_score_zero_never_raise_and_stay_fast(answer):
     is_equivalent("1/2", "0.5")  # warm-up
     for gold in ("5", "x", "0", "1", "pi"):
         started = time.perf_counter()
-        assert is_equivalent(answer, gold) in (False,) or answer == gold
-        assert (time.perf_counter() - started) < 0.1, f"{answer[:30]!r} vs {gold} too slow"
+        assert is_equivalent(answer, gold) is False
+        assert (time.perf_counter() - started) < 0.2, f"{answer[:30]!r} vs {gold} too slow"
 
 
 @pytest.mark.parametrize("answer", HOSTILE, ids=lambda a: ascii(a[:24]))
@@ -281,7 +281,6 @@ def _golds() -> list[str]:
 async def test_every_generated_gold_scores_one_in_every_gold_format():
     golds = _golds()
     assert len(golds) > 500
-    env = MathEnv()
     failures = []
     for gold in golds:
         for reply in (
@@ -295,4 +294,3 @@ async def test_every_generated_gold_scores_one_in_every_gold_format():
             if not is_equivalent(answer, gold):
                 failures.append((gold, reply))
     assert not failures, failures[:10]
-    assert env  # the env's own expert path is covered in test_math_env
