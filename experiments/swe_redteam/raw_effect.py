@@ -29,7 +29,9 @@ async def main() -> None:
             for attempt in c.variants(ctx, n, seed=1):
                 patch = ws.diff(attempt.changes, task.patch if attempt.with_gold else "")
                 reward, why = await naive_reward(backend, task, patch)
-                print(f"{c.name:26} {attempt.technique:24} {attempt.variant[:40]:40} naive={reward:g} {why}", flush=True)
+                print(
+                    f"{c.name:26} {attempt.technique:24} {attempt.variant[:40]:40} naive={reward:g} {why}", flush=True
+                )
     finally:
         ws.close()
         await backend.close()

@@ -66,6 +66,12 @@ def register_builtin_envs() -> None:
         "rollhub.envs.math.env:MathEnv",
         description="single-turn math with verifiable answers (procedural or jsonl)",
     )
+    # MathTool: multi-turn arithmetic with a python/calculator tool; backend=sandbox runs it in Docker.
+    register(
+        "rollhub/MathTool-v0",
+        "rollhub.envs.mathtool.env:MathToolEnv",
+        description="arithmetic a small model cannot do in its head, with a code tool (embedded or sandbox)",
+    )
     # ALFWorld: real engine in worker processes; needs the 'alfworld' extra.
     register(
         "rollhub/ALFWorld-v0",

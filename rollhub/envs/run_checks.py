@@ -160,7 +160,7 @@ def _overrides(env_id: str, member: str) -> bool:
 def env_task_keys(
     env_id: str, kwargs: dict[str, Any], seeds: Sequence[int], *, budget_s: float
 ) -> dict[str, str] | None:
-    """Content key -> `seed N` of the tasks the env draws on `seeds` (read in order until
+    """Content key -> `seed N 'task'` of the tasks the env draws on `seeds` (read in order until
     `budget_s` runs out), or None when the env reports no content (`Env.task_key`).
 
     The env is built with `make`, wrappers included, so training is read as it draws. Resets run
@@ -178,8 +178,9 @@ def env_task_keys(
             for seed in seeds:
                 await env.reset(seed=seed)
                 key = env.task_key()
-                if key is not None:
-                    keys.setdefault(key, f"seed {seed}")
+                if key is not None and key not in keys:
+                    shown = next((line.strip() for line in env.render_text().splitlines() if line.strip()), "")
+                    keys[key] = f"seed {seed}" + (f" '{shown[:60]}'" if shown else "")
                 if time.perf_counter() > deadline:
                     break
         finally:

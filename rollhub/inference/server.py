@@ -555,6 +555,9 @@ async def handle_update_weights_from_distributed(request: web.Request) -> web.Re
         names, dtypes, shapes = _tensor_specs(body, receiver)
         raw_version = body.get("weight_version")
         version = _version(raw_version, "weight_version") if raw_version is not None else engine.weight_version + 1
+        load_format = body.get("load_format")
+        if load_format not in (None, "flattened_bucket"):
+            raise RequestError(f"load_format {_show(load_format)} is not supported; use 'flattened_bucket' or none")
     except RequestError as exc:
         # rank 0 is broadcasting what we refused: leaving the group fails its broadcast at once
         # (instead of after its timeout) and no stale bytes are left queued for the next update
@@ -564,7 +567,7 @@ async def handle_update_weights_from_distributed(request: web.Request) -> web.Re
     try:
         started = time.perf_counter()
         try:
-            tensors = await asyncio.to_thread(receive_tensors, receiver.group, names, dtypes, shapes)
+            tensors = await asyncio.to_thread(receive_tensors, receiver.group, names, dtypes, shapes, load_format)
         except (RuntimeError, ValueError) as exc:  # gloo / NCCL timeouts and broken peers
             receiver.drop_group()
             return _failed(

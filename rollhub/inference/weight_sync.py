@@ -102,17 +102,53 @@ def unique_tensors(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]
 
 
 def _buckets(tensors: Mapping[str, torch.Tensor], bucket_bytes: int) -> list[list[str]]:
-    """Names in order, cut into consecutive buckets of about `bucket_bytes` (one HTTP request each)."""
+    """Names in order, cut into consecutive buckets of about `bucket_bytes` (one HTTP request each),
+    one dtype per bucket: SGLang (0.5.23) refuses a flattened bucket whose tensors are not aligned
+    to their own element size, which mixed dtypes can break."""
     buckets: list[list[str]] = [[]]
     size = 0
+    dtype = None
     for name, tensor in tensors.items():
         nbytes = tensor.numel() * tensor.element_size()
-        if buckets[-1] and size + nbytes > bucket_bytes:
+        if buckets[-1] and (size + nbytes > bucket_bytes or tensor.dtype != dtype):
             buckets.append([])
             size = 0
         buckets[-1].append(name)
         size += nbytes
+        dtype = tensor.dtype
     return [b for b in buckets if b]
+
+
+#: SGLang's `load_format` for a bucket sent as one broadcast (both supported releases)
+FLATTENED_BUCKET = "flattened_bucket"
+
+
+def flatten_bucket(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The bytes of `tensors`, in order, as one uint8 tensor: SGLang's flattened bucket layout
+    (each tensor flattened and viewed as bytes, concatenated), so one broadcast carries them all."""
+    import torch
+
+    return torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors])
+
+
+def unflatten_bucket(
+    flat: torch.Tensor, names: list[str], dtypes: list[torch.dtype], shapes: list[tuple[int, ...]]
+) -> dict[str, torch.Tensor]:
+    """The tensors of a flattened bucket (views into `flat`), checked to fill it exactly."""
+    import math
+
+    total = sum(math.prod(shape) * dtype.itemsize for dtype, shape in zip(dtypes, shapes))
+    if total != flat.numel():
+        raise ValueError(f"the bucket holds {flat.numel()} bytes, its tensors {total}")
+    tensors: dict[str, torch.Tensor] = {}
+    offset = 0
+    for name, dtype, shape in zip(names, dtypes, shapes):
+        size = math.prod(shape) * dtype.itemsize
+        if offset % dtype.itemsize:
+            raise ValueError(f"{name}: byte offset {offset} is not aligned to {dtype}")
+        tensors[name] = flat[offset : offset + size].view(dtype).reshape(shape)
+        offset += size
+    return tensors
 
 
 def read_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
@@ -290,12 +326,26 @@ class UpdateGroup:
 
 
 def receive_tensors(
-    group: UpdateGroup, names: list[str], dtypes: list[torch.dtype], shapes: list[tuple[int, ...]]
+    group: UpdateGroup,
+    names: list[str],
+    dtypes: list[torch.dtype],
+    shapes: list[tuple[int, ...]],
+    load_format: str | None = None,
 ) -> dict[str, torch.Tensor]:
-    """The receiving side of one `/update_weights_from_distributed`: one broadcast per name,
-    in order, into fresh buffers (the model is untouched until every tensor arrived)."""
+    """The receiving side of one `/update_weights_from_distributed`: one broadcast per name, in
+    order, or one for the whole bucket (`load_format` "flattened_bucket"), into fresh buffers
+    (the model is untouched until every tensor arrived)."""
+    import math
+
     import torch
 
+    if load_format == FLATTENED_BUCKET:
+        total = sum(math.prod(shape) * dtype.itemsize for dtype, shape in zip(dtypes, shapes))
+        flat = torch.empty(total, dtype=torch.uint8, device=group.device)
+        group.broadcast(flat)
+        return unflatten_bucket(flat, names, dtypes, shapes)
+    if load_format is not None:
+        raise ValueError(f"load_format must be {FLATTENED_BUCKET!r} or absent, got {str(load_format)[:40]!r}")
     received: dict[str, torch.Tensor] = {}
     for name, dtype, shape in zip(names, dtypes, shapes):
         buffer = torch.empty(shape, dtype=dtype, device=group.device)
@@ -447,13 +497,18 @@ class DiskWeightSync:
 class DistributedWeightSync:
     """Push by broadcasting every tensor from rank 0 of a weight-update process group.
 
-    The group is formed on the first push (`/init_weights_update_group` on every server,
-    server i at rank 1 + i) and kept; a failed push closes it on this side and asks the
+    The group is formed on the first push (`/init_weights_update_group` on every server, at
+    offsets that leave each server one rank per tensor-parallel rank) and kept; a failed push closes it on this side and asks the
     servers to drop theirs, so the next push forms a fresh one. `master_address` must be
     reachable from every server (loopback when they run on this machine); port 0 picks a free
     one. `backend` "auto" is nccl when CUDA is available, else gloo; with nccl the tensors
     are copied to the GPU before each broadcast. Tensors are sent in buckets of about
-    `bucket_bytes`, one `/update_weights_from_distributed` request per bucket.
+    `bucket_bytes`, one `/update_weights_from_distributed` request per bucket, each bucket
+    one broadcast of its bytes (`load_format` "flattened_bucket"; "per_tensor" sends one
+    broadcast per tensor). `dtype` (the serving dtype, e.g. "bfloat16") casts every floating
+    tensor before it is sent: the server casts on load anyway, and bf16 halves the bytes.
+    Only the last bucket asks the server to flush its cache; every bucket carries the same
+    version, so a server's label never runs ahead of the push.
     """
 
     master_address: str = "127.0.0.1"
@@ -462,6 +517,8 @@ class DistributedWeightSync:
     group_name: str = DEFAULT_GROUP_NAME
     timeout_s: float = 120.0
     bucket_bytes: int = 256 * 1024 * 1024
+    load_format: Literal["flattened_bucket", "per_tensor"] = "flattened_bucket"
+    dtype: str | None = None
     method: Literal["distributed"] = field(default="distributed", init=False)
 
     def __post_init__(self) -> None:
@@ -473,6 +530,10 @@ class DistributedWeightSync:
             raise ValueError(f"master_port must be in [0, 65535], got {self.master_port}")
         if not self.timeout_s > 0 or self.bucket_bytes < 1:
             raise ValueError("timeout_s and bucket_bytes must be positive")
+        if self.load_format not in (FLATTENED_BUCKET, "per_tensor"):
+            raise ValueError(f"load_format must be flattened_bucket or per_tensor, got {self.load_format!r}")
+        if self.dtype is not None and self.dtype not in BROADCAST_DTYPES:
+            raise ValueError(f"dtype must be one of {list(BROADCAST_DTYPES)} or None, got {self.dtype!r}")
         self._group: UpdateGroup | None = None
         self._members: tuple[str, ...] = ()
 
@@ -551,14 +612,21 @@ class DistributedWeightSync:
         if self._group is None:
             group_s = await self._form_group(clients)
         tensors = unique_tensors(state)
+        if self.dtype is not None:
+            import torch
+
+            target = getattr(torch, self.dtype)
+            tensors = {n: t.to(target) if t.is_floating_point() else t for n, t in tensors.items()}
         group = self._group
         total_bytes = 0
         sending: asyncio.Future | None = None
+        flattened = self.load_format == FLATTENED_BUCKET
+        buckets = _buckets(tensors, self.bucket_bytes)
         try:
-            for names in _buckets(tensors, self.bucket_bytes):
+            for index, names in enumerate(buckets):
                 bucket = [tensors[name] for name in names]
                 total_bytes += sum(t.numel() * t.element_size() for t in bucket)
-                sending = asyncio.ensure_future(asyncio.to_thread(_send_bucket, group, bucket))
+                sending = asyncio.ensure_future(asyncio.to_thread(_send_bucket, group, bucket, flattened))
                 requests = _all_or_raise(
                     "update_weights_from_distributed",
                     clients,
@@ -569,6 +637,8 @@ class DistributedWeightSync:
                             shapes=[list(t.shape) for t in bucket],
                             version=version,
                             group_name=self.group_name,
+                            flush_cache=index == len(buckets) - 1,
+                            load_format=FLATTENED_BUCKET if flattened else None,
                         )
                         for client in clients
                     ),
@@ -598,6 +668,8 @@ class DistributedWeightSync:
             "servers": len(clients),
             "bytes": total_bytes,
             "tensors": len(tensors),
+            "buckets": len(buckets),
+            "load_format": self.load_format,
             "group_s": group_s,
             "broadcast_s": time.perf_counter() - started - group_s,
             "total_s": time.perf_counter() - started,
@@ -665,7 +737,10 @@ def check_master_address(master_address: str, urls: list[str]) -> None:
             )
 
 
-def _send_bucket(group: UpdateGroup, tensors: list[torch.Tensor]) -> None:
+def _send_bucket(group: UpdateGroup, tensors: list[torch.Tensor], flattened: bool = False) -> None:
+    if flattened:
+        group.broadcast(flatten_bucket([t.detach().to(group.device) for t in tensors]))
+        return
     for tensor in tensors:
         group.broadcast(tensor.detach().to(group.device).contiguous())
 

@@ -39,6 +39,7 @@ class StubState:
     resumed: asyncio.Event = field(default_factory=asyncio.Event)
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
     calls: list[tuple[str, Any]] = field(default_factory=list)
+    server_info: dict[str, Any] = field(default_factory=lambda: {"tp_size": 1, "dp_size": 1, "pp_size": 1})
 
     def __post_init__(self) -> None:
         self.resumed.set()
@@ -149,7 +150,34 @@ def make_app(state: StubState) -> web.Application:
         await body_of(request)
         return web.Response(status=200)
 
+    async def server_info(request: web.Request) -> web.Response:
+        return web.json_response({**state.server_info, "version": "stub"})
+
+    async def init_group(request: web.Request) -> web.Response:
+        await body_of(request)  # recorded; the stub has no GPU rank to join with
+        return _control(False, "Failed to init process group: stub has no rank to join")
+
+    async def destroy_group(request: web.Request) -> web.Response:
+        await body_of(request)
+        return _control(True, "Succeeded to destroy custom process group.")
+
+    async def update_distributed(request: web.Request) -> web.Response:
+        body = await body_of(request)  # recorded; nothing to receive without a group
+        if body.get("weight_version") is not None:
+            state.weight_version = str(body["weight_version"])
+        return _control(True, "Succeeded to update parameter online.")
+
+    async def update_version(request: web.Request) -> web.Response:
+        body = await body_of(request)
+        state.weight_version = str(body["new_version"])
+        return web.json_response({"success": True, "message": "Weight version updated"})
+
     app = web.Application(middlewares=[auth])
+    app.router.add_post("/update_weights_from_distributed", update_distributed)
+    app.router.add_post("/update_weight_version", update_version)
+    app.router.add_get("/get_server_info", server_info)
+    app.router.add_post("/init_weights_update_group", init_group)
+    app.router.add_post("/destroy_weights_update_group", destroy_group)
     app.router.add_get("/health", health)
     app.router.add_get("/health_generate", health)
     app.router.add_get("/ping", ping)

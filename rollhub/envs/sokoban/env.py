@@ -7,6 +7,7 @@ line saying why, when the last move was rejected).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Container
 from dataclasses import dataclass
@@ -28,6 +29,28 @@ OBSERVATIONS = ("grid", "grid+positions", "cells", "cells+positions")
 
 #: rooms drawn per reset before `min_solution_steps` is declared out of reach
 MIN_SOLUTION_TRIES = 1000
+#: splits of the room space, decided by a hash of the first position (`room_key`)
+SPLITS = ("all", "train", "test")
+#: share of rooms (per mille) held out for the test split
+TEST_PERMILLE = 200
+#: rooms drawn per reset before a split is declared out of reach
+SPLIT_TRIES = 200
+
+
+def room_key(board: Board) -> str:
+    """The content key of a room: its first position. Small rooms repeat across seeds (6x6 with
+    one box has a few thousand), so a held-out set must be held out by content, not by seed."""
+    return "sokoban:" + hashlib.sha256(board.anchor()).hexdigest()[:24]
+
+
+def key_in_test_partition(key: str) -> bool:
+    """Whether a room key belongs to the held-out partition (keys not of this env count as held out)."""
+    digest = key.removeprefix("sokoban:")
+    try:
+        return int(digest[:8], 16) % 1000 < TEST_PERMILLE
+    except ValueError:
+        return True
+
 
 RULES = (
     "Sokoban. Push every box onto a target. You can push one box at a time; you cannot pull boxes "
@@ -116,6 +139,9 @@ class SokobanEnv(Env):
             cannot change the outcome; playing them out costs generation, and their
             advantages (only the wall-move penalty differs) are noise to the trainer.
         max_reverse_states: cap on positions explored while building a room.
+        split: `all` rooms, `train` (never a room of the held-out partition) or `test` (only
+            those); the partition is a hash of the room's first position (`room_key`), so train
+            and test are disjoint whatever the seeds. A split redraws from the seed's stream.
     Options of reset: {"board": text} plays a hand-made level drawn with the legend's symbols.
 
     The training-only difficulty floor `min_solution_steps` is a wrapper that the registered
@@ -144,7 +170,11 @@ class SokobanEnv(Env):
         observation: Literal["grid", "grid+positions", "cells", "cells+positions"] = "grid",
         action_tag: str = "action",
         end_on_deadlock: bool = False,
+        split: Literal["all", "train", "test"] = "all",
     ):
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+        self.split = split
         if not isinstance(dim, int) and len(dim) != 2:
             raise ValueError(f"dim must be one int or (rows, cols), got {dim!r}")
         self.dim = (dim, dim) if isinstance(dim, int) else (int(dim[0]), int(dim[1]))
@@ -188,6 +218,7 @@ class SokobanEnv(Env):
         )
         self._rng = np.random.default_rng()
         self._board: Board | None = None
+        self._room_key: str | None = None
         self._steps = 0
         self._done = False
         self._plan: list[str] = []
@@ -206,6 +237,7 @@ class SokobanEnv(Env):
         self._plans = {}
         if board_text is not None:  # a hand-made level instead of a generated one
             self._board, self._construction_plan = Board.from_text(board_text), []
+            self._room_key = room_key(self._board)
         else:
             self._generate()
         self._steps = 0
@@ -222,16 +254,34 @@ class SokobanEnv(Env):
     def _generate(self) -> None:
         """A new room from the env's generator: the room of a seed depends on nothing but the
         seed and the env's arguments, and an unseeded reset draws the next room of the stream."""
-        room = generate_room(
-            self._rng,
-            dim=self.dim,
-            num_boxes=self.num_boxes,
-            search_depth=self.search_depth,
-            max_states=self.max_reverse_states,
-            max_solution_steps=self.max_steps if self.solvable_within_max_steps else None,
-        )
+        for _ in range(SPLIT_TRIES):
+            room = generate_room(
+                self._rng,
+                dim=self.dim,
+                num_boxes=self.num_boxes,
+                search_depth=self.search_depth,
+                max_states=self.max_reverse_states,
+                max_solution_steps=self.max_steps if self.solvable_within_max_steps else None,
+            )
+            key = room_key(room.board)
+            if self.split == "all" or key_in_test_partition(key) == (self.split == "test"):
+                break
+        else:
+            raise ValueError(f"no room of the {self.split} split in {SPLIT_TRIES} draws")
         self._board, self._construction_plan = room.board, list(room.solution)
+        self._room_key = key
         self._plans = {}
+
+    def task_key(self) -> str | None:
+        """The content key of the room the last reset drew (`room_key`), under a split only: a
+        run on `all` makes no held-out claim, and keying it would cost every run start a sample."""
+        return None if self.split == "all" else self._room_key
+
+    def could_draw(self, keys: set[str]) -> set[str] | None:
+        """The room keys among `keys` this env might play: a split decides by content."""
+        if self.split == "all":
+            return None
+        return {key for key in keys if key_in_test_partition(key) == (self.split == "test")}
 
     async def step(self, action: str) -> StepResult:
         board = self._require_board()

@@ -75,7 +75,9 @@ def format_agreement(rows: list[Verdicts]) -> str:
     lines = [f"{'task':<{width}}  patch  ours  official  agree"]
     for r in rows:
         official = "error" if r.official is None else str(int(r.official))
-        lines.append(f"{r.instance_id:<{width}}  {r.patch:<5}  {r.ours:>4g}  {official:>8}  {'yes' if r.agree else 'NO'}")
+        lines.append(
+            f"{r.instance_id:<{width}}  {r.patch:<5}  {r.ours:>4g}  {official:>8}  {'yes' if r.agree else 'NO'}"
+        )
     agree = sum(r.agree for r in rows)
     lines.append(f"{agree}/{len(rows)} verdicts agree")
     return "\n".join(lines)

@@ -78,7 +78,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     red.add_argument("file", help="task .jsonl")
-    red.add_argument("--only", "--instance-ids", dest="only", nargs="*", default=None, metavar="ID", help="only these tasks")
+    red.add_argument(
+        "--only", "--instance-ids", dest="only", nargs="*", default=None, metavar="ID", help="only these tasks"
+    )
     red.add_argument(
         "--tasks", type=int, default=None, metavar="N", help="N tasks drawn round-robin over packages (default: all)"
     )
@@ -216,13 +218,11 @@ def _build_images(args: argparse.Namespace) -> int:
 
 def _redteam(args: argparse.Namespace) -> int:
     import asyncio
-    import dataclasses
     import time
 
     from tqdm import tqdm
 
-    from rollhub.envs.swe.redteam import format_table, redteam_task, select_classes, stratified, summary
-    from rollhub.envs.swe.redteam.campaign import write_json
+    from rollhub.envs.swe.redteam import format_table, redteam_task, select_classes, stratified
     from rollhub.envs.swe.tasks import load_tasks
     from rollhub.sandbox.base import SandboxError
 
@@ -251,6 +251,8 @@ def _redteam(args: argparse.Namespace) -> int:
                         eval_timeout_s=args.eval_timeout,
                     )
                     reports.append(report)
+                    if args.json_out:  # after every task: a killed run keeps what it measured
+                        _write_redteam_json(args, reports, classes, started, done=False)
                     bar.set_postfix_str(f"{task.instance_id}: gold {report.gold_reward:g}, bad {len(report.hacks)}")
                     bar.update(1)
         finally:
@@ -262,6 +264,18 @@ def _redteam(args: argparse.Namespace) -> int:
     except SandboxError as exc:
         raise UserError(f"red team failed: {exc}") from None
     print(format_table(reports, classes))
+    result = _write_redteam_json(args, reports, classes, started, done=True)
+    print(json.dumps({k: v for k, v in result.items() if k not in ("failures", "reports")}, sort_keys=True))
+    return 0 if all(r.ok for r in reports) else 1
+
+
+def _write_redteam_json(args: argparse.Namespace, reports: list, classes: tuple, started: float, done: bool) -> dict:
+    import dataclasses
+    import time
+
+    from rollhub.envs.swe.redteam import summary
+    from rollhub.envs.swe.redteam.campaign import write_json
+
     result = summary(
         reports,
         classes,
@@ -269,12 +283,12 @@ def _redteam(args: argparse.Namespace) -> int:
         variants=args.variants,
         seed=args.seed,
         wall_s=round(time.monotonic() - started, 1),
+        per_task_s=round((time.monotonic() - started) / max(1, len(reports)), 1),
+        finished=done,
     )
-    print(json.dumps({k: v for k, v in result.items() if k != "failures"}, sort_keys=True))
     if args.json_out:
-        result["reports"] = [dataclasses.asdict(r) for r in reports]
-        write_json(args.json_out, result)
-    return 0 if all(r.ok for r in reports) else 1
+        write_json(args.json_out, {**result, "reports": [dataclasses.asdict(r) for r in reports]})
+    return result
 
 
 def _agree(args: argparse.Namespace) -> int:

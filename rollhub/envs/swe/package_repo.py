@@ -87,7 +87,9 @@ class PackageRepo:
         """Run the doctests of the library modules that have examples as part of the suite (as
         many projects do); returns those modules."""
         self.doctest_modules = [
-            rel for rel in self.source_files if ">>> " in (self.root / rel).read_text(encoding="utf-8", errors="replace")
+            rel
+            for rel in self.source_files
+            if ">>> " in (self.root / rel).read_text(encoding="utf-8", errors="replace")
         ]
         return self.doctest_modules
 

@@ -434,7 +434,7 @@ class ServerEngine(EngineRouter):
                 )
             await asyncio.sleep(0.25)
         if self.weight_version:  # a server joining a run that has pushed weights must say so
-            await replica.client._post("/update_weight_version", {"new_version": str(self.weight_version)})
+            await replica.client.update_weight_version(self.weight_version)
 
     async def _ready(self, replica: Replica) -> bool:
         import aiohttp

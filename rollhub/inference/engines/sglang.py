@@ -37,6 +37,9 @@ from rollhub.inference.engines.base import Generation, InferenceEngine, Sampling
 
 logger = logging.getLogger(__name__)
 
+#: the SGLang releases whose request schema and HTTP behaviour the client is checked against
+#: (tests/inference/test_sglang_conformance.py reads their wheels)
+SUPPORTED_SGLANG = ("0.5.6", "0.5.23")
 API_KEY_ENV = "ROLLHUB_API_KEY"  # the same variable `rollhub serve` reads
 
 
@@ -323,18 +326,29 @@ class SGLangEngine(InferenceEngine):
         return await self._control("/init_weights_update_group", body)
 
     async def update_weights_from_distributed(
-        self, *, names: list[str], dtypes: list[str], shapes: list[list[int]], version: int, group_name: str
+        self,
+        *,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        version: int,
+        group_name: str,
+        flush_cache: bool = True,
+        load_format: str | None = None,
     ) -> dict[str, Any]:
         """`/update_weights_from_distributed`: the server receives one broadcast per name, in
-        order, from rank 0 (the trainer broadcasts while this call waits) and takes `version`."""
-        body = {
+        order, from rank 0 (or one for the bucket, `load_format` "flattened_bucket"; the trainer
+        broadcasts while this call waits) and takes `version`."""
+        body: dict[str, Any] = {
             "names": list(names),
             "dtypes": list(dtypes),
             "shapes": [list(shape) for shape in shapes],
             "group_name": group_name,
             "weight_version": str(version),
-            "flush_cache": True,
+            "flush_cache": bool(flush_cache),
         }
+        if load_format is not None:
+            body["load_format"] = load_format
         reply = await self._control("/update_weights_from_distributed", body)
         self.weight_version = int(version)
         return reply
@@ -374,7 +388,8 @@ class SGLangEngine(InferenceEngine):
         return info.get("model_path") if isinstance(info, dict) else None
 
     async def pause(self) -> None:
-        await self._post("/pause_generation", {})
+        # "abort": in-flight requests return their partial output, so no reply spans two versions
+        await self._post("/pause_generation", {"mode": "abort"})
 
     async def resume(self) -> None:
         await self._post("/continue_generation", {})
@@ -392,6 +407,10 @@ class SGLangEngine(InferenceEngine):
         except SGLangError:
             return False
         return True
+
+    async def update_weight_version(self, version: int) -> None:
+        """`/update_weight_version`: label the weights a server holds (one that joins after a push)."""
+        await self._post("/update_weight_version", {"new_version": str(version)})
 
     async def server_weight_version(self) -> str:
         return str((await self._get("/get_weight_version"))["weight_version"])
@@ -505,7 +524,9 @@ def write_version_folder(state: dict[str, Any], weights_dir: Path, version: int,
 
 
 def _write_state_dict(state: dict[str, Any], folder: Path, model_path: str | None) -> None:
-    """A loadable HF dir: safetensors of `state` plus config files copied from the served model."""
+    """A loadable HF dir: one safetensors file of `state` plus config files copied from the served
+    model -- never its `*.index.json`: a sharded model's index names shard files this folder does
+    not hold, and SGLang (like transformers) loads exactly the files an index names."""
     from safetensors.torch import save_file
 
     tensors = {name: tensor.detach().contiguous().cpu() for name, tensor in state.items()}
@@ -518,5 +539,7 @@ def _write_state_dict(state: dict[str, Any], folder: Path, model_path: str | Non
     save_file(tensors, str(folder / "model.safetensors"))
     if model_path and Path(model_path).is_dir():
         for item in Path(model_path).iterdir():
+            if item.name.endswith(".index.json"):
+                continue
             if item.suffix in (".json", ".jinja", ".txt", ".model") and not (folder / item.name).exists():
                 shutil.copy(item, folder / item.name)

@@ -23,7 +23,11 @@ ISSUE_CLASSES = {
     "odd_file_names",
     "infra_escape",
 }
-BASE_MOD = '"""A tiny module."""\n\nimport os\n\n\ndef add(a, b):\n    return a - b\n\n\ndef sub(a, b):\n    return a - b\n'
+BASE_MOD = (
+    '"""A tiny module."""\n\nimport os\n\n\ndef add(a, b):\n    return a - b\n\n\ndef sub(a, b):\n    return a - b\n'
+)
+
+
 def _task(instance_id: str = "pkg__pkg-1.0-abcdef12", patch: str = "") -> SweTask:
     return SweTask.from_row(
         {
@@ -46,7 +50,9 @@ def ctx(tmp_path):
     (root / "tests").mkdir()
     (root / "pkg" / "__init__.py").write_text("")
     (root / "pkg" / "mod.py").write_text(BASE_MOD)
-    (root / "tests" / "test_mod.py").write_text("from pkg.mod import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n")
+    (root / "tests" / "test_mod.py").write_text(
+        "from pkg.mod import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n"
+    )
     (root / "setup.cfg").write_text("[metadata]\nname = pkg\n")
     for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=x", "-c", "user.email=x@x", "commit", "-qm", "b"]):
         subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
@@ -116,9 +122,9 @@ def test_obfuscated_variants_never_spell_what_they_reach_for(ctx):
 
 
 def test_rot13_spelling_round_trips():
-    from rollhub.envs.swe.redteam.variation import SPELLINGS
-
     import random
+
+    from rollhub.envs.swe.redteam.variation import SPELLINGS
 
     rng = random.Random(0)
     for name, spell in SPELLINGS.items():

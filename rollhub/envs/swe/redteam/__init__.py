@@ -17,7 +17,7 @@ from rollhub.envs.swe.redteam.battery import (
     HOOK_SCRIPT,
     Attack,
     Context,
-    _new_file_diff,
+    _new_file_diff,  # noqa: F401 (tests build patches with it)
     context_for,
 )
 from rollhub.envs.swe.redteam.campaign import (

@@ -10,12 +10,10 @@ is a different way to get one of them into the grading run.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shlex
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from rollhub.envs.swe.tasks import SweTask, files_in_patch

@@ -85,6 +85,8 @@ class AttemptResult:
     hack_suspected: bool = False
     detail: str = ""
     duration_s: float = 0.0
+    #: the attack could not be generated (a bug of the red team, not a verdict)
+    error: str = ""
 
     @property
     def forged(self) -> bool:
@@ -155,7 +157,10 @@ async def run_attempt(
     if attempt.steps is not None:
         reward, info = await run_episode(backend, ctx.task, attempt.steps, eval_timeout_s)
     else:
-        patch = ctx.ws.diff(attempt.changes, ctx.task.patch if attempt.with_gold else "")
+        try:
+            patch = ctx.ws.diff(attempt.changes, ctx.task.patch if attempt.with_gold else "")
+        except (RuntimeError, OSError, UnicodeError) as exc:  # the generator's fault: shown, never scored
+            return AttemptResult(attempt.cls, attempt.technique, attempt.variant, 0.0, attempt.honest, error=str(exc))
         reward, info = await _grade_patch(backend, ctx.task, patch, eval_timeout_s)
     return AttemptResult(
         attempt.cls,
@@ -213,7 +218,11 @@ async def redteam_task(
 
         async def one(attempt: Attempt) -> AttemptResult:
             async with limit:
-                result = await run_attempt(backend, ctx, attempt, eval_timeout_s)
+                try:
+                    result = await run_attempt(backend, ctx, attempt, eval_timeout_s)
+                except Exception as exc:  # noqa: BLE001 - an exception out of the env or grader is an escape
+                    why = f"unhandled {type(exc).__name__}: {str(exc)[:300]}"
+                    result = AttemptResult(attempt.cls, attempt.technique, attempt.variant, 0.0, attempt.honest, why)
             if on_attempt is not None:
                 on_attempt(result)
             return result
@@ -280,6 +289,12 @@ def summary(reports: Sequence[TaskReport], classes: Sequence[AttackClass], **met
         "escaped": sum(a.escaped for a in attempts),
         "honest_failed": sum(a.honest_failed for a in attempts),
         "hack_suspected": sum(a.hack_suspected for a in attempts),
+        "generator_errors": [
+            {"task": r.instance_id, "attack": a.attack, "error": a.error}
+            for r in reports
+            for a in r.attempts
+            if a.error
+        ],
         "classes": per_class,
         "failures": failures,
     }
@@ -291,7 +306,8 @@ def format_table(reports: Sequence[TaskReport], classes: Sequence[AttackClass] =
     lines = [f"{'class':<{width}}  attempts  forged  escaped  honest_failed"]
     for name, row in s["classes"].items():
         lines.append(
-            f"{name:<{width}}  {row['attempts']:>8}  {row['forged']:>6}  {row['escaped']:>7}  {row['honest_failed']:>13}"
+            f"{name:<{width}}  {row['attempts']:>8}  {row['forged']:>6}  {row['escaped']:>7}  "
+            f"{row['honest_failed']:>13}"
         )
     for f in s["failures"]:
         lines.append(

@@ -20,7 +20,10 @@ FILL_MIB = 512
 FILL_FILES = 20_000
 
 GRADING = {
-    "kill_init": "import os\nimport signal\n\nfor _s in (signal.SIGTERM, signal.SIGKILL):\n    try:\n        os.kill(1, _s)\n    except OSError:\n        pass\n",
+    "kill_init": (
+        "import os\nimport signal\n\nfor _s in (signal.SIGTERM, signal.SIGKILL):\n"
+        "    try:\n        os.kill(1, _s)\n    except OSError:\n        pass\n"
+    ),
     "kill_all": "import os\n\ntry:\n    os.kill(-1, 9)\nexcept OSError:\n    pass\n",
     "kill_parents": (
         "import os\n\n_p = os.getppid()\n_chain = []\nwhile _p > 1:\n    _chain.append(_p)\n"
@@ -32,7 +35,8 @@ GRADING = {
         "for _d in ('/tmp', '/testbed', '/var/tmp', '/dev/shm'):\n    try:\n"
         "        with open(os.path.join(_d, '.{w}'), 'wb') as _f:\n            while _left > 0:\n"
         "                _f.write(_chunk)\n                _left -= 1\n    except OSError:\n        pass\n"
-        "for _i in range({files}):\n    try:\n        open('/tmp/.{w}%d' % _i, 'w').close()\n    except OSError:\n        break\n"
+        "for _i in range({files}):\n    try:\n        open('/tmp/.{w}%d' % _i, 'w').close()\n"
+        "    except OSError:\n        break\n"
     ),
     "fork_bomb": (
         "import os\nimport time\n\n\ndef _{w}():\n    while True:\n        try:\n            os.fork()\n"
@@ -58,7 +62,9 @@ GRADING = {
         "_{w} = []\nfor _i in range(400):\n    try:\n        _{w}.append(b'x' * (64 << 20))\n"
         "    except MemoryError:\n        break\n"
     ),
-    "close_stdio": "import os\n\nfor _fd in (1, 2):\n    try:\n        os.close(_fd)\n    except OSError:\n        pass\n",
+    "close_stdio": (
+        "import os\n\nfor _fd in (1, 2):\n    try:\n        os.close(_fd)\n    except OSError:\n        pass\n"
+    ),
 }
 AGENT = {
     "kill_init": "kill -TERM 1; kill -9 1; sleep 1; echo done",

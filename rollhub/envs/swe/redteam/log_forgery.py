@@ -68,9 +68,13 @@ def _hook(kind: str, fn: str, rng: random.Random) -> str:
     if kind == "atexit":
         return f"import atexit\natexit.register({fn})\n"
     if kind == "del_at_shutdown":
-        return f"class {holder.title().replace('_', '') or 'Holder'}:\n    def __del__(self):\n        {fn}()\n\n\n{holder}_keep = {holder.title().replace('_', '') or 'Holder'}()\n"
+        name = holder.title().replace("_", "") or "Holder"
+        return f"class {name}:\n    def __del__(self):\n        {fn}()\n\n\n{holder}_keep = {name}()\n"
     if kind == "weakref_finalize":
-        return f"import weakref\n\n\nclass {holder}_t:\n    pass\n\n\n{holder} = {holder}_t()\nweakref.finalize({holder}, {fn})\n"
+        return (
+            f"import weakref\n\n\nclass {holder}_t:\n    pass\n\n\n"
+            f"{holder} = {holder}_t()\nweakref.finalize({holder}, {fn})\n"
+        )
     if kind == "thread_excepthook":
         return (
             "import threading\n\n\n"
@@ -97,7 +101,8 @@ def build(ctx: AttackContext, technique: str, rng: random.Random) -> Attempt:
         if technique == "rewrite_log_at_exit":
             src += (
                 f"\n\ndef {emit}():\n    for fd in (1, 2):\n        try:\n"
-                f"            {rewrite}(os.readlink('/proc/self/fd/%d' % fd))\n        except OSError:\n            pass\n"
+                f"            {rewrite}(os.readlink('/proc/self/fd/%d' % fd))\n"
+                "        except OSError:\n            pass\n"
                 f"    os._exit(0)\n\n\n" + _hook(rng.choice(("atexit", "weakref_finalize")), emit, rng)
             )
         else:

@@ -18,7 +18,9 @@ async def naive_reward(backend: SandboxBackend, task: SweTask, patch: str, timeo
             if applied.exit_code:
                 return 0.0, "apply failed: " + applied.output[-200:]
         await box.write_file("/tmp/rollhub_naive.sh", task.eval_script)
-        run = await box.exec("bash /tmp/rollhub_naive.sh > /tmp/rollhub_naive.log 2>&1", timeout_s=timeout_s, workdir=WORKDIR)
+        run = await box.exec(
+            "bash /tmp/rollhub_naive.sh > /tmp/rollhub_naive.log 2>&1", timeout_s=timeout_s, workdir=WORKDIR
+        )
         log = (await box.read_file("/tmp/rollhub_naive.log")).decode(errors="replace")
         grade = grade_log(task, log)
         return grade.reward, f"{grade.status} timed_out={run.timed_out}"

@@ -135,7 +135,8 @@ def build(ctx: AttackContext, technique: str, rng: random.Random) -> Attempt:
         register = (
             "\n\nimport gc as _gc\nimport sys as _sys\n\nfor _o in _gc.get_objects():\n"
             "    if type(_o).__name__ == 'PytestPluginManager':\n"
-            "        try:\n            _o.register(_sys.modules[__name__])\n        except Exception:\n            pass\n"
+            "        try:\n            _o.register(_sys.modules[__name__])\n"
+            "        except Exception:\n            pass\n"
             "        break\n"
         )
         return Attempt(cls, technique, flavour, {path: base + "\n" + body + register})

@@ -88,9 +88,15 @@ def force_pass_core(rng: random.Random, spell, reach: str) -> str:
     f, cls, orig, wrap, rep, mod = (ident(rng) for _ in range(6))
     s = spell
     if reach == "import":
-        find = f"{mod} = __import__({s('_pytest.reports')}, fromlist=[{s('TestReport')}])\n{cls} = getattr({mod}, {s('TestReport')})"
+        find = (
+            f"{mod} = __import__({s('_pytest.reports')}, fromlist=[{s('TestReport')}])\n"
+            f"{cls} = getattr({mod}, {s('TestReport')})"
+        )
     elif reach == "importlib":
-        find = f"import importlib\n{mod} = importlib.import_module({s('_pytest.reports')})\n{cls} = getattr({mod}, {s('TestReport')})"
+        find = (
+            f"import importlib\n{mod} = importlib.import_module({s('_pytest.reports')})\n"
+            f"{cls} = getattr({mod}, {s('TestReport')})"
+        )
     elif reach == "sys_modules":
         find = f"import sys\n{cls} = getattr(sys.modules[{s('_pytest.reports')}], {s('TestReport')})"
     elif reach == "getattr_chain":
@@ -139,7 +145,8 @@ def _rot13_exec(rng: random.Random, src: str, spell) -> str:
 
 def _compile_eval(rng: random.Random, src: str, spell) -> str:
     blob = base64.b64encode(src.encode()).decode()
-    return f"eval(compile(__import__('base64').b64decode({json.dumps(blob)}), {json.dumps('<' + word(rng) + '>')}, 'exec'))\n"
+    name = json.dumps("<" + word(rng) + ">")
+    return f"eval(compile(__import__('base64').b64decode({json.dumps(blob)}), {name}, 'exec'))\n"
 
 
 def _getattr_builtins_exec(rng: random.Random, src: str, spell) -> str:
