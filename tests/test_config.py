@@ -81,6 +81,8 @@ def test_file_errors(tmp_path):
         load_config(Run, tmp_path / "missing.yaml")
     with pytest.raises(UserError, match="not valid YAML"):
         load_config(Run, write(tmp_path, "name: [unclosed\n"))
+    with pytest.raises(UserError, match="'name' is given twice"):  # YAML alone would keep the last silently
+        load_config(Run, write(tmp_path, "name: a\nsteps: 2\nname: b\n"))
     with pytest.raises(UserError, match="top level must be a mapping"):
         load_config(Run, write(tmp_path, "- 1\n- 2\n"))
     assert load_config(Run, write(tmp_path, "")) == Run()

@@ -5,8 +5,10 @@ exported with `rollhub model smollm2`), `replicas` real `rollhub serve` processe
 started and the same trainer-side state dict (fresh values each push) is pushed over:
 
 * `disk`: write `v{version}` atomically, `/update_weights_from_disk`, remove old folders;
-* `distributed`: one broadcast per tensor over the weight-update group (gloo on CPU), with
-  `/update_weights_from_distributed`; forming the group is timed once, apart.
+* `distributed`: one broadcast per bucket (SGLang's flattened bucket) over the weight-update
+  group (gloo on CPU), with `/update_weights_from_distributed`; forming the group is timed
+  once, apart;
+* `distributed-per-tensor`: the same, one broadcast per tensor (the earlier protocol).
 
 Methods alternate within each repeat (disk, distributed, then distributed, disk, ...) so a
 machine that gets busier during the run does not favour one. After every push each server
@@ -30,7 +32,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-METHODS = ("disk", "distributed")
+METHODS = ("disk", "distributed", "distributed-per-tensor")
 
 
 @dataclass
@@ -109,6 +111,9 @@ async def bench_model(model_dir: Path, label: str, cfg: WeightSyncBenchConfig, o
             "disk": DiskWeightSync(Path(folder) / "weights", config_dir=model_dir),
             "distributed": DistributedWeightSync(backend="gloo", timeout_s=300),
         }
+        # one group serves both distributed methods (a server joins one group at a time)
+        pushers["distributed-per-tensor"] = pushers["distributed"]
+        load_formats = {"distributed": "flattened_bucket", "distributed-per-tensor": "per_tensor"}
         try:
             version = 0
             for repeat in range(cfg.repeats):
@@ -116,11 +121,13 @@ async def bench_model(model_dir: Path, label: str, cfg: WeightSyncBenchConfig, o
                 for method in order:
                     version += 1
                     state = await asyncio.to_thread(_state, model_dir, version)
+                    if method in load_formats:
+                        pushers[method].load_format = load_formats[method]
                     timings = await pushers[method].push(clients, state, version)
                     served = await asyncio.gather(*(client.server_weight_version() for client in clients))
                     if set(served) != {str(version)}:
                         raise RuntimeError(f"{method} push of version {version}: servers report {served}")
-                    records.append({"model": label, "repeat": repeat, **timings})
+                    records.append({"model": label, "repeat": repeat, **timings, "method": method})
                     print(f"  {label} {method:12s} v{version}: {timings['total_s'] * 1000:8.1f} ms", flush=True)
                     del state
         finally:

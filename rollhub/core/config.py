@@ -183,6 +183,22 @@ def build_dataclass(cls: type[T], data: dict, path: str = "") -> T:
     return obj
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A YAML loader that refuses a key given twice in one mapping: plain YAML keeps the last
+    one silently, so a second `env:` block would drop the first one's settings unseen."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} is given twice in one mapping", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
     """Read YAML at `path` (or start empty), apply overrides, and build `cls`."""
     data: dict = {}
@@ -191,9 +207,9 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         if not path.is_file():
             raise UserError(f"config file not found: {path}")
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}
         except yaml.YAMLError as exc:
-            raise UserError(f"{path} is not valid YAML: {exc}".splitlines()[0]) from None
+            raise UserError(f"{path} is not valid YAML: {' '.join(str(exc).split())}") from None
         if not isinstance(data, dict):
             raise UserError(f"{path}: the top level must be a mapping")
     data = apply_overrides(data, overrides or [])

@@ -238,9 +238,20 @@ def _build_server_engine(
             shared_gpu=shared,
             backend=config.weight_sync_backend,
             master_address=config.weight_sync_master_address,
+            dtype=serving_dtype(config, launch, plan),
         ),
         weights_dir=weights_dir,
     )
+
+
+def serving_dtype(config: EngineConfig, launch: str | None, plan: list[list[int]] | None) -> str | None:
+    """The dtype launched servers serve in (what `{dtype}` becomes), so pushes are cast before they
+    are sent; None for attached servers, whose dtype is theirs."""
+    if launch is None:
+        return None
+    if config.dtype != "auto":
+        return config.dtype
+    return "bfloat16" if plan is not None or launch.strip() == "sglang" else None
 
 
 def make_weight_sync(
@@ -251,6 +262,7 @@ def make_weight_sync(
     shared_gpu: bool = False,
     backend: str = "auto",
     master_address: str = "127.0.0.1",
+    dtype: str | None = None,
 ) -> Any:
     """The `engine.weight_sync` method: `disk` (versioned folders under `weights_dir`, written
     atomically, older ones removed) or `distributed` (a torch.distributed group of the trainer
@@ -273,7 +285,7 @@ def make_weight_sync(
             )
         if shared_gpu and backend == "auto":
             backend = "gloo"
-        return build_weight_sync(kind, backend=backend, master_address=master_address)
+        return build_weight_sync(kind, backend=backend, master_address=master_address, dtype=dtype)
     if kind != "disk":
         from rollhub.core.errors import UserError
 

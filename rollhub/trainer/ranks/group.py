@@ -19,6 +19,12 @@ Why a leader: generation, envs and the buffer are a single stream; splitting the
 rollout ordering (and so seeds, resume and logs) depend on the world size. Only the tensor
 work is data parallel, and a run with N ranks draws the same tasks as a run with one.
 
+Messages (commands and their payloads, results gathered back) travel as pickled objects over
+a gloo group on the CPU: on the NCCL group torch would stage every pickled message on the
+GPU, so a checkpoint's full state sent to N ranks would sit N times in GPU 0's memory. A
+payload every rank gets alike (`start`, `load`) is pickled once and broadcast, not scattered
+as N copies.
+
 Gradient reduction: each rank's loss is its share of the global mean (the normaliser counts
 the whole mini-batch), so the full-batch gradient is the SUM of the ranks' gradients; FSDP2
 averages by default, and `Policy._wrap_fsdp2` sets the divide factor to 1.
@@ -84,6 +90,14 @@ def init_ranks(backend: str = "auto", timeout_s: float = 86400.0, device: str = 
     return RankContext(rank=rank, world_size=world, local_rank=local_rank, device=device, backend=backend)
 
 
+def control_group() -> Any:
+    """The group messages travel on: the default one when it is gloo, else a gloo group of the
+    same ranks (collective: every rank must call it, in the same order). See the module docstring."""
+    if not dist.is_initialized() or dist.get_backend() == "gloo":
+        return None
+    return dist.new_group(backend="gloo")
+
+
 # --- running a step on this rank --------------------------------------------------------
 
 
@@ -132,6 +146,7 @@ class RankGroup:
         self.optimizer: torch.optim.Optimizer | None = None
         self.reference: Any = None
         self._stopped = False
+        self.control_group = control_group()  # collective: every rank builds its RankGroup at the same point
 
     @property
     def world_size(self) -> int:
@@ -145,21 +160,32 @@ class RankGroup:
 
     # --- messages -------------------------------------------------------------------------
     def announce(self, command: str, per_rank: list[Any] | None = None) -> Any:
-        """Rank 0: tell every rank what comes next (`per_rank[r]` goes to rank r); returns rank 0's part."""
-        payloads = per_rank if per_rank is not None else [None] * self.world_size
-        messages = [(command, payload) for payload in payloads]
+        """Rank 0: tell every rank what comes next (`per_rank[r]` goes to rank r); returns rank 0's part.
+
+        One broadcast carries the command, and the payload when every rank gets the same object
+        (`per_rank` None, or one object repeated): pickled once. Otherwise a scatter follows."""
+        shared = per_rank is None or all(payload is per_rank[0] for payload in per_rank)
+        header = [(command, shared, (per_rank[0] if per_rank else None) if shared else None)]
+        dist.broadcast_object_list(header, src=0, group=self.control_group)
+        if shared:
+            return header[0][2]
         received: list[Any] = [None]
-        dist.scatter_object_list(received, messages, src=0)
-        return received[0][1]
+        dist.scatter_object_list(received, list(per_rank or []), src=0, group=self.control_group)
+        return received[0]
 
     def _receive(self) -> tuple[str, Any]:
+        header: list[Any] = [None]
+        dist.broadcast_object_list(header, src=0, group=self.control_group)
+        command, shared, payload = header[0]
+        if shared:
+            return command, payload
         received: list[Any] = [None]
-        dist.scatter_object_list(received, None, src=0)
-        return received[0]
+        dist.scatter_object_list(received, None, src=0, group=self.control_group)
+        return command, received[0]
 
     def _gather(self, value: Any) -> list[Any] | None:
         out = [None] * self.world_size if self.context.is_leader else None
-        dist.gather_object(value, out, dst=0)
+        dist.gather_object(value, out, dst=0, group=self.control_group)
         return out
 
     # --- commands, rank 0's side -----------------------------------------------------------
