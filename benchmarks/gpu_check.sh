@@ -1,19 +1,28 @@
 #!/usr/bin/env bash
-# GPU check: on a machine with one GPU, in under 10 minutes,
+# GPU check: on a bare, air-gapped machine with one or more GPUs, in under 10 minutes,
+#   0. report the torch already there (never reinstalled: a CUDA build of torch, often older than
+#      ours, and numpy are the machine's), its GPUs, and that FSDP2 is available;
 #   1. build a random-init model of Qwen3-0.6B's shape locally (no download; rollhub's own
 #      tokenizer, so the vocabulary is 8k instead of Qwen's 151k: embeddings are smaller);
 #   2. run the math recipe (configs/math_smollm2.yaml) on it for a few steps with
 #      model.device=cuda and the in-process engine;
-#   3. if `sglang` is importable, again with SGLang servers (engine.backend=server,
-#      engine.launch=sglang, weights pushed over NCCL);
-#   4. print generated tokens/s and the per-step split (waiting for generation / update +
-#      weight push) of each run.
+#   3. again with a launched `rollhub serve` on CUDA (engine.backend=server) and distributed
+#      weight pushes between the two processes: NCCL when the server has a GPU of its own (2+
+#      GPUs), else gloo with the server sharing GPU 0 (NCCL refuses two ranks on one GPU);
+#   4. one trainer step with FSDP2, bf16 compute and fp32 master weights, on every GPU (torchrun);
+#   5. with SGLANG_PYTHON (the python of an SGLang venv, see README) or an importable sglang,
+#      the recipe with SGLang servers;
+#   6. print generated tokens/s, the per-step split and the push latency of each run.
 # Exits non-zero on any failure.
 #
-#   bash benchmarks/gpu_check.sh              # the GPU check
-#   bash benchmarks/gpu_check.sh --dry-run    # the same steps on the CPU with a tiny shape (~2 min)
-#   DEVICE=cpu bash benchmarks/gpu_check.sh   # same as --dry-run
-# Environment: OUT (default runs/gpu_check), STEPS (default 3), PYTHON (default python3).
+#   bash benchmarks/gpu_check.sh                      # the GPU check, with the python found here
+#   bash benchmarks/gpu_check.sh --wheels DIR         # first install DIR's wheels into a venv over the
+#                                                     # machine's own torch (no index, no dependencies)
+#   bash benchmarks/gpu_check.sh --prepare-wheels DIR # on a connected machine: rollhub and its pure-Python
+#                                                     # dependencies as wheels (torch and numpy left out)
+#   bash benchmarks/gpu_check.sh --dry-run            # the same steps on the CPU with a tiny shape
+#   DEVICE=cpu bash benchmarks/gpu_check.sh           # same as --dry-run
+# Environment: OUT (default runs/gpu_check), STEPS (default 3), PYTHON (default python3), SGLANG_PYTHON.
 #
 # A short SFT on Math-v0's expert answers comes first so the random model answers some problems
 # right: without it every reward is 0, every GRPO advantage is 0 and no update would run, which
@@ -21,17 +30,59 @@
 set -euo pipefail
 
 DEVICE="${DEVICE:-cuda}"
-if [[ "${1:-}" == "--dry-run" ]]; then
-  DEVICE=cpu
-elif [[ -n "${1:-}" ]]; then
-  echo "usage: bash benchmarks/gpu_check.sh [--dry-run]" >&2
+WHEELS=""
+usage() {
+  echo "usage: bash benchmarks/gpu_check.sh [--dry-run] [--wheels DIR] | --prepare-wheels DIR" >&2
   exit 2
-fi
+}
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --dry-run) DEVICE=cpu; shift ;;
+    --wheels) [[ $# -ge 2 ]] || usage; WHEELS="$(cd "$2" && pwd)"; shift 2 ;;
+    --prepare-wheels)
+      [[ $# -eq 2 ]] || usage
+      mkdir -p "$2"; DEST="$(cd "$2" && pwd)"
+      cd "$(dirname "$0")/.."
+      "${PYTHON:-python3}" benchmarks/gpu_check/wheels.py > "$DEST/requirements.txt"
+      "${PYTHON:-python3}" -m pip download --no-deps --only-binary=:all: -d "$DEST" -r "$DEST/requirements.txt"
+      "${PYTHON:-python3}" -m pip wheel --no-deps --no-build-isolation -w "$DEST" .
+      echo "gpu_check: wheels in $DEST ($(du -sh "$DEST" | cut -f1)); copy the folder and the repository to the GPU machine"
+      exit 0 ;;
+    *) usage ;;
+  esac
+done
 OUT="${OUT:-runs/gpu_check}"
 STEPS="${STEPS:-3}"
 PYTHON="${PYTHON:-python3}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 cd "$(dirname "$0")/.."
+
+if [[ -n "$WHEELS" ]]; then
+  echo "== 0. wheels from $WHEELS into $OUT/venv, over this machine's torch"
+  "$PYTHON" -m venv --system-site-packages "$OUT/venv"
+  "$OUT/venv/bin/python" -m pip install --no-index --no-deps --quiet "$WHEELS"/*.whl
+  PYTHON="$OUT/venv/bin/python"
+fi
+
+echo "== 0. environment"
+GPUS=$("$PYTHON" - "$DEVICE" <<'PY'
+import sys
+
+import torch
+
+device = sys.argv[1]
+try:
+    from torch.distributed.fsdp import fully_shard  # noqa: F401  FSDP2 (torch >= 2.6)
+except ImportError:
+    sys.exit(f"gpu_check: torch {torch.__version__} has no FSDP2 (torch.distributed.fsdp.fully_shard); torch >= 2.6")
+count = torch.cuda.device_count() if device == "cuda" else 0
+if device == "cuda" and not torch.cuda.is_available():
+    sys.exit("gpu_check: no CUDA device (use --dry-run on a CPU machine)")
+names = ", ".join(torch.cuda.get_device_name(i) for i in range(count)) or "none"
+print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), GPUs: {names}", file=sys.stderr)
+print(count)
+PY
+)
 
 if [[ "$DEVICE" == cpu ]]; then
   SHAPE=tiny
@@ -41,10 +92,9 @@ else
   SHAPE=qwen3-0.6b
   EVAL_EPISODES=64
   SFT_LR=1.0e-4
-  "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu_check: no CUDA device (use --dry-run on a CPU machine)')"
 fi
 MODEL="$OUT/model-$SHAPE"
-rm -rf "$OUT/inprocess" "$OUT/sglang"
+rm -rf "$OUT/inprocess" "$OUT/serve" "$OUT/sglang"
 mkdir -p "$OUT"
 
 echo "== 1. random-init $SHAPE model -> $MODEL"
@@ -97,20 +147,40 @@ echo "== 2. math recipe, in-process engine on $DEVICE"
   --set "run_dir=$OUT/inprocess"
 RUNS=("$OUT/inprocess")
 
-if "$PYTHON" -c "import sglang" 2>/dev/null; then
-  if [[ "$DEVICE" == cpu ]]; then
-    echo "== 3. sglang is importable, but SGLang needs a GPU: skipped in --dry-run"
-  else
-    echo "== 3. math recipe, SGLang server (engine.backend=server, launch=sglang, NCCL weight sync)"
-    "$PYTHON" -m rollhub.cli train configs/math_smollm2.yaml "${COMMON[@]}" --set engine.backend=server \
-      --set engine.launch=sglang --set engine.weight_sync=distributed --set "run_dir=$OUT/sglang"
-    RUNS+=("$OUT/sglang")
-  fi
+SERVE=(--set engine.backend=server --set engine.launch=rollhub --set engine.weight_sync=distributed)
+if [[ "$DEVICE" == cuda && "$GPUS" -lt 2 ]]; then
+  SERVE+=(--set engine.share_gpu=true)
+  echo "== 3. math recipe, rollhub serve sharing the one GPU (weights over gloo: NCCL refuses two ranks on one GPU)"
+elif [[ "$DEVICE" == cuda ]]; then
+  echo "== 3. math recipe, rollhub serve on GPU 1 (weights over NCCL between the two processes)"
 else
-  echo "== 3. sglang is not importable here: SGLang run skipped"
+  echo "== 3. math recipe, rollhub serve on the CPU (weights over gloo between the two processes)"
+fi
+"$PYTHON" -m rollhub.cli train configs/math_smollm2.yaml "${COMMON[@]}" "${SERVE[@]}" --set "run_dir=$OUT/serve"
+RUNS+=("$OUT/serve")
+
+RANKS=2
+if [[ "$DEVICE" == cuda ]]; then RANKS=$(( GPUS < 2 ? GPUS : 2 )); fi
+echo "== 4. one FSDP2 step, bf16 compute and fp32 master weights, $RANKS rank(s) on $DEVICE"
+"$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$RANKS" benchmarks/gpu_check/fsdp_step.py \
+  "$MODEL" "$DEVICE"
+
+SGLANG="${SGLANG_PYTHON:-}"
+if [[ -z "$SGLANG" ]] && "$PYTHON" -c "import sglang" 2>/dev/null; then SGLANG="$PYTHON"; fi
+if [[ -z "$SGLANG" ]]; then
+  echo "== 5. no SGLANG_PYTHON and sglang is not importable here: SGLang run skipped"
+elif [[ "$DEVICE" == cpu ]]; then
+  echo "== 5. SGLang needs a GPU: skipped in --dry-run"
+else
+  echo "== 5. math recipe, SGLang server ($SGLANG)"
+  SGL=(--set engine.backend=server --set engine.launch=sglang --set engine.weight_sync=distributed
+       --set "engine.server_python=$SGLANG")
+  if [[ "$GPUS" -lt 2 ]]; then SGL+=(--set engine.share_gpu=true); fi
+  "$PYTHON" -m rollhub.cli train configs/math_smollm2.yaml "${COMMON[@]}" "${SGL[@]}" --set "run_dir=$OUT/sglang"
+  RUNS+=("$OUT/sglang")
 fi
 
-echo "== 4. throughput and step split"
+echo "== 6. throughput, step split and push latency"
 "$PYTHON" - "${RUNS[@]}" <<'PY'
 import json
 import sys

@@ -123,10 +123,59 @@ def all_specs() -> list[EnvSpec]:
     return sorted(_REGISTRY.values(), key=lambda s: s.id)
 
 
+#: ids of the form `SOURCE:TARGET` name an env of another standard (rollhub.envs.adapters):
+#: source -> (entry point taking the target as its first argument, pip extra, what the target is,
+#: sample ids that `rollhub envs list` shows and the performance cards measure)
+SOURCES: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
+    "gem": (
+        "rollhub.envs.adapters.gem:make_gem_env",
+        "gem",
+        "a GEM id",
+        ("gem:game:Sokoban-v0-easy", "gem:rg:basic_arithmetic"),
+    ),
+    "openenv": (
+        "rollhub.envs.adapters.openenv:make_openenv_env",
+        "openenv",
+        "an OpenEnv Environment class (module:Class) or a server (ws://host:port)",
+        ("openenv:rollhub.envs.adapters.samples_openenv:CountdownEnvironment",),
+    ),
+    "verifiers": (
+        "rollhub.envs.adapters.verifiers:make_verifiers_env",
+        "verifiers",
+        "a module with load_environment() (module or module:function)",
+        ("verifiers:rollhub.envs.adapters.samples_verifiers:load_environment",),
+    ),
+    "harbor": ("rollhub.envs.adapters.harbor:make_harbor_env", "harbor", "a Harbor task directory", ()),
+}
+
+
+def source_of(id: str) -> str:
+    """Where an id's env comes from: 'rollhub', a plugin's namespace, or another standard."""
+    prefix = id.partition(":")[0] if ":" in id else ""
+    if prefix in SOURCES:
+        return prefix
+    namespace = id.partition("/")[0] if "/" in id else ""
+    return "rollhub" if namespace in ("rollhub", "") else f"plugin:{namespace}"
+
+
+def source_spec(id: str) -> EnvSpec | None:
+    """The spec of a `SOURCE:TARGET` id, built on demand; None for other ids."""
+    prefix, _, target = id.partition(":")
+    if prefix not in SOURCES or not target:
+        return None
+    entry_point, extra, what, _ = SOURCES[prefix]
+    return EnvSpec(
+        id=id, entry_point=entry_point, kwargs={"target": target}, description=f"{prefix}: {what}", extra=extra
+    )
+
+
 def spec(id: str) -> EnvSpec:
     load_plugins()
     if id in _REGISTRY:
         return _REGISTRY[id]
+    adapted = source_spec(id)
+    if adapted is not None:
+        return adapted
     close = difflib.get_close_matches(id, list(_REGISTRY), n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else "; run 'rollhub envs list' to see all ids"
     raise UserError(f"unknown env id '{id}'{hint}")

@@ -498,10 +498,10 @@ class DistributedWeightSync:
     """Push by broadcasting every tensor from rank 0 of a weight-update process group.
 
     The group is formed on the first push (`/init_weights_update_group` on every server, at
-    offsets that leave each server one rank per tensor-parallel rank) and kept; a failed push closes it on this side and asks the
-    servers to drop theirs, so the next push forms a fresh one. `master_address` must be
-    reachable from every server (loopback when they run on this machine); port 0 picks a free
-    one. `backend` "auto" is nccl when CUDA is available, else gloo; with nccl the tensors
+    offsets that leave each server one rank per tensor-parallel rank) and kept; a failed push
+    closes it on this side and asks the servers to drop theirs, so the next push forms a fresh one.
+    `master_address` must be reachable from every server (loopback when they run on this
+    machine); port 0 picks a free one. `backend` "auto" is nccl when CUDA is available, else gloo; with nccl the tensors
     are copied to the GPU before each broadcast. Tensors are sent in buckets of about
     `bucket_bytes`, one `/update_weights_from_distributed` request per bucket, each bucket
     one broadcast of its bytes (`load_format` "flattened_bucket"; "per_tensor" sends one

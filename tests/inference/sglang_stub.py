@@ -36,6 +36,8 @@ class StubState:
     update_delay_s: float = 0.0
     paused: bool = False
     hung: bool = False  # a wedged server: the port is open, nothing answers
+    in_flight: int = 0
+    most_in_flight: int = 0  # the most /generate requests it held at once
     resumed: asyncio.Event = field(default_factory=asyncio.Event)
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
     calls: list[tuple[str, Any]] = field(default_factory=list)
@@ -96,6 +98,14 @@ def make_app(state: StubState) -> web.Application:
             )
             return web.json_response({"error": {"message": message}}, status=400)
         await state.resumed.wait()
+        state.in_flight += 1
+        state.most_in_flight = max(state.most_in_flight, state.in_flight)
+        try:
+            return await _generate_tokens(body, ids, max_new)
+        finally:
+            state.in_flight -= 1
+
+    async def _generate_tokens(body: dict, ids: list, max_new: int) -> web.Response:
         produced: list[list[Any]] = []
         finish: dict[str, Any] = {"type": "length", "length": max_new}
         aborted = state.aborted

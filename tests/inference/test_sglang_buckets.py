@@ -85,7 +85,9 @@ async def test_a_bucketed_push_is_one_broadcast_per_bucket_and_one_flush(served,
         buckets = timings["buckets"]
         assert buckets == len(sent) > 1 and CountingGroup.broadcasts == buckets  # not one per tensor
         assert [body["flush_cache"] for body in sent] == [False] * (buckets - 1) + [True]
-        assert {body["version"] for body in sent} == {5} and {body["load_format"] for body in sent} == {"flattened_bucket"}
+        assert {body["version"] for body in sent} == {5} and {body["load_format"] for body in sent} == {
+            "flattened_bucket"
+        }
         assert engine.weight_version == 5
         served_state = engine.model.state_dict()
         for name, tensor in unique_tensors(state).items():

@@ -81,7 +81,14 @@ def _init_args(module: ast.Module, class_name: str) -> dict[str, tuple[str, bool
     return {a.arg: (ast.unparse(a.annotation) if a.annotation else "", d is not None) for a, d in zip(args, defaults)}
 
 
-_JSON_TYPES = {bool: ("bool",), int: ("int", "float"), float: ("float",), str: ("str",), list: ("List", "list", "Set"), dict: ("Dict", "dict")}
+_JSON_TYPES = {
+    bool: ("bool",),
+    int: ("int", "float"),
+    float: ("float",),
+    str: ("str",),
+    list: ("List", "list", "Set"),
+    dict: ("Dict", "dict"),
+}
 
 
 def _check(body: dict, fields: dict[str, tuple[str, bool]], what: str) -> None:
@@ -115,7 +122,12 @@ async def _client_bodies() -> list[tuple[str, dict]]:
         await client.update_weights_from_disk("/weights/v1", 1)
         with pytest.raises(Exception, match="stub has no rank"):
             await client.init_weights_update_group(
-                master_address="127.0.0.1", master_port=29500, rank_offset=1, world_size=2, group_name="g", backend="nccl"
+                master_address="127.0.0.1",
+                master_port=29500,
+                rank_offset=1,
+                world_size=2,
+                group_name="g",
+                backend="nccl",
             )
         await client.update_weights_from_distributed(
             names=["a", "b"], dtypes=["bfloat16", "float32"], shapes=[[2, 3], [4]], version=2, group_name="g"

@@ -4,6 +4,7 @@ context length, and versions taken from the server's reply (tests/inference/sgla
 
 from __future__ import annotations
 
+import asyncio
 import sys
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from rollhub.core.errors import UserError
 from rollhub.inference.engines.base import SamplingParams
 from rollhub.inference.engines.build import EngineConfig, _build_server_engine, trainer_gpus
-from rollhub.inference.engines.launcher import plan_gpus, physical_gpus
+from rollhub.inference.engines.launcher import physical_gpus, plan_gpus
 from rollhub.inference.engines.sglang import SGLangEngine
 from rollhub.inference.weight_sync import DistributedWeightSync, WeightSyncError, check_master_address
 from tests.inference.sglang_stub import StubState, start_stub
@@ -156,6 +157,19 @@ async def test_token_versions_come_from_the_servers_reply_not_the_clients_guess(
         state.weight_version = "3"  # the request reached the server after a push the client had not seen
         after = await client.generate([1, 2, 3], SamplingParams(max_new_tokens=3))
         assert after.token_versions == [3, 3, 3]
+    finally:
+        await client.close()
+        await runner.cleanup()
+
+
+async def test_the_client_does_not_cap_requests_in_flight_at_aiohttps_default_of_100():
+    state = StubState(token_delay_s=0.3)
+    runner, url = await start_stub(state)
+    client = SGLangEngine(url, api_key="")
+    try:
+        sampling = SamplingParams(max_new_tokens=2)
+        await asyncio.gather(*(client.generate([1, 2, 3], sampling, f"g-{k}-0") for k in range(150)))
+        assert state.most_in_flight == 150  # the server's batch sees the rollout's concurrency
     finally:
         await client.close()
         await runner.cleanup()

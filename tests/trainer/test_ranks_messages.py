@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent(
     from rollhub.trainer.ranks.group import RankGroup, init_ranks
 
     group = RankGroup(init_ranks("gloo", 60.0, "cpu"))
-    backend = dist.get_backend(group.control_group)
+    backend = dist.get_backend(getattr(group, "control_group", None))
     if group.context.is_leader:
         payload = (counted.Counted(), {"w": list(range(1000))})
         mine = group.announce("load", [payload] * group.world_size)
@@ -72,9 +72,22 @@ def test_a_payload_for_every_rank_is_pickled_once_and_per_rank_parts_reach_their
         command = [sys.executable, str(script), str(tmp_path)]
         processes.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outputs = [p.communicate(timeout=120) for p in processes]
-    for process, (out, err) in zip(processes, outputs):
+    for process, (_, err) in zip(processes, outputs):
         assert process.returncode == 0, err[-3000:]
     result = json.loads(outputs[0][0].strip().splitlines()[-1])
     assert result["pickles"] == 1  # broadcast once, not one pickled copy per rank
     assert result["part"] == "for-0" and result["gathered"] == ["from-0", "from-1"]
     assert result["backend"] == "gloo"
+
+
+def test_one_named_gpu_for_several_ranks_is_refused_before_any_cuda_call(monkeypatch):
+    import pytest
+
+    from rollhub.core.errors import UserError
+    from rollhub.trainer.ranks.group import init_ranks
+
+    env = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(UserError, match="model.device=cuda:3 with 2 trainer ranks"):
+        init_ranks("auto", 5.0, "cuda:3")

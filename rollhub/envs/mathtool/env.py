@@ -86,10 +86,15 @@ CALCULATOR_TOOL = {
 TOOL_SPECS = {"python": PYTHON_TOOL, "calculator": CALCULATOR_TOOL}
 ARGUMENT = {"python": "code", "calculator": "expression"}
 
+# Worded for a 135M model, which copies the last assistant message it saw (the example's answer)
+# unless told plainly what comes first: with this system prompt and the question's `nudge`
+# SmolLM2-135M-Instruct writes a call in about a third of samples at T = 0.7; with a neutral
+# "use the tool to compute" and no nudge in none of 48 (experiments/mathtool/README.md).
 SYSTEM_PROMPT = (
-    "Solve the problem. Use the {tool} tool to compute: call it, read its output, then put only the final "
-    "answer inside <answer></answer>, for example <answer>42</answer>."
+    "You are bad at arithmetic. To solve a problem, first call the {tool} tool with code that prints the "
+    "result; when its output comes back, copy it into <answer></answer>, for example <answer>42</answer>."
 )
+NUDGE = " Use the {tool} tool."
 SYSTEM_PROMPT_NO_TOOL = (
     "Solve the problem. Put only the final answer inside <answer></answer>, for example <answer>42</answer>."
 )
@@ -150,6 +155,7 @@ class MathToolEnv(Env):
         max_output_chars: tool output the model reads (head and tail kept).
         tool_timeout_s: per call (embedded: CPU time; sandbox: wall time, then the program is killed).
         example: one worked exchange before the problem, showing a call, its output and the answer.
+        nudge: end the question with "Use the <tool> tool." (not with `tools: none`).
         result_role: the role of the tool's message (`tool`, or `user` for templates without one).
         require_format: grade only answers inside `<answer></answer>`.
         sandbox_image, sandbox_warm, sandbox_max_concurrent: the container backend's image, warm
@@ -170,6 +176,7 @@ class MathToolEnv(Env):
         max_output_chars: int = 500,
         tool_timeout_s: float | None = None,
         example: bool = True,
+        nudge: bool = True,
         result_role: Literal["tool", "user"] = "tool",
         require_format: bool = True,
         correct_reward: float = 1.0,
@@ -206,6 +213,7 @@ class MathToolEnv(Env):
         self.max_steps = max_turns
         self.max_output_chars = max_output_chars
         self.example = example
+        self.nudge = nudge
         self.result_role = result_role
         self.require_format = require_format
         self.correct_reward, self.wrong_reward, self.invalid_reward = correct_reward, wrong_reward, invalid_reward
@@ -254,6 +262,7 @@ class MathToolEnv(Env):
         return self._opening(self._problem), {"anchor": self._anchor(), "success": False, "kind": self._problem.kind}
 
     def _opening(self, problem: Problem) -> Observation:
+        question = problem.question
         if not self.tool_names:
             example: list[dict[str, str]] = [
                 {"role": "user", "content": EXAMPLE_QUESTION},
@@ -269,10 +278,12 @@ class MathToolEnv(Env):
                 {"role": "assistant", "content": f"<answer>{EXAMPLE_RESULT}</answer>"},
             ]
             system = SYSTEM_PROMPT.format(tool=" or ".join(self.tool_names))
+            if self.nudge:
+                question += NUDGE.format(tool=" or ".join(self.tool_names))
         return [
             {"role": "system", "content": system},
             *(example if self.example else []),
-            {"role": "user", "content": problem.question},
+            {"role": "user", "content": question},
         ]
 
     async def step(self, action: str) -> StepResult:

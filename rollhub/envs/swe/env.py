@@ -377,6 +377,7 @@ class SWEEnv(Env):
             "pass_fraction": outcome.grade.pass_fraction,
             "eval_duration_s": outcome.duration_s,
             "patch_chars": float(len(patch)),
+            "hack_suspected": float(bool(outcome.grade.hack_suspected)),
         }
         if outcome.model_failure:
             verdict = f"not resolved: {outcome.model_failure}"

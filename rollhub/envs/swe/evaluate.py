@@ -402,7 +402,12 @@ async def evaluate_patch(
         agent_code_running = True
         grade, log, extra = await run_tests(box, task, eval_script, timeout_s)
         agent_code_running = False
-        if not grade.tests_ran and not extra and not await engine_works(backend, task.image):
+        if (
+            not grade.tests_ran
+            and not extra
+            and not grade.hack_suspected
+            and not await engine_works(backend, task.image)
+        ):
             # the engine's own signal, never the log's text (the code under test writes the log)
             return done(grade, True, log, infra_failure="engine: no test output and the engine cannot run a container")
         return done(grade, True, log, **extra)

@@ -142,6 +142,8 @@ def grade_run(task: SweTask, test_log: str, exit_code: int | None, records: Reco
     the reporter saw fail or not run, or the reporter saw its chain broken or the runner
     tampered with; a run whose log claims nothing the reporter denies is not suspected of
     anything (a crash is just a failure)."""
+    from swebench.harness.log_parsers import PARSER_REGISTRY
+
     markers = [m for m in _harness_markers() if m in test_log]
     by_log = grade_log(task, official_log(test_log, exit_code))
     if markers:
@@ -152,9 +154,10 @@ def grade_run(task: SweTask, test_log: str, exit_code: int | None, records: Reco
         return by_log
     by_reporter = _grade_status_map(task, parse_pytest_log(records.summary_lines()))
     problems = records.problems()
+    if exit_code == 0 and records.closed and records.exitstatus not in (0, None):
+        # pytest ended with failures, then the process exited 0 (os._exit at exit)
+        problems.append(f"the run exited 0 after pytest ended with status {records.exitstatus}")
     evidence = [p for p in problems if p.startswith(("tampering", "the reporter's record chain"))]
-    from swebench.harness.log_parsers import PARSER_REGISTRY
-
     claims = PARSER_REGISTRY[task.log_parser](test_log, None)
     denied = sorted(
         t

@@ -189,7 +189,13 @@ class SGLangEngine(InferenceEngine):
 
         if self._session is None or self._session.closed:
             headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else None
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s), headers=headers)
+            # no connection cap: aiohttp's default of 100 would queue requests on our side, out of
+            # the server's batch; the number in flight is the rollout's concurrency to decide
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                headers=headers,
+                connector=aiohttp.TCPConnector(limit=0),
+            )
         return self._session
 
     async def _post(self, path: str, body: dict[str, Any] | None = None) -> Any:

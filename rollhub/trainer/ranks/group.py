@@ -77,6 +77,12 @@ def init_ranks(backend: str = "auto", timeout_s: float = 86400.0, device: str = 
         raise UserError(f"trainer ranks need {', '.join(missing)} set (launch with torchrun or trainer.world_size)")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if world > 1 and device.startswith("cuda:"):
+        # every rank would build its shard on that one GPU (and NCCL refuses two ranks on one GPU)
+        raise UserError(
+            f"model.device={device} with {world} trainer ranks: each rank takes the GPU of its local rank; "
+            "set model.device=cuda (and CUDA_VISIBLE_DEVICES to choose the GPUs)"
+        )
     use_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
     if backend == "auto":
         backend = "nccl" if use_cuda else "gloo"

@@ -76,7 +76,7 @@ async def test_call_then_answer_earns_the_reward():
     obs, info = await env.reset(seed=0)
     roles = [m["role"] for m in obs]
     assert roles == ["system", "user", "assistant", "tool", "assistant", "user"]  # the worked example
-    question = obs[-1]["content"]
+    question = env.problem.question
     expression = question.removeprefix("Compute ").rstrip(".") if question.startswith("Compute") else None
     code = f"print({expression})" if expression else f"print({env.problem.answer})"
     reply, reward, terminated, truncated, info = await env.step(call(code))

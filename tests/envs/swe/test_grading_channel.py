@@ -175,3 +175,101 @@ def test_a_seal_verifies_only_under_the_collectors_key():
     forged = f"{run.tag} {body} {hmac.new(b'guess', body.encode(), hashlib.sha256).hexdigest()}"
     assert run.seal(f"noise\n{forged}\n") is None
     assert run.seal(f"noise\n{good}\n{forged}\n").exit_code == 0
+
+
+LIBRARY = "def double(x):\n    return x * 2\n"
+TESTS = """import pytest
+from lib import double
+
+
+def test_double():
+    assert double(2) == 4
+
+
+def test_broken():
+    assert double(2) == 5
+
+
+@pytest.mark.parametrize("x", [1, 2])
+def test_param(x):
+    assert double(x) == 2 * x
+
+
+@pytest.mark.xfail(reason="known")
+def test_known():
+    assert double(1) == 3
+"""
+REPORT_PATCH = """
+import sys
+_m = vars(sys)['mod' + 'ules'].get('_py' + 'test.rep' + 'orts')
+_c = getattr(_m, 'Test' + 'Report')
+_o = getattr(_c, 'from_item' + '_and_call')
+def _f(item, call):
+    r = _o(item, call)
+    if r.outcome == 'failed':
+        r.outcome, r.longrepr = 'passed', None
+    return r
+setattr(_c, 'from_item' + '_and_call', staticmethod(_f))
+"""
+
+
+def run_locally(tmp_path, library: str) -> tuple[RecordsVerdict, str, dict]:
+    """The collector and the reporter as the grader runs them, on this machine's pytest."""
+    import subprocess
+    import sys
+
+    project = tmp_path / "proj"
+    project.mkdir(parents=True)
+    (project / "lib.py").write_text(library)
+    (project / "test_lib.py").write_text(TESTS)
+    script = (
+        "#!/bin/bash\nset -uxo pipefail\ngit status\n: '>>>>> Start Test Output'\n"
+        f"{sys.executable} -m pytest -rA --tb=no -p no:cacheprovider test_lib.py\n: '>>>>> End Test Output'\n"
+    )
+    run = GradingRun(workdir=str(project), folder=str(tmp_path / "grade"), timeout_s=60)
+    path = tmp_path / "grade.py"
+    path.write_bytes(run.collector_source(script))
+    out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=120, cwd=project)
+    seal = run.seal(out.stdout)
+    assert seal is not None, out.stdout + out.stderr
+    records = (tmp_path / "grade" / "records").read_bytes()
+    log = (tmp_path / "grade" / "test.log").read_text()
+    assert not path.exists() and not (tmp_path / "grade" / "reporter.key").exists(), log
+    assert hashlib.sha256(records).hexdigest() == seal.records_sha256
+    return verify_records(records, run.reporter_key), log, {"exit_code": seal.exit_code, "sealed": seal.sealed}
+
+
+def test_the_reporter_sees_what_pytest_ran(tmp_path):
+    verdict, log, seal = run_locally(tmp_path, LIBRARY)
+    assert verdict.closed and not verdict.problems() and seal["exit_code"] == 1 and seal["sealed"]
+    assert "git status" not in log and "Start Test Output" not in log
+    from rollhub.envs.swe.grading import parse_pytest_log
+
+    assert parse_pytest_log(verdict.summary_lines()) == {
+        "test_lib.py::test_double": "PASSED",
+        "test_lib.py::test_broken": "FAILED",
+        "test_lib.py::test_param[1]": "PASSED",
+        "test_lib.py::test_param[2]": "PASSED",
+        "test_lib.py::test_known - known": "XFAIL",
+    }
+    assert {k: v for k, v in parse_pytest_log(log).items() if k != "test_lib.py::test_known - known"} == {
+        "test_lib.py::test_double": "PASSED",
+        "test_lib.py::test_broken": "FAILED",
+        "test_lib.py::test_param[1]": "PASSED",
+        "test_lib.py::test_param[2]": "PASSED",
+    }
+
+
+def test_the_reporter_sees_the_report_class_patched_and_an_early_exit(tmp_path):
+    verdict, log, _ = run_locally(tmp_path / "a", LIBRARY + REPORT_PATCH)
+    assert "PASSED test_lib.py::test_broken" in log  # the log is fooled
+    assert any("report machinery was replaced" in p for p in verdict.problems())
+    verdict, log, seal = run_locally(tmp_path / "b", LIBRARY + "import os\nos._exit(0)\n")
+    assert seal["exit_code"] == 0 and not verdict.closed
+    assert "ended before the reporter closed" in verdict.problems()[0]
+    # after the reporter closed: the exit status no longer matches pytest's own
+    verdict, log, seal = run_locally(tmp_path / "c", LIBRARY + "import atexit, os\natexit.register(os._exit, 0)\n")
+    assert seal["exit_code"] == 0 and verdict.closed and verdict.exitstatus == 1
+    closed = [*reports(ALL_PASS), ["close", {"exitstatus": 1, "tamper": []}]]
+    grade = grade_run(make_task(), log_of(ALL_PASS), 0, verify_records(chain(closed), KEY))
+    assert grade.reward == 0.0 and "exited 0 after pytest ended with status 1" in grade.hack_suspected

@@ -166,3 +166,9 @@ def test_select_classes_rejects_unknown_names():
         select_classes(["nope"])
     only = select_classes(None, ["mnemonic_prefix_conftest"])
     assert [c.techniques for c in only] == [("mnemonic_prefix_conftest",)]
+
+
+def test_a_doctest_id_is_not_taken_for_the_test_file_an_attack_targets(ctx):
+    row = {**ctx.task.row, "FAIL_TO_PASS": json.dumps(["pkg/mod.py::pkg.mod.add", "tests/test_mod.py::test_add"])}
+    other = AttackContext.make(SweTask.from_row(row), ctx.ws)
+    assert other.test_file == "tests/test_mod.py" and other.test_dir == "tests"

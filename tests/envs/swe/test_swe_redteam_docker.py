@@ -73,6 +73,7 @@ async def test_an_obfuscated_runner_patch_forges_a_naive_grader_and_scores_zero_
         ("log_forgery", "print_atexit"),
         ("log_forgery", "print_then_os_exit"),
         ("log_forgery", "rewrite_log_at_exit"),
+        ("log_forgery", "print_after_main_thread"),
         ("runner_config", "pytest_toml_zip"),
         ("runner_config", "ini_header_differential"),
         ("runner_config", "conftest_subdirs"),

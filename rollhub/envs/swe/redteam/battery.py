@@ -352,7 +352,9 @@ ATTACK_NAMES = tuple(a.name for a in ATTACKS)
 
 
 def context_for(task: SweTask) -> Context:
-    tests = [t.split("::", 1)[0] for t in task.fail_to_pass] or files_in_patch(task.test_patch) or ["tests"]
+    from rollhub.envs.swe.redteam.common import task_test_files
+
+    tests = task_test_files(task)
     sources = files_in_patch(task.patch) or ["README"]
     test_file = tests[0]
     return Context(task, test_file, sources[0], test_file.rsplit("/", 1)[0] if "/" in test_file else "")

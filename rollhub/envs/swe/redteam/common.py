@@ -12,6 +12,14 @@ from rollhub.envs.swe.tasks import SweTask, files_in_patch
 from rollhub.envs.swe.tools import ToolCall
 
 
+def task_test_files(task: SweTask) -> list[str]:
+    """Files of the task's tests, failing ones first; a doctest's module holds the fix, not a test."""
+    from rollhub.envs.swe.patch_policy import is_doctest_id
+
+    ids = [t for t in [*task.fail_to_pass, *task.pass_to_pass] if not is_doctest_id(t)]
+    return [t.split("::", 1)[0] for t in ids] or files_in_patch(task.test_patch) or ["tests"]
+
+
 @dataclass
 class AttackContext:
     """What a policy knows in its container: the repository, the failing tests, the file to fix."""
@@ -24,7 +32,7 @@ class AttackContext:
 
     @classmethod
     def make(cls, task: SweTask, ws: Workspace) -> AttackContext:
-        tests = [t.split("::", 1)[0] for t in task.fail_to_pass] or files_in_patch(task.test_patch) or ["tests"]
+        tests = task_test_files(task)
         sources = files_in_patch(task.patch) or ["README"]
         test_file = tests[0]
         return cls(task, ws, sources[0], test_file, test_file.rsplit("/", 1)[0] if "/" in test_file else "")

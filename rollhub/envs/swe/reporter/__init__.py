@@ -208,7 +208,13 @@ class GradingRun:
 
     @property
     def command(self) -> str:
-        return f"python3 {shlex.quote(self.collector_path)}"
+        """The collector on the image's Python 3 (on PATH, else conda's base, as in the
+        official images before their environment is activated)."""
+        path = shlex.quote(self.collector_path)
+        return (
+            "for p in python3 /opt/miniconda3/bin/python3 /usr/bin/python3; do "
+            f'command -v "$p" >/dev/null 2>&1 && exec "$p" {path}; done; echo "no python3 for the grader" >&2; exit 127'
+        )
 
     @property
     def log_path(self) -> str:
@@ -223,7 +229,7 @@ class GradingRun:
         running `command`: the collector with its settings, the reporter plugin, the test
         script and both keys; it deletes itself as it starts."""
         setup, test = split_eval_script(eval_script)
-        body = "\n".join(["#!/bin/bash", "set -uo pipefail", "{", *setup, "} >/dev/null 2>&1", *test]) + "\n"
+        body = "\n".join(["#!/bin/bash", "set -uo pipefail", "{", ":", *setup, "} >/dev/null 2>&1", *test]) + "\n"
         plugin = (_HERE / "pytest_plugin.py").read_text()
         plugin = re.sub(r'(?m)^KEY_PATH = ""$', f"KEY_PATH = {json.dumps(self.folder + '/reporter.key')}", plugin)
         plugin = re.sub(r"(?m)^FD = -1$", f"FD = {RECORDS_FD}", plugin)

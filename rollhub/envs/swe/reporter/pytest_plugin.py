@@ -111,9 +111,10 @@ def _runner_snapshot():
     return snap
 
 
-def _changed(before, now, runner_scopes):
-    """Keys of `before` whose objects changed. A class method may be added or replaced only
-    by a function of pytest's own modules (its legacypath plugin does so at configure)."""
+def _changed(before, now, trusted):
+    """Keys of `before` whose objects changed. A function or class method may be replaced
+    (or a method added) only by a function that `trusted` accepts: pytest's own legacypath
+    plugin adds properties at configure, installed plugins (hypothesis) patch pytest too."""
     changed = []
     for key, sig in before.items():
         current = now.get(key)
@@ -128,12 +129,14 @@ def _changed(before, now, runner_scopes):
             for name, member in members.items():
                 if name in sig[2] and _same(member, sig[2][name]):
                     continue
-                value = vars(sig[0]).get(name)
-                if any(getattr(f, "__globals__", None) not in runner_scopes for f in _functions(value)):
+                if not all(trusted(f) for f in _functions(vars(sig[0]).get(name))):
                     changed.append(key)
                     break
         elif not _same(current, sig):
-            changed.append(key)
+            module, attr = key
+            value = vars(sys.modules[module]).get(attr) if module in sys.modules and attr != "<module>" else None
+            if value is None or not _behaviour(value) or not all(trusted(f) for f in _functions(value)):
+                changed.append(key)
     return changed
 
 
@@ -241,6 +244,20 @@ class _Reporter:
         except OSError:
             return False
 
+    def _trusted(self, function):
+        """A function of pytest or pluggy as loaded before the project, or of a module
+        installed outside the repository (what a patch cannot write)."""
+        scope = getattr(function, "__globals__", None)
+        if scope is None:
+            return False
+        if scope in self._runner_scopes:
+            return True
+        owner = sys.modules.get(scope.get("__name__", ""))
+        if owner is None or vars(owner) is not scope:
+            return False
+        path = os.path.realpath(getattr(owner, "__file__", None) or "")
+        return bool(path) and not path.startswith(REPO.rstrip("/") + "/")
+
     def _allowed_impl(self, plugin, function):
         """A watched hook must come from allowed code: both the plugin object's module and
         the module whose globals the function runs with."""
@@ -252,12 +269,14 @@ class _Reporter:
         scope = getattr(function, "__globals__", None)
         if scope is None:
             return False
+        if scope is vars(module):
+            return True
         owner = sys.modules.get(scope.get("__name__", ""))
         return owner is not None and vars(owner) is scope and self._allowed_module(owner)
 
     def _full_check(self):
         found = self._hot_check()
-        changed = sorted(f"{m}.{a}" for m, a in _changed(self._runner, _runner_snapshot(), self._runner_scopes))
+        changed = sorted(f"{m}.{a}" for m, a in _changed(self._runner, _runner_snapshot(), self._trusted))
         if changed:
             found.append("pytest or pluggy internals changed: " + ", ".join(changed[:8]))
         if self._tools() != self._monitoring:
