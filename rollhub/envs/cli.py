@@ -48,27 +48,37 @@ def _missing_command(args: argparse.Namespace) -> int:
 
 def list_envs(args: argparse.Namespace) -> int:
     from rollhub.envs.checker import missing_requirements
-    from rollhub.envs.registry import all_specs
+    from rollhub.envs.registry import SOURCES, all_specs, source_of, source_spec
 
-    specs = all_specs()
+    specs = all_specs() + [source_spec(sample) for entry in SOURCES.values() for sample in entry[3]]
     rows = []
     for spec in specs:
         needs = list(spec.requires) + (
             [f"extra:{spec.extra}"] if spec.extra and f"extra:{spec.extra}" not in spec.requires else []
         )
         missing = missing_requirements(spec) if needs else []
-        rows.append({"id": spec.id, "description": spec.description, "needs": needs, "available": not missing})
+        rows.append(
+            {
+                "id": spec.id,
+                "source": source_of(spec.id),
+                "description": spec.description,
+                "needs": needs,
+                "available": not missing,
+            }
+        )
     if args.json:
         for row in rows:
             print(json.dumps(row))
         return 0
     width = max([len(r["id"]) for r in rows] + [2])
-    print(f"{'ID':{width}}  {'NEEDS':24}  DESCRIPTION")
+    print(f"{'ID':{width}}  {'SOURCE':12}  {'NEEDS':24}  DESCRIPTION")
     for row in rows:
         needs = ", ".join(row["needs"]) or "-"
         if not row["available"]:
             needs += " (missing)"
-        print(f"{row['id']:{width}}  {needs:24}  {row['description']}")
+        print(f"{row['id']:{width}}  {row['source']:12}  {needs:24}  {row['description']}")
+    forms = "; ".join(f"{name}:<{entry[2]}>" for name, entry in SOURCES.items())
+    print(f"\nany env of another standard: {forms}")
     return 0
 
 

@@ -28,10 +28,10 @@ KEY_SAMPLE_BUDGET_S = 5.0
 
 def check_env_registered(env_id: str) -> None:
     """Fail before any model loads when the env id is unknown."""
-    from rollhub.envs.registry import all_specs
+    from rollhub.envs.registry import all_specs, source_spec
 
     ids = [spec.id for spec in all_specs()]
-    if env_id not in ids:
+    if env_id not in ids and source_spec(env_id) is None:  # `gem:...`-style ids are built on demand
         close = difflib.get_close_matches(env_id, ids, n=3)
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
         raise UserError(f"env id '{env_id}' is not registered{hint}; see 'rollhub envs list'")

@@ -345,6 +345,7 @@ def generation_json(engine: HFEngine, generation: Generation, return_logprob: bo
     }
     if return_logprob:
         meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(generation.logprobs, generation.token_ids)]
+    meta["output_token_versions"] = list(generation.token_versions)  # exact when a push lands mid-request
     return {"text": text, "output_ids": list(generation.token_ids), "meta_info": meta}
 
 

@@ -39,6 +39,7 @@ import logging
 import math
 import os
 import re
+import tarfile
 import tempfile
 import threading
 import time
@@ -219,9 +220,24 @@ def _user_spec(requested: str, image_config: dict[str, Any]) -> str:
 
 
 def _seed_from(record: dict[str, Any]) -> Seed:
+    entries = record.get("entries")
+    if entries is None and record["tar"]:  # a record cached before entries were counted
+        entries = _tar_entries(record["tar"])
     return Seed(
-        record["tar"], record["tmpfs_bytes"], record.get("uid", 0), record.get("gid", 0), record.get("mode", 0o755)
+        record["tar"],
+        record["tmpfs_bytes"],
+        record.get("uid", 0),
+        record.get("gid", 0),
+        record.get("mode", 0o755),
+        entries or 0,
     )
+
+
+def _tar_entries(path: str) -> int:
+    """Members of a rebased seed tar besides the folder itself ("." carries only its owner
+    and mode, which the tmpfs mount options already set)."""
+    with tarfile.open(path, mode="r:") as archive:
+        return sum(1 for member in archive if member.name not in (".", "./", ""))
 
 
 def _load_json(path: str) -> dict[str, Any] | None:
@@ -246,6 +262,8 @@ class Seed:
     uid: int = 0  # owner and mode of the folder itself (the tmpfs root gets them)
     gid: int = 0
     mode: int = 0o755
+    #: files and folders inside; 0: nothing to copy in (an empty /tmp costs no archive call)
+    entries: int = 0
 
     def mount_options(self, budget_bytes: int) -> str:
         return f"size={self.tmpfs_bytes + budget_bytes},uid={self.uid},gid={self.gid},mode={self.mode:o}"
@@ -1064,14 +1082,17 @@ class DockerBackend(SandboxBackend):
                 with tempfile.NamedTemporaryFile(dir=os.path.dirname(meta), delete=False) as out:
                     rebased = rebase_tar(stream, out)
                 os.replace(out.name, tar_path)
-                record = {"tar": tar_path, **dataclasses.asdict(rebased)}
+                record = {"tar": tar_path, **dataclasses.asdict(rebased), "entries": _tar_entries(tar_path)}
         with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(meta), delete=False) as out:
             json.dump(record, out)
         os.replace(out.name, meta)
         return None if record.get("skip") else _seed_from(record)
 
     def _plant_seed(self, container_id: str, path: str, seed: Seed) -> None:
-        if seed.tar_path is None:
+        """Copy a folder's image content into its tmpfs: one archive call each, the costly
+        part of a tmpfs-budget start (dockerd extracts through a helper process), so
+        folders with nothing inside are left to the mount's own owner and mode."""
+        if seed.tar_path is None or not seed.entries:
             return
         with open(seed.tar_path, "rb") as handle:
             self.api.put_archive(container_id, path, handle)

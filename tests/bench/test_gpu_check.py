@@ -32,11 +32,13 @@ def test_unknown_argument_is_a_usage_error(tmp_path):
 
 @pytest.mark.slow
 def test_dry_run_builds_trains_and_prints_the_split(tmp_path):
-    result = run_check(tmp_path, "--dry-run", timeout_s=600)
+    result = run_check(tmp_path, "--dry-run", timeout_s=1200)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     assert "gpu_check: OK (cpu)" in result.stdout
     assert "inprocess: 2 steps" in result.stdout  # the split table of the in-process run
+    assert "serve: 2 steps" in result.stdout  # a launched rollhub serve, weights pushed between processes
+    assert "fsdp step: 2 rank(s) on cpu (gloo), bf16 compute, fp32 master" in result.stdout
     assert "gen_tok/s" in result.stdout and "phases_s" in result.stdout
     assert (tmp_path / "gpu_check" / "model-tiny" / "config.json").is_file()
 

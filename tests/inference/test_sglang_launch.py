@@ -62,6 +62,14 @@ def test_one_gpu_is_refused_unless_shared_and_then_split_with_gloo_or_disk(tmp_p
     assert engine.command_for(0, 30000)[-1] == "0.45"
 
 
+def test_distributed_pushes_to_own_gpus_are_nccl_in_the_serving_dtype(tmp_path, monkeypatch):
+    engine = _engine(tmp_path, monkeypatch, visible=2, weight_sync="distributed")
+    sync = engine._sync()
+    assert (sync.backend, sync.dtype, sync.load_format) == ("auto", "bfloat16", "flattened_bucket")
+    engine = _engine(tmp_path, monkeypatch, visible=2, weight_sync="distributed", weight_sync_master_address="10.0.0.7")
+    assert engine._sync().master_address == "10.0.0.7"
+
+
 def test_gpu_plans_exclude_every_trainer_rank_and_refuse_what_cannot_fit():
     assert trainer_gpus("cuda:3", {}) == [3]
     assert trainer_gpus("cuda", {"LOCAL_WORLD_SIZE": "2"}) == [0, 1]
@@ -163,13 +171,23 @@ async def test_token_versions_come_from_the_servers_reply_not_the_clients_guess(
 
 
 async def test_the_client_does_not_cap_requests_in_flight_at_aiohttps_default_of_100():
-    state = StubState(token_delay_s=0.3)
+    state = StubState(token_delay_s=0.5)
     runner, url = await start_stub(state)
     client = SGLangEngine(url, api_key="")
     try:
         sampling = SamplingParams(max_new_tokens=2)
         await asyncio.gather(*(client.generate([1, 2, 3], sampling, f"g-{k}-0") for k in range(150)))
-        assert state.most_in_flight == 150  # the server's batch sees the rollout's concurrency
+        assert state.most_in_flight > 100  # the server's batch sees the rollout's concurrency
     finally:
         await client.close()
         await runner.cleanup()
+
+
+def test_the_clients_own_sglang_command_names_its_dtype_and_interpreter():
+    from rollhub.inference.engines.sglang import sglang_command
+
+    command = sglang_command("/m", host="127.0.0.1", port=30000, api_key="k", python="/venv/bin/python")
+    assert command[:3] == ["/venv/bin/python", "-m", "sglang.launch_server"]
+    assert command[command.index("--dtype") + 1] == "bfloat16" and command[-2:] == ["--api-key", "k"]
+    with pytest.raises(ValueError, match="never auto"):
+        sglang_command("/m", host="h", port=1, api_key=None, dtype="auto")

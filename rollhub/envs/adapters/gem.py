@@ -23,6 +23,7 @@ GEM's API is gymnasium's with text: `reset(seed) -> (obs, info)` and
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import re
 import threading
@@ -30,6 +31,8 @@ from typing import Any
 
 from rollhub.envs.adapters.common import digest, require, user_message
 from rollhub.envs.base import Env, Observation, StepResult, invalid_step_info
+
+logger = logging.getLogger(__name__)
 
 #: GEM's global seeding makes its envs share state: one call at a time in the process
 _GEM_LOCK = threading.Lock()
@@ -142,9 +145,13 @@ class GemEnv(Env):
         pool = getattr(self.gem_env, "mp_pool", None)  # GEM math grades in a process pool
         if pool is not None:
             pool.terminate()
+            return  # GEM's own close() only closes that pool
         close = getattr(self.gem_env, "close", None)
         if callable(close):
-            await asyncio.to_thread(close)
+            try:
+                await asyncio.to_thread(close)
+            except Exception:  # a source's close is best effort: the episode is over either way
+                logger.warning("GEM env %s: close() failed", self.gem_id, exc_info=True)
 
 
 def make_gem_env(target: str, **kwargs: Any) -> GemEnv:

@@ -44,6 +44,15 @@ def _as_dict(message: Any) -> dict[str, str]:
     return {"role": str(get("role", "user")), "content": content}
 
 
+def _subclass_names(cls: type) -> set[str]:
+    names, todo = set(), [cls]
+    while todo:
+        klass = todo.pop()
+        names.add(klass.__name__)
+        todo.extend(klass.__subclasses__())
+    return names
+
+
 def _bridge_client(session: VerifiersEnv) -> Any:
     """A verifiers Client whose model is the adapter's caller (each turn waits for `step`)."""
     import verifiers as vf
@@ -174,8 +183,9 @@ class VerifiersEnv(Env):
         info: dict[str, Any] = {"anchor": self._anchor, "action_valid": True, "format_ok": True, "success": False}
         error = output.get("error") if output else None
         if crash is not None or error is not None:
-            if isinstance(error, vf.InfraError) or (isinstance(error, dict) and "Infra" in str(error.get("type"))):
-                info["infra_failure"] = f"verifiers: {error}"
+            name = error.get("error") if isinstance(error, dict) else type(error).__name__
+            if name in _subclass_names(vf.InfraError):  # the rollout output keeps the error's class name
+                info["infra_failure"] = f"verifiers {name}: {error.get('message') if isinstance(error, dict) else error}"
             reply = f"The episode ended with an error: {crash or error}"
             return [user_message(reply)], 0.0, True, False, info
         completion = [_as_dict(m) for m in output.get("completion") or []]

@@ -102,6 +102,7 @@ SYSTEM_PROMPT_NO_TOOL = (
 EXAMPLE_QUESTION = "Compute 12 * 345."
 EXAMPLE_CODE = {"python": "print(12 * 345)", "calculator": "12 * 345"}
 EXAMPLE_RESULT = "4140"
+HINT_CODE = {"python": "print(...)", "calculator": "..."}
 
 
 def _call_text(tool: str, argument: str) -> str:
@@ -375,10 +376,8 @@ class MathToolEnv(Env):
     def _invalid(self, problem: Problem, reason: str, *, format_ok: bool, last: bool) -> StepResult:
         if self.tool_names:
             tool = self.tool_names[0]
-            how = (
-                f"Call a tool as {_call_text(tool, EXAMPLE_CODE[tool])} "
-                "or give the final answer as <answer>42</answer>."
-            )
+            # a placeholder, not a computation: a small model copies a concrete call verbatim
+            how = f"Call a tool as {_call_text(tool, HINT_CODE[tool])} or give the final answer as <answer>42</answer>."
         else:
             how = "Put the final answer inside <answer></answer>."
         text = f"{reason[0].upper()}{reason[1:]}. {how}"

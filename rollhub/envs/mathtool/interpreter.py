@@ -110,7 +110,7 @@ def _power(base: Any, exponent: Any, modulus: Any = None) -> Number:
         except ValueError as exc:  # base not invertible for a negative exponent
             raise ToolError("ValueError", str(exc)) from None
     if isinstance(base, int) and isinstance(exponent, int) and exponent >= 0:
-        if abs(base) > 1 and _bits(base) * exponent > MAX_INT_BITS + _bits(base):
+        if abs(base) > 1 and exponent * math.log2(abs(base)) > MAX_INT_BITS:  # judged before computing
             raise ToolError("OverflowError", f"integer result over {MAX_INT_BITS} bits")
         return base**exponent
     try:

@@ -165,7 +165,11 @@ class SWEEnv(Env):
         the factory runs as its image's non-root user, named explicitly so that an image built
         before that user existed is refused rather than run as root."""
         user = self.user or (SWE_USER if task.row.get("rollhub") else "auto")
-        return dataclasses.replace(self.limits, user=user)
+        if user != SWE_USER:
+            return dataclasses.replace(self.limits, user=user)
+        # root's home is not the agent's to write: one tmpfs fewer to set up per start
+        writable = tuple(d for d in self.limits.writable_dirs if d != "/root")
+        return dataclasses.replace(self.limits, user=user, writable_dirs=writable)
 
     def _pick_task(self, seed: int | None, options: dict[str, Any] | None) -> SweTask:
         wanted = (options or {}).get("instance_id")

@@ -32,6 +32,7 @@ import logging
 import re
 import shlex
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -312,11 +313,12 @@ async def apply_patch(box: Sandbox, patch: str | bytes) -> tuple[bool, str]:
 
 
 async def run_tests(
-    box: Sandbox, task: SweTask, eval_script: str, timeout_s: float
+    box: Sandbox, task: SweTask, eval_script: str, timeout_s: float, patched: Iterable[str] = ()
 ) -> tuple[GradeResult, str, dict[str, str]]:
-    """Run the task's tests in `box` (the patch applied) through the collector and grade what it
-    sealed: (grade, test log, EvalOutcome extras). SandboxError when the machinery fails."""
-    run = GradingRun(timeout_s=timeout_s)
+    """Run the task's tests in `box` (the patch applied, writing `patched`) through the
+    collector and grade what it sealed: (grade, test log, EvalOutcome extras). SandboxError
+    when the machinery fails."""
+    run = GradingRun(timeout_s=timeout_s, patched=tuple(patched))
     await box.write_file(run.collector_path, run.collector_source(eval_script, HOOKS_OFF_ENV))
     result = await box.exec(run.command, timeout_s=timeout_s + COLLECTOR_MARGIN_S, workdir=WORKDIR, env=HOOKS_OFF_ENV)
     return await _collect(box, task, run, result)
@@ -400,7 +402,7 @@ async def evaluate_patch(
             logger.info("patch did not apply for %s: %s", task.instance_id, apply_log[-300:])
             return done(GradeResult(resolved=False), False, apply_log)
         agent_code_running = True
-        grade, log, extra = await run_tests(box, task, eval_script, timeout_s)
+        grade, log, extra = await run_tests(box, task, eval_script, timeout_s, sanitized.kept)
         agent_code_running = False
         if (
             not grade.tests_ran

@@ -33,7 +33,8 @@ class EngineConfig:
     share_prompts: bool = True
     # --- backend: server ---
     # command template for launched servers: "rollhub" (rollhub serve), "sglang", or a command with
-    # {python} {model} {host} {port} {replica} {threads} {max_batch_size} {seed} {device} {dtype} {api_key};
+    # {python} {model} {host} {port} {replica} {threads} {max_batch_size} {seed} {device} {dtype} {api_key}
+    # {tp} {gpus} {mem_fraction} (dtype is never "auto" there: bfloat16 on a GPU, float32 on the CPU);
     # null with no urls = "rollhub"
     launch: str | None = None
     replicas: int = 1  # launched servers, each on its own port

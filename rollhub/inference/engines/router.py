@@ -34,10 +34,11 @@ stay down for the rest of the run: one that missed weight pushes must not serve 
 
 Weights. `update_weights(source, version)` pauses (unless the caller already did: the env
 manager pauses first), hands the live replicas to the configured weight sync (`push`), sets
-the version stamped on new requests, and resumes. `hold()` closes a client-side gate so
-that no request is submitted between "servers paused" and "new version set"; with it every
-token's version is exact across a push (versions are stamped by the clients at submit, see
-rollhub.inference.engines.sglang).
+the clients' version (used only where a server reports none), and resumes. `hold()` closes
+a client-side gate so that no request is submitted between "servers paused" and "new
+version set". Token versions are the server's own report (`meta_info.weight_version`, see
+rollhub.inference.engines.sglang), so a request that reaches a server after a push is
+labelled with the version that produced it.
 
 Every client sends the run's API key (`api_key`, default ROLLHUB_API_KEY).
 """

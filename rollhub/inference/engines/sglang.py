@@ -98,6 +98,37 @@ def logprob_mode(top1: tuple[Generation, Generation], sampled: list[tuple[Genera
     return LogprobMode(temperature_scaled, renormalised)
 
 
+def sglang_command(
+    model_path: str,
+    *,
+    host: str,
+    port: int,
+    api_key: str | None,
+    dtype: str = "bfloat16",
+    python: str | None = None,
+    extra_args: list[str] | None = None,
+) -> list[str]:
+    """`python -m sglang.launch_server ...` with an explicit `--dtype`: SGLang's default `auto`
+    serves a float32 checkpoint (rollhub's own are) in float16, silently."""
+    if dtype not in ("bfloat16", "float16", "float32"):
+        raise ValueError(f"dtype must be bfloat16, float16 or float32 (never auto), got {dtype!r}")
+    return [
+        python or sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(model_path),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--dtype",
+        dtype,
+        *(["--api-key", api_key] if api_key else []),
+        *(extra_args or []),
+    ]
+
+
 class SGLangEngine(InferenceEngine):
     def __init__(
         self,
@@ -133,8 +164,11 @@ class SGLangEngine(InferenceEngine):
         extra_args: list[str] | None = None,
         api_key: str | None = None,
         log_path: str | Path | None = None,
+        dtype: str = "bfloat16",
+        python: str | None = None,
     ) -> SGLangEngine:
-        """Start a server process and wait for /health. Default: `python -m sglang.launch_server`.
+        """Start a server process and wait for /health. Default: `python -m sglang.launch_server`
+        (`sglang_command`: `python` is the server venv's interpreter, `dtype` always explicit).
 
         `command` replaces the launcher, e.g. `["rollhub", "serve", "--model", DIR, "--port", "P"]`.
         `api_key` (default ROLLHUB_API_KEY, else a fresh random key) reaches SGLang as `--api-key`
@@ -148,19 +182,9 @@ class SGLangEngine(InferenceEngine):
         if api_key:
             env[API_KEY_ENV] = api_key
         if command is None:
-            command = [
-                sys.executable,
-                "-m",
-                "sglang.launch_server",
-                "--model-path",
-                str(model_path),
-                "--host",
-                host,
-                "--port",
-                str(port),
-                *(["--api-key", api_key] if api_key else []),
-                *(extra_args or []),
-            ]
+            command = sglang_command(
+                model_path, host=host, port=port, api_key=api_key, dtype=dtype, python=python, extra_args=extra_args
+            )
         if log_path is None:
             handle, name = tempfile.mkstemp(prefix="rollhub-server-", suffix=".log")
             os.close(handle)
@@ -489,13 +513,19 @@ def parse_generate_reply(reply: dict[str, Any], rid: str, version: int, prompt_t
     server_version = _int_version(meta.get("weight_version"))
     if server_version is not None:
         version = server_version
+    versions = [version] * len(token_ids)
+    per_token = meta.get("output_token_versions")  # rollhub serve: one per token
+    if isinstance(per_token, list) and len(per_token) == len(token_ids):
+        parsed = [_int_version(v) for v in per_token]
+        if all(v is not None for v in parsed):
+            versions = parsed  # type: ignore[assignment]
     finish = meta.get("finish_reason") or {}
     kind = finish.get("type") if isinstance(finish, dict) else str(finish)
     reason = kind if kind in ("stop", "length", "abort") else "stop"
     return Generation(
         token_ids,
         logprobs,
-        [version] * len(token_ids),
+        versions,
         reason,
         request_id=rid,
         prompt_tokens=prompt_tokens,

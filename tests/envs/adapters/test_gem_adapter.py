@@ -55,7 +55,8 @@ async def test_sokoban_turn_limit_is_termination_not_truncation():
 
 async def test_gem_math_with_a_dataset_built_here():
     rows = [{"problem": f"What is {a} + {a}?", "answer": str(2 * a)} for a in range(1, 9)]
-    kwargs = {"dataset": datasets.Dataset.from_list(rows), "use_mp": False}
+    # GEM grades in a one-process pool (its in-thread grader needs the main thread: signals)
+    kwargs = {"dataset": datasets.Dataset.from_list(rows)}
     assert await check_env("gem:math:GSM8K", env_kwargs=kwargs) == []
     env = make("gem:math:GSM8K", **kwargs)
     obs, info = await env.reset(seed=0)

@@ -267,7 +267,8 @@ async def graded_now(backend, task, code: str, timeout_s: float = 120):
 
     box = await _attacked_box(backend, task, code)
     try:
-        return await run_tests(box, task, make_test_spec(task.row).eval_script, timeout_s)
+        patched = files_in_patch(task.patch)[:1]
+        return await run_tests(box, task, make_test_spec(task.row).eval_script, timeout_s, patched)
     finally:
         await box.close()
 
@@ -315,7 +316,10 @@ def _rh_probe():
     seen = []
     for what in ('fd', 'environ', 'mem', 'cmdline'):
         try:
-            data = os.listdir('/proc/%d/fd' % collector) if what == 'fd' else open('/proc/%d/%s' % (collector, what), 'rb').read(64)
+            if what == 'fd':
+                os.listdir('/proc/%d/fd' % collector)
+            else:
+                open('/proc/%d/%s' % (collector, what), 'rb').read(64)
             seen.append(what + '=OPEN')
         except OSError as exc:
             seen.append(what + '=' + type(exc).__name__)

@@ -196,6 +196,8 @@ class GradingRun:
 
     workdir: str = WORKDIR
     timeout_s: float = 900.0
+    #: repository paths the patch writes (their code is the agent's)
+    patched: tuple[str, ...] = ()
     folder: str = field(default_factory=lambda: f"/tmp/rollhub_grade_{secrets.token_hex(8)}")
     module: str = field(default_factory=lambda: f"rollhub_grading_{secrets.token_hex(8)}")
     tag: str = field(default_factory=lambda: f"ROLLHUB-SEAL-{secrets.token_hex(8)}")
@@ -234,6 +236,8 @@ class GradingRun:
         plugin = re.sub(r'(?m)^KEY_PATH = ""$', f"KEY_PATH = {json.dumps(self.folder + '/reporter.key')}", plugin)
         plugin = re.sub(r"(?m)^FD = -1$", f"FD = {RECORDS_FD}", plugin)
         plugin = re.sub(r'(?m)^REPO = "/testbed"$', f"REPO = {json.dumps(self.workdir)}", plugin)
+        patched = f"PATCHED = frozenset({json.dumps(sorted(self.patched))})"
+        plugin = re.sub(r"(?m)^PATCHED = frozenset\(\)$", lambda _: patched, plugin)
         settings = {
             "folder": self.folder,
             "key": self.collector_key.hex(),

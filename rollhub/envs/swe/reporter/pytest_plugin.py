@@ -18,7 +18,7 @@ is installed, and the builtins the runner relies on are the original ones. A few
 run with every record (a patch that restores itself after forging one report is seen);
 the full check runs at the end. Findings are records too; the grader scores 0 on any.
 
-The grader writes a copy with KEY_PATH, FD and REPO filled in; with them empty (this file
+The grader writes a copy with KEY_PATH, FD, REPO and PATCHED filled in; with them empty (this file
 as shipped) the plugin does nothing.
 """
 
@@ -39,6 +39,8 @@ import pytest
 KEY_PATH = ""
 FD = -1
 REPO = "/testbed"
+#: repository paths the graded patch writes: their code may not add report hooks or patch pytest
+PATCHED = frozenset()
 
 #: hooks that make, classify or carry a report, or run the test call
 WATCHED_HOOKS = (
@@ -227,36 +229,38 @@ class _Reporter:
             found.append("a builtin was replaced")
         return found
 
+    def _allowed_path(self, path):
+        """Outside the repository (installed), or a file of the repository that the patch
+        did not touch and nothing changed since this plugin loaded (the task's own code)."""
+        path = os.path.realpath(path or "")
+        root = REPO.rstrip("/") + "/"
+        if not path:
+            return False
+        if not path.startswith(root):
+            return True
+        try:
+            return path[len(root) :] not in PATCHED and os.stat(path).st_ctime < self._started
+        except OSError:
+            return False
+
     def _allowed_module(self, module):
-        """Loaded before the project, installed outside the repository, or a conftest.py that
-        existed before this plugin loaded (the patch cannot add or change one)."""
+        """Loaded before the project, or from an allowed file."""
         if module is None:
             return False
         if module is sys.modules.get(__name__) or module.__name__ in self._modules_before:
             return True
-        path = os.path.realpath(getattr(module, "__file__", None) or "")
-        if not path:
-            return False
-        if not path.startswith(REPO.rstrip("/") + "/"):
-            return True
-        try:
-            return os.path.basename(path) == "conftest.py" and os.stat(path).st_ctime < self._started
-        except OSError:
-            return False
+        return self._allowed_path(getattr(module, "__file__", None))
 
     def _trusted(self, function):
-        """A function of pytest or pluggy as loaded before the project, or of a module
-        installed outside the repository (what a patch cannot write)."""
+        """A function of pytest or pluggy as loaded before the project, or of a module from
+        an allowed file (what the patch did not write)."""
         scope = getattr(function, "__globals__", None)
         if scope is None:
             return False
         if scope in self._runner_scopes:
             return True
         owner = sys.modules.get(scope.get("__name__", ""))
-        if owner is None or vars(owner) is not scope:
-            return False
-        path = os.path.realpath(getattr(owner, "__file__", None) or "")
-        return bool(path) and not path.startswith(REPO.rstrip("/") + "/")
+        return owner is not None and vars(owner) is scope and self._allowed_module(owner)
 
     def _allowed_impl(self, plugin, function):
         """A watched hook must come from allowed code: both the plugin object's module and
