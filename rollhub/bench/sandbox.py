@@ -23,7 +23,8 @@ Phases (all against the real engine, one run id, everything removed at the end):
 Options: `--set image=... starts=30 execs=100 concurrency=[1,8,32,64] idle=32
 execs_per_sandbox=3 max_concurrent_starts=8 exec_modes=[persistent-shell,docker-exec]
 user=auto disk_mb=null hardening_image=... hardening_rounds=20 hardening_execs=20
-hardening_disk_mb=1024`. `user` and `disk_mb` apply to phases 1-4. `--quick` shrinks every phase.
+hardening_disk_mb=1024 hardening_writable_dirs=[/tmp,/var/tmp,/home]`. `user` and `disk_mb`
+apply to phases 1-4. `--quick` shrinks every phase.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ class SandboxBenchConfig:
     hardening_rounds: int = 20
     hardening_execs: int = 20
     hardening_disk_mb: int = 1024
+    #: the budgeted folders (empty: Limits' default); the SWE env leaves /root out
+    hardening_writable_dirs: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
         from rollhub.sandbox.base import EXEC_MODES
@@ -280,6 +283,8 @@ async def _hardening_cost(backend, cfg: SandboxBenchConfig, limits) -> list[dict
 
     from rollhub.sandbox.pool import percentile
 
+    if cfg.hardening_writable_dirs:
+        limits = dataclasses.replace(limits, writable_dirs=tuple(cfg.hardening_writable_dirs))
     variants = {
         (user, budget): dataclasses.replace(limits, user=user, disk_mb=budget, exec_mode=None)
         for user in ("root", "auto")

@@ -161,9 +161,12 @@ async def test_the_sandbox_backend_survives_every_kind_of_hostile_program(sandbo
             assert time.perf_counter() - started < 30, kind
             obs, _, _, _, _ = await env.step(call("print(6 * 7)"))
             assert obs[0]["content"] == "42", (kind, obs)
-        # the daemon was swept after its command: no sleep left in the container
+        # the daemon was swept after its command: no `sleep 300` left (the idle `sleep infinity` stays)
         obs, _, _, _, _ = await env.step(
-            call("import os\nprint(sum(b'sleep' in open(f'/proc/{p}/cmdline','rb').read() for p in os.listdir('/proc') if p.isdigit()))")
+            call(
+                "import os\nprint(sum(b'sleep\\x00300' in open(f'/proc/{p}/cmdline', 'rb').read() "
+                "for p in os.listdir('/proc') if p.isdigit()))"
+            )
         )
         assert obs[0]["content"] == "0", obs
         _, reward, terminated, _, info = await env.step(f"<answer>{env.problem.answer}</answer>")
