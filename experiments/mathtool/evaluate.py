@@ -2,12 +2,15 @@
 
     python -m experiments.mathtool.evaluate [--model runs/models/smollm2-135m-instruct] [--episodes 200]
         [--config configs/mathtool_smollm2.yaml] [--out experiments/mathtool/results/baseline.json]
+        [--set backend=sandbox] [--no-baseline]
 
 Plays the recipe's evaluation (its agent settings, `eval.env` kwargs, held-out seeds, greedy) with an
 in-process HFEngine, once as configured and once with `tools: none` on the same problems, and reports
 per setting: success, tool-call rate (episodes with at least one parsed call), valid-call rate
 (episodes with a call that ran), tool-output-correct rate (a tool output held the gold answer),
-copy rate (success among those), format errors, mean turns, and a few transcripts.
+copy rate (success among those), format errors, mean turns, and a few transcripts. With
+`--set backend=sandbox` it also reports the sandbox pool's cost (start and exec latency, peak
+containers alive) and the containers left after the pool is closed (must be 0).
 """
 
 from __future__ import annotations
@@ -59,14 +62,32 @@ def summarise(result: Any, golds: list[str]) -> dict[str, Any]:
     }
 
 
+async def sandbox_cost() -> dict[str, Any]:
+    """The shared pool's latency and peak, then close it and count what is left (leaks)."""
+    from rollhub.envs.mathtool.backends import close_shared_pool, shared_pool
+    from rollhub.sandbox.docker_backend import connect
+    from rollhub.sandbox.pool import percentile
+
+    pool = shared_pool()
+    metrics = pool.metrics.summary()
+    for name, values in (("start", pool.metrics.start_latency_s), ("exec", pool.metrics.exec_latency_s)):
+        p99 = percentile(values, 0.99)
+        metrics[f"{name}_p99_ms"] = None if p99 is None else round(p99 * 1000, 2)
+    await close_shared_pool()
+    client = connect(api_timeout_s=30)
+    left = client.containers.list(all=True, filters={"label": "rollhub.role=mathtool"})
+    return {**metrics, "containers_left_after_close": len(left)}
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     config = load_config(RunConfig, args.config)
     seeds = list(range(config.eval.seed_offset, config.eval.seed_offset + args.episodes))
     engine = HFEngine(args.model, threads=args.threads, max_batch_size=args.batch)
     report: dict[str, Any] = {"model": args.model, "config": args.config, "episodes": args.episodes, "greedy": True}
     try:
-        for label, extra in (("with_tool", {}), ("without_tool", {"tools": "none"})):
-            kwargs = {**config.eval_env_kwargs, **extra}
+        settings = [("with_tool", {})] + ([] if args.no_baseline else [("without_tool", {"tools": "none"})])
+        for label, extra in settings:
+            kwargs = {**config.eval_env_kwargs, **args.env_set, **extra}
             probe = make(config.eval_env_id, **kwargs)
             golds = []
             for seed in seeds:
@@ -87,10 +108,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             summary["wall_s"] = round(time.perf_counter() - started, 1)
             summary["env_kwargs"] = kwargs
             summary["transcripts"] = [
-                {"seed": t.seed, "success": t.success, "replies": [turn.response_text for turn in t.turns],
-                 "observations": [turn.observation for turn in t.turns]}
+                {
+                    "seed": t.seed,
+                    "success": t.success,
+                    "replies": [turn.response_text for turn in t.turns],
+                    "observations": [turn.observation for turn in t.turns],
+                }
                 for t in result.trajectories[: args.transcripts]
             ]
+            if kwargs.get("backend") == "sandbox" and label == "with_tool":
+                summary["sandbox"] = await sandbox_cost()
             report[label] = summary
             print(label, {k: v for k, v in summary.items() if k not in ("transcripts", "env_kwargs")}, flush=True)
     finally:
@@ -107,7 +134,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--transcripts", type=int, default=8)
     parser.add_argument("--out", default="experiments/mathtool/results/baseline.json")
+    parser.add_argument("--set", dest="env_set", action="append", default=[], help="env kwarg KEY=VALUE")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the tools=none reading")
     args = parser.parse_args()
+    args.env_set = dict(item.split("=", 1) for item in args.env_set)
     report = asyncio.run(run(args))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ Commands run in one of two ways (`Limits.exec_mode`, default `DockerBackend(exec
 - "docker-exec": one `docker exec` per command, wrapped in `timeout -s KILL`.
 Both have the same semantics, tested side by side; both sweep leftover processes after
 each command. A second, outer deadline guards against a wedged engine or controller.
+`exec(..., user=)` runs one command as another user than the sandbox's (docker exec).
 
 Hardening (rollhub/sandbox/README.md, "Hardening"): every capability dropped but
 `Limits.cap_add`, no-new-privileges, rlimits (nofile, fsize, nproc), no container log, an

@@ -186,6 +186,10 @@ def _scattered(
     return logp, entropy
 
 
+# the model attribute through which the split path runs (see Policy._selected_logits)
+_SELECTED_LOGITS = "rollhub_selected_logits"
+
+
 class Policy:
     """A causal LM being trained, with the helpers the loop needs."""
 
@@ -210,6 +214,8 @@ class Policy:
         self._logit_transform = logit_transform(self.model)
         # before any wrapper: whether decoder + head (+ the known transform) give the model's own logits
         self._split_head = self._check_head_path()
+        if self._split_head:
+            setattr(self.model, _SELECTED_LOGITS, self._selected_logits)
         self.model.train()
         self.temperature = temperature
         self.micro_batch_size = micro_batch_size
@@ -264,6 +270,16 @@ class Policy:
         logits = head(hidden.to(head.weight.dtype)).float()
         return logits if self._logit_transform is None else self._logit_transform(logits)
 
+    def _selected_logits(self, inputs: dict[str, torch.Tensor], where: Any) -> torch.Tensor:
+        """The model's logits (fp32, before temperature) at `where` of the decoder's output only.
+
+        Installed on the model as `_SELECTED_LOGITS`; under FSDP2 it is registered as a forward
+        method of the root, so the root's parameters are all-gathered around it, and the head,
+        an FSDP module of its own, all-gathers its weight when it is called on the subset.
+        """
+        hidden = self.model.get_decoder()(**inputs, use_cache=False).last_hidden_state
+        return self._project(self.model.get_output_embeddings(), hidden[where])
+
     def _decoder_layers(self) -> Any:
         layers = getattr(getattr(self.model, "model", None), "layers", None)
         if layers is None:
@@ -312,7 +328,7 @@ class Policy:
     def _wrap_fsdp2(self) -> None:
         """Shard every decoder layer, then the root (FSDP2). Needs torch.distributed initialised."""
         import torch.distributed as dist
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
         if not (dist.is_available() and dist.is_initialized()):
             raise UserError(
@@ -322,7 +338,21 @@ class Policy:
         mp = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32)
         for layer in self._decoder_layers():
             fully_shard(layer, mp_policy=mp)
+        head = self.model.get_output_embeddings()
+        if head is not None:
+            # the head (and its input) in fp32, as `_autocast_forward` leaves it without FSDP: bf16
+            # logits round every log-prob the importance ratios and the KL use. A head tied to the
+            # input embedding shares its parameter, so both are one FSDP group (a lookup in fp32
+            # costs nothing; the layers cast its output to the compute dtype)
+            embedding = self.model.get_input_embeddings()
+            tied = embedding is not None and getattr(embedding, "weight", None) is head.weight
+            full = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
+            fully_shard([embedding, head] if tied else head, mp_policy=full)
         fully_shard(self.model, mp_policy=mp)
+        # the root's own parameters (norm, an untied embedding) are all-gathered by its forward
+        # hooks, which run for `forward` alone unless a method is registered: the split path
+        # (decoder, then the head on the needed positions only) runs through this one
+        register_fsdp_forward_method(self.model, _SELECTED_LOGITS)
         # each rank's loss is its share of the GLOBAL mean (the loss normaliser counts every
         # rank's tokens), so the full gradient is the sum over ranks, not FSDP's default mean;
         # sum-reduction with no pre-scaling is also the one gloo can do (it has no PREMUL_SUM)
@@ -353,11 +383,8 @@ class Policy:
         batch = batch.to(self.device)
         if packed:
             return self._packed_token_logprobs(batch, with_entropy=with_entropy, with_full=with_full)
-        decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
-        head = self.model.get_output_embeddings()
-        if self.fsdp or not self._split_head or decoder is None or head is None:
-            # FSDP2 unshards parameters in the root module's forward hooks, so call the whole
-            # model there (and for unusual architectures): all positions are projected
+        if not self._split_head:
+            # an architecture whose logits the split path does not reproduce: all positions are projected
             out = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
             logp, entropy = token_logprobs_from_logits(out.logits, batch.input_ids, self.temperature, with_entropy)
             if not with_full:
@@ -365,11 +392,10 @@ class Policy:
             rows, cols = response_positions(batch)
             full = F.log_softmax(out.logits[:, :-1][rows, cols].float() / self.temperature, dim=-1)
             return logp * batch.response_mask, entropy, full
-        hidden = decoder(
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
-        ).last_hidden_state
         rows, cols = response_positions(batch)
-        logits = self._project(head, hidden[:, :-1][rows, cols]) / self.temperature
+        inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
+        # position t predicts token t + 1; response_positions' columns stop before the last one
+        logits = getattr(self.model, _SELECTED_LOGITS)(inputs, (rows, cols)) / self.temperature
         return _scattered(batch, logits, rows, cols, with_entropy=with_entropy, with_full=with_full)
 
     def _packed_token_logprobs(
@@ -392,15 +418,12 @@ class Policy:
         host_of = slot[torch.as_tensor(shared.host, dtype=torch.long, device=hosts.device)]
         rows, cols = response_positions(batch)
         where = packed.packed_index(host_of[rows], cols)
-        decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
-        head = self.model.get_output_embeddings()
-        if self.fsdp or not self._split_head or decoder is None or head is None:
-            # as in the padded path: FSDP2 unshards in the root module's hooks, so the whole model runs
+        if not self._split_head:  # as in the padded path
             out = self.model(**packed_model_inputs(packed, self.model), use_cache=False)
             logits = out.logits[where].float() / self.temperature
         else:
-            hidden = decoder(**packed_model_inputs(packed, decoder), use_cache=False).last_hidden_state
-            logits = self._project(head, hidden[where]) / self.temperature
+            inputs = packed_model_inputs(packed, self.model.get_decoder())
+            logits = getattr(self.model, _SELECTED_LOGITS)(inputs, where) / self.temperature
         return _scattered(batch, logits, rows, cols, with_entropy=with_entropy, with_full=with_full)
 
     @torch.no_grad()

@@ -302,6 +302,7 @@ class MathToolEnv(Env):
             return self._invalid(problem, "no answer found", format_ok=False, last=last)
         graded = format_ok or not self.require_format
         correct = graded and is_equivalent(answer, problem.answer)
+        metrics = self._metrics()  # before the episode's container goes
         await self._finish()
         info = {
             "anchor": self._anchor(),
@@ -309,7 +310,7 @@ class MathToolEnv(Env):
             "action_valid": True,
             "format_ok": format_ok,
             "answer": answer[:MAX_ANSWER_CHARS],
-            "metrics": self._metrics(),
+            "metrics": metrics,
         }
         reward = self.correct_reward if correct else self.wrong_reward
         reply = "Correct." if correct else "Incorrect."
@@ -359,6 +360,7 @@ class MathToolEnv(Env):
         if len(calls) > 1:
             text += f"\n(only the first of {len(calls)} tool calls was run)"
         self._last_reply = text
+        metrics = self._metrics()
         if last:
             await self._finish()
         info = {
@@ -369,7 +371,7 @@ class MathToolEnv(Env):
             "tool": name,
             "tool_ok": output.ok,
             "tool_timed_out": output.timed_out,
-            "metrics": self._metrics(),
+            "metrics": metrics,
         }
         return [{"role": self.result_role, "content": text}], 0.0, False, last, info
 

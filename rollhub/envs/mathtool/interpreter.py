@@ -5,13 +5,14 @@ Why not `eval`: the code comes from a policy that is paid for whatever it gets a
 (`().__class__.__base__.__subclasses__()`), never ends on `while True: pass` and builds
 `9**9**9` synchronously on the event loop, freezing every other trajectory. So nothing here is
 compiled or executed: the tree is walked by a small evaluator that knows only numbers, strings
-for printing, names, `+ - * / // % **`, unary signs and a short list of pure functions. Everything with a cost is capped *before* it is computed:
+for printing, names, `+ - * / // % **`, unary signs and a short list of pure functions.
+Everything with a cost is capped *before* it is computed:
 
 * source length (`MAX_SOURCE_CHARS`) and statement count, before and after parsing; the parser
   itself refuses deep nesting (SyntaxError / RecursionError are caught);
-* the size of every integer (`MAX_INT_BITS`), judged from the operands before a `*`, `**`,
-  `<<`-like growth happens (a power's result size is estimated from the base's bits times the
-  exponent); floats that overflow are errors, not `inf`;
+* the size of every integer (`MAX_INT_BITS`), judged from the operands before a `*` or `**`
+  happens (a power's result size is estimated as the exponent times log2 of the base); floats
+  that overflow are errors, not `inf`;
 * nodes visited (`MAX_STEPS`) and a CPU-time deadline (`time_limit_s`), checked at every node;
 * printed output (`max_output_chars`, head and tail kept), and string sizes.
 

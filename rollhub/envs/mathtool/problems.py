@@ -74,12 +74,13 @@ def _word(rng: np.random.Generator) -> Problem:
     template = _int(rng, 0, 2)
     if template == 0:
         question = (
-            f"A warehouse has {a} shelves with {b} boxes on each. {name} ships out {c} boxes. "
-            "How many boxes are left?"
+            f"A warehouse has {a} shelves with {b} boxes on each. {name} ships out {c} boxes. How many boxes are left?"
         )
         answer = a * b - c
     elif template == 1:
-        question = f"{name} buys {a} tickets at {b} dollars each and pays {c} dollars for parking. How much is that in total?"
+        question = (
+            f"{name} buys {a} tickets at {b} dollars each and pays {c} dollars for parking. How much is that in total?"
+        )
         answer = a * b + c
     else:
         question = f"A farm packs {b} eggs a day for {a} days and sells {c} of them. How many eggs are still there?"

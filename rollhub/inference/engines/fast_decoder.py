@@ -224,10 +224,10 @@ class FastDecoder:
         self._embedding = self.model.model.embed_tokens.weight
         self._final_norm = self.model.model.norm.weight
         head = self.model.lm_head.weight
-        # a low-precision model on the CPU projects in fp32: the head runs on one position per
-        # row (cheap there), and bf16 logits would put ~0.03 nat of rounding into every
-        # behaviour log-prob the trainer's importance ratios divide by
-        if head.device.type == "cpu" and head.dtype != torch.float32:
+        # a low-precision model projects in fp32 on every device: the head runs on one position
+        # per row (cheap), and bf16 logits would put ~0.03 nat of rounding into every behaviour
+        # log-prob the trainer's importance ratios divide by (the trainer's head is fp32 too)
+        if head.dtype != torch.float32:
             head = head.float()
         self._head = head.t().contiguous()
         bias = getattr(self.model.lm_head, "bias", None)

@@ -21,12 +21,40 @@ def call(code: str) -> str:
 
 # what an RL policy might try, in the spellings it might try them
 HOSTILE = {
-    "infinite loop": ["while True: pass", "while 1:\n    x = 1", "for i in iter(int, 1): pass", "x = [1]\nfor i in x: x.append(i)"],
-    "fork bomb": ["import os\nwhile True: os.fork()", "__import__('os').fork()", "import subprocess; subprocess.run(':(){ :|:& };:', shell=True)"],
-    "huge output": ["print('x' * 10**8)", "print(10**1200)", "print('ab' * 5000 * 5000)", "s = 'x'\ns = s + s\n" * 40 + "print(s)"],
-    "host file": ["print(open('/etc/shadow').read())", "import pathlib; print(pathlib.Path('/etc/passwd').read_text())", "print(().__class__.__base__.__subclasses__())", "print(__builtins__)"],
-    "network": ["import socket; socket.create_connection(('1.1.1.1', 80), timeout=2)", "import urllib.request; urllib.request.urlopen('http://example.com', timeout=2)"],
-    "huge exponent": ["x = 9**9**9", "print(pow(10, 10**12))", "print(2**(2**40))", "print(1.5 ** 10**10)", "import math\nprint(math.factorial(10**7))"],
+    "infinite loop": [
+        "while True: pass",
+        "while 1:\n    x = 1",
+        "for i in iter(int, 1): pass",
+        "x = [1]\nfor i in x: x.append(i)",
+    ],
+    "fork bomb": [
+        "import os\nwhile True: os.fork()",
+        "__import__('os').fork()",
+        "import subprocess; subprocess.run(':(){ :|:& };:', shell=True)",
+    ],
+    "huge output": [
+        "print('x' * 10**8)",
+        "print(10**1200)",
+        "print('ab' * 5000 * 5000)",
+        "s = 'x'\ns = s + s\n" * 40 + "print(s)",
+    ],
+    "host file": [
+        "print(open('/etc/shadow').read())",
+        "import pathlib; print(pathlib.Path('/etc/passwd').read_text())",
+        "print(().__class__.__base__.__subclasses__())",
+        "print(__builtins__)",
+    ],
+    "network": [
+        "import socket; socket.create_connection(('1.1.1.1', 80), timeout=2)",
+        "import urllib.request; urllib.request.urlopen('http://example.com', timeout=2)",
+    ],
+    "huge exponent": [
+        "x = 9**9**9",
+        "print(pow(10, 10**12))",
+        "print(2**(2**40))",
+        "print(1.5 ** 10**10)",
+        "import math\nprint(math.factorial(10**7))",
+    ],
 }
 ALL_HOSTILE = [pytest.param(code, id=f"{kind}-{i}") for kind, codes in HOSTILE.items() for i, code in enumerate(codes)]
 

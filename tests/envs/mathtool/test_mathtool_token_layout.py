@@ -37,7 +37,8 @@ HEAD = (
     'To call a function, write <tool_call>{"name": "<function name>", "arguments": {<arguments as JSON>}}</tool_call>; '
     "its result comes back in the next message.<|im_end|>\n"
     "<|im_start|>user\nCompute 12 * 345.<|im_end|>\n"
-    '<|im_start|>assistant\n<tool_call>{"name": "python", "arguments": {"code": "print(12 * 345)"}}</tool_call><|im_end|>\n'
+    "<|im_start|>assistant\n"
+    '<tool_call>{"name": "python", "arguments": {"code": "print(12 * 345)"}}</tool_call><|im_end|>\n'
     "<|im_start|>tool\n4140<|im_end|>\n"
     "<|im_start|>assistant\n<answer>4140</answer><|im_end|>\n"
     "<|im_start|>user\nCompute 6599 * 675. Use the python tool.<|im_end|>\n"

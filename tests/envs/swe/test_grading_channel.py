@@ -199,6 +199,15 @@ def test_param(x):
 def test_known():
     assert double(1) == 3
 """
+#: at exit, what a subprocess of the tests sees of the grader's environment
+CHILD = """
+import atexit, os, subprocess, sys
+def _child():
+    code = "import os; print('CHILD SAW', os.environ.get('PYTEST_ADDOPTS'), os.environ.get('PYTHONPATH'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
+    os.write(1, out.encode())
+atexit.register(_child)
+"""
 REPORT_PATCH = """
 import sys
 _m = vars(sys)['mod' + 'ules'].get('_py' + 'test.rep' + 'orts')
@@ -240,9 +249,12 @@ def run_locally(tmp_path, library: str) -> tuple[RecordsVerdict, str, dict]:
 
 
 def test_the_reporter_sees_what_pytest_ran(tmp_path):
-    verdict, log, seal = run_locally(tmp_path, LIBRARY)
+    """... and the tests' own subprocesses do not inherit it (a pytest they start must not
+    try to load a plugin it cannot import)."""
+    verdict, log, seal = run_locally(tmp_path, LIBRARY + CHILD)
     assert verdict.closed and not verdict.problems() and seal["exit_code"] == 1 and seal["sealed"]
     assert "git status" not in log and "Start Test Output" not in log
+    assert "CHILD SAW None None" in log
     from rollhub.envs.swe.grading import parse_pytest_log
 
     assert parse_pytest_log(verdict.summary_lines()) == {

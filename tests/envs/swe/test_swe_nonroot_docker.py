@@ -102,6 +102,7 @@ async def test_the_agent_is_not_root_and_cannot_write_the_interpreter(tasks, bac
     await env.close()
 
 
+@pytest.mark.slow
 async def test_gold_resolves_as_the_non_root_user_with_the_disk_budget(tasks, backend):
     from rollhub.envs.swe.env import DEFAULT_DISK_MB, SWEEnv
     from rollhub.envs.swe.images import SWE_USER
@@ -121,6 +122,24 @@ async def test_gold_resolves_as_the_non_root_user_with_the_disk_budget(tasks, ba
     await env.close()
 
 
+async def test_the_disk_budget_is_on_by_default(tasks, backend):
+    """Every folder the agent can write is a tmpfs of the budget (plus the image's content);
+    everything else is read-only (on an engine with quotas, the writable layer has the quota)."""
+    from rollhub.envs.swe.env import DEFAULT_DISK_MB, SWEEnv
+
+    env = SWEEnv(tasks, backend=backend, max_steps=4)
+    await env.reset(options={"instance_id": tasks[0].instance_id})
+    if backend.disk_budget_mode() != "tmpfs":
+        pytest.skip("this engine enforces disk_mb with storage-opt")
+    out, _ = await _bash(env, "df -m --output=target,size /testbed /tmp /home; touch /opt/x /usr/x /x")
+    sizes = {line.split()[0]: int(line.split()[1]) for line in out.splitlines()[1:4]}
+    assert set(sizes) == {"/testbed", "/tmp", "/home"}, out
+    assert all(DEFAULT_DISK_MB <= size < DEFAULT_DISK_MB + 64 for size in sizes.values()), sizes
+    assert out.count("Read-only file system") == 3, out
+    await env.close()
+
+
+@pytest.mark.slow
 async def test_writing_past_the_disk_budget_fails_inside_and_spares_the_host(tasks, backend):
     """The default budget (1 GiB): 1.2 GB written by the agent fails with ENOSPC inside the
     container; the host's disk does not move; the episode goes on and is graded."""

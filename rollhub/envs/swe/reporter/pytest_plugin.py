@@ -352,9 +352,31 @@ class _Reporter:
             pass
 
 
+def _hide_from_children():
+    """Take this plugin out of the environment the tests' own subprocesses inherit: a pytest
+    they start (pytester, a CLI test) must not try to load it."""
+    addopts = os.environ.get("PYTEST_ADDOPTS", "")
+    ours = "-p " + __name__
+    if ours in addopts:
+        rest = " ".join(addopts.replace(ours, " ").split())
+        if rest:
+            os.environ["PYTEST_ADDOPTS"] = rest
+        else:
+            os.environ.pop("PYTEST_ADDOPTS", None)
+    here = os.path.dirname(os.path.abspath(__file__))
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if here in paths:
+        rest = [p for p in paths if p and p != here]
+        if rest:
+            os.environ["PYTHONPATH"] = os.pathsep.join(rest)
+        else:
+            os.environ.pop("PYTHONPATH", None)
+
+
 def _start():
     if not KEY_PATH:
         return None
+    _hide_from_children()
     try:
         with open(KEY_PATH, "rb") as f:
             key = f.read()

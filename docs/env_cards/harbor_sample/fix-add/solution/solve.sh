@@ -1,0 +1,1 @@
+sed -i 's/a - b/a + b/' /app/calc.py
