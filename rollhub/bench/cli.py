@@ -21,7 +21,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     ),
     "env": (
         "rollhub.bench.env_card:run",
-        "performance card of one env id (adapters too): latency p50/p99, failures, memory, containers, tokens, speed-up",
+        "performance card of one env id (adapters too): latency p50/p99, failures, memory, containers, tokens",
     ),
     "envs": (
         "rollhub.bench.env_throughput:run",
@@ -89,7 +89,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("bench", help="run a reproducible benchmark (rollhub bench --list)")
     parser.add_argument("name", nargs="?", help="benchmark name")
-    parser.add_argument("target", nargs="?", help="what the benchmark measures, where it takes one (bench env: an env id)")
+    parser.add_argument("target", nargs="?", help="what it measures, where it takes one (bench env: an env id)")
     parser.add_argument("--list", action="store_true", help="list benchmarks")
     parser.add_argument("--out", default=None, help="output folder (default runs/bench/NAME)")
     parser.add_argument("--quick", action="store_true", help="smallest sizes (smoke test)")

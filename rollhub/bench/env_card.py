@@ -258,7 +258,9 @@ def write_table(folder: Path) -> str:
     if not cards:
         from rollhub.core.errors import UserError
 
-        raise UserError(f"no cards (*.json) in {folder}: make them with 'rollhub bench env ID --out {folder}/NAME.json'")
+        raise UserError(
+            f"no cards (*.json) in {folder}: make them with 'rollhub bench env ID --out {folder}/NAME.json'"
+        )
     lines = table_row(cards[0], header=True).splitlines()
     lines += [table_row(card) for card in cards[1:]]
     return "\n".join(lines)
@@ -285,7 +287,9 @@ COLUMNS = (
 
 def table_row(card: dict[str, Any], header: bool = False) -> str:
     """One markdown table row for the card (with the header lines when asked)."""
-    cells = [f"`{card[key]}`" if key == "env" else (card[key] if isinstance(key, str) else key(card)) for _, key in COLUMNS]
+    cells = [
+        f"`{card[key]}`" if key == "env" else (card[key] if isinstance(key, str) else key(card)) for _, key in COLUMNS
+    ]
     row = "| " + " | ".join(str(c) for c in cells) + " |"
     if not header:
         return row

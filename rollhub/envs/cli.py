@@ -78,7 +78,7 @@ def list_envs(args: argparse.Namespace) -> int:
             needs += " (missing)"
         print(f"{row['id']:{width}}  {row['source']:12}  {needs:24}  {row['description']}")
     forms = "; ".join(f"{name}:<{entry[2]}>" for name, entry in SOURCES.items())
-    print(f"\nany env of another standard: {forms}")
+    print(f"(any env of another standard: {forms})")
     return 0
 
 

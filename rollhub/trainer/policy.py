@@ -9,8 +9,10 @@ comparable token by token.
 
 Precision: the weights the optimizer updates are fp32 everywhere (at RL learning rates a
 bf16 weight would round most updates away). On CPU everything runs in fp32; on a GPU the
-forward and backward run in bf16: under FSDP2 by its MixedPrecisionPolicy (bf16 compute,
-fp32 gradient reduction), on one GPU by bf16 autocast around the decoder and the head.
+decoder's forward and backward run in bf16: under FSDP2 by its MixedPrecisionPolicy (bf16
+compute, fp32 gradient reduction), on one GPU by bf16 autocast around the decoder. The output
+head and the log-softmax stay fp32 on every path: bf16 logits would round each log-prob the
+importance ratios and the KL divide by, and the head runs on the response positions alone.
 Ranks: with `fsdp=True` inside an initialised torch.distributed process group, each decoder
 layer and then the root module are wrapped with FSDP2 (`torch.distributed.fsdp.fully_shard`);
 parameters stay DTensors, the optimizer is built over them as usual, and
@@ -411,8 +413,12 @@ class Policy:
         width = batch.input_ids.shape[1]
         keep = torch.arange(width, device=needed.device).unsqueeze(0) < needed.unsqueeze(1)
         # rows as long as the longest sequence, as a padded micro-batch's: the dense mask's
-        # attention cost per row stays what padding costs, the padding itself is filled
-        packed = pack_rows(batch.input_ids[hosts], keep.long(), row_tokens=int(needed.max()))
+        # attention cost per row stays what padding costs, the padding itself is filled. Under
+        # flash-attention, one row: transformers splits a row into its sequences by the restarting
+        # position ids only at batch size 1 (with more rows, a row's sequences would see each
+        # other), and the varlen kernel's cost is per sequence, not per row
+        flash = str(getattr(self.model.config, "_attn_implementation", "") or "").startswith("flash_attention")
+        packed = pack_rows(batch.input_ids[hosts], keep.long(), row_tokens=None if flash else int(needed.max()))
         slot = torch.full((len(batch),), -1, dtype=torch.long, device=hosts.device)
         slot[hosts] = torch.arange(len(hosts), device=hosts.device)
         host_of = slot[torch.as_tensor(shared.host, dtype=torch.long, device=hosts.device)]

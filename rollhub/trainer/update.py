@@ -102,6 +102,7 @@ def policy_update(
         if micro_batches is not None
         else micro_batch_rows(sequence_lengths(batch.attention_mask), pack_tokens, policy.micro_batch_size)
     )
+    clock = PhaseClock(policy.device)
     for group in plan:
         if packed:
             index: slice | torch.Tensor = torch.as_tensor(group, dtype=torch.long)
@@ -112,17 +113,17 @@ def policy_update(
         width = part.input_ids.shape[1]
         reference_part = reference_logprobs[index, :width].to(policy.device) if reference_logprobs is not None else None
         kl_tokens = None
-        clock = time.perf_counter()
+        clock.restart()
         if exact_kl:
             with torch.no_grad():
                 reference_full = reference.token_logprobs(part, with_full=True, packed=packed)[2]
-            clock = _lap(split, "split/reference_s", clock)
+            clock.lap(split, "split/reference_s")
             logp, entropy, full = policy.token_logprobs(part, with_entropy=with_entropy, with_full=True, packed=packed)
             rows, cols = response_positions(part)
             kl_tokens = torch.zeros_like(logp).index_put((rows, cols + 1), full_kl(full, reference_full))
         else:
             logp, entropy = policy.token_logprobs(part, with_entropy=with_entropy, packed=packed)
-        clock = _lap(split, "split/forward_s", clock)
+        clock.lap(split, "split/forward_s")
         prox = logp.detach() if prox_logprobs is None else prox_logprobs[index, :width].to(policy.device)
         if logprobs_out is not None:
             targets = index if logprobs_rows is None else logprobs_rows[index]
@@ -139,18 +140,18 @@ def policy_update(
             entropy=entropy,
             kl_tokens=kl_tokens,
         )
-        clock = _lap(split, "split/loss_s", clock)
+        clock.lap(split, "split/loss_s")
         loss.backward()
-        _lap(split, "split/backward_s", clock)
+        clock.lap(split, "split/backward_s")
         total_loss += float(loss.detach())
         tokens = float(part.response_mask.sum())
         for key, value in metrics.items():
             weighted[key] = weighted.get(key, 0.0) + value * tokens
             weights[key] = weights.get(key, 0.0) + tokens
-    clock = time.perf_counter()
+    clock.restart()
     grad_norm = _clip_and_norm(policy.parameters(), max_grad_norm)
     skipped = _step_if_finite(optimizer, total_loss, grad_norm, policy.device)
-    _lap(split, "split/optimizer_s", clock)
+    clock.lap(split, "split/optimizer_s")
     out: dict[str, Any] = {key: weighted[key] / max(weights[key], 1e-12) for key in weighted}
     out["loss"] = total_loss
     out["grad_norm"] = grad_norm
@@ -172,10 +173,38 @@ SPLIT_KEYS = (
 )
 
 
-def _lap(split: dict[str, float], key: str, since: float) -> float:
-    now = time.perf_counter()
-    split[key] = split.get(key, 0.0) + now - since
-    return now
+class PhaseClock:
+    """Wall-clock laps of a step's phases, each added to its key of a split dict.
+
+    On a CUDA device every reading first waits for the kernels queued there: they run
+    asynchronously, so an unsynchronized forward would be billed to whichever later phase first
+    waits (the loss's .item(), a copy to the host). `synchronize` is torch.cuda.synchronize
+    unless given; the CPU runs synchronously and is never synchronized.
+    """
+
+    def __init__(self, device: str | torch.device, synchronize: Callable[[torch.device], Any] | None = None):
+        target = torch.device(device)
+        self._synchronize = None
+        if target.type == "cuda":
+            wait = synchronize if synchronize is not None else torch.cuda.synchronize
+            self._synchronize = lambda: wait(target)
+        self.since = self.now()
+
+    def now(self) -> float:
+        if self._synchronize is not None:
+            self._synchronize()
+        return time.perf_counter()
+
+    def restart(self) -> None:
+        """Start the next phase here (the time since the last lap is billed to no phase)."""
+        self.since = self.now()
+
+    def lap(self, split: dict[str, float], key: str) -> float:
+        """Add the time since the last reading to `split[key]`; the next phase starts now."""
+        now = self.now()
+        split[key] = split.get(key, 0.0) + now - self.since
+        self.since = now
+        return now
 
 
 def _step_if_finite(optimizer: torch.optim.Optimizer, loss: float, grad_norm: float, device: str) -> bool:
@@ -412,9 +441,10 @@ def run_step(
         raise ValueError("loss.kl_coef > 0 needs a reference policy")
     pack_tokens = plan.pack_tokens
     sampled_kl = loss_config.kl_coef > 0 and loss_config.kl_estimator != "full"
-    clock = time.perf_counter()
+    clock, timed = PhaseClock(policy.device), {"reference_s": 0.0, "prox_s": 0.0}
     ref = reference.compute_logprobs(batch, pack_tokens=pack_tokens) if sampled_kl and reference is not None else None
-    reference_s = time.perf_counter() - clock
+    clock.lap(timed, "reference_s")
+    reference_s = timed["reference_s"]
     if plan.single:
         out = policy_update(
             policy,
@@ -433,9 +463,10 @@ def run_step(
         out["split/prox_s"] = 0.0
         out["split/reference_s"] += reference_s
         return out
-    clock = time.perf_counter()
+    clock.restart()
     prox = proximal_logprobs(plan, batch, lambda rows: policy.compute_logprobs(rows, pack_tokens=pack_tokens))
-    prox_s = time.perf_counter() - clock
+    clock.lap(timed, "prox_s")
+    prox_s = timed["prox_s"]
     results = []
     for number, (rows, micro_batches) in enumerate(zip(plan.parts, plan.micro_batches)):
         part = batch.select(rows)

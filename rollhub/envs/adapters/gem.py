@@ -16,6 +16,8 @@ GEM's API is gymnasium's with text: `reset(seed) -> (obs, info)` and
   `terminated` only. The adapter also truncates at `max_steps` (the game's `max_turns`, 1 for
   single-turn envs).
 * `success` = the episode terminated with GEM's success reward (1.0).
+* GEM math grades in a process pool: keep its `use_mp=True` (its in-thread grader uses signals,
+  which only work on the main thread, and the adapter steps in a worker thread).
 * Anchor: a digest of GEM's `suffix` (the board, for games that show one), else of the
   observation text (common.state_anchor).
 """
@@ -68,7 +70,9 @@ class GemEnv(Env):
         self.gem_env = _locked(gem.make, gem_id, **gem_kwargs)
         turns = getattr(self.gem_env, "max_turns", None)
         if max_steps is None:
-            max_steps = turns if isinstance(turns, int) and turns > 0 else (1 if not hasattr(self.gem_env, "max_turns") else 50)
+            max_steps = (
+                turns if isinstance(turns, int) and turns > 0 else (1 if not hasattr(self.gem_env, "max_turns") else 50)
+            )
         self.max_steps = int(max_steps)
         self.format_pattern = format_pattern
         self.system_prompt = system_prompt

@@ -185,7 +185,9 @@ class VerifiersEnv(Env):
         if crash is not None or error is not None:
             name = error.get("error") if isinstance(error, dict) else type(error).__name__
             if name in _subclass_names(vf.InfraError):  # the rollout output keeps the error's class name
-                info["infra_failure"] = f"verifiers {name}: {error.get('message') if isinstance(error, dict) else error}"
+                info["infra_failure"] = (
+                    f"verifiers {name}: {error.get('message') if isinstance(error, dict) else error}"
+                )
             reply = f"The episode ended with an error: {crash or error}"
             return [user_message(reply)], 0.0, True, False, info
         completion = [_as_dict(m) for m in output.get("completion") or []]

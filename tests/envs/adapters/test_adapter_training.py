@@ -68,3 +68,13 @@ def test_train_on_openenv_server(tiny_model_dir, tmp_path):
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+@pytest.mark.docker
+def test_train_on_harbor_task(tiny_model_dir, tmp_path):
+    from rollhub.envs.checker import docker_available
+
+    if not docker_available():
+        pytest.skip("needs a Docker engine")
+    task = Path(__file__).resolve().parents[3] / "docs" / "env_cards" / "harbor_sample" / "fix-add"
+    _two_steps(tmp_path, tiny_model_dir, f"harbor:{task}", {"max_steps": 2})

@@ -54,8 +54,17 @@ def test_bench_env_writes_a_card_and_the_table(tmp_path, capsys):
     out = tmp_path / "cards" / "sokoban.json"
     assert main(["bench", "env", "rollhub/Sokoban-v0", "--set", "episodes=2", "--out", str(out)]) == 0
     card = json.loads(out.read_text())
-    for key in ("reset_p50_s", "step_p99_s", "failure_rate", "rss_mb", "containers_per_episode",
-                "container_s_per_episode", "tokens_per_episode", "lockstep_over_env_async", "prop2_bound_inf"):
+    for key in (
+        "reset_p50_s",
+        "step_p99_s",
+        "failure_rate",
+        "rss_mb",
+        "containers_per_episode",
+        "container_s_per_episode",
+        "tokens_per_episode",
+        "lockstep_over_env_async",
+        "prop2_bound_inf",
+    ):
         assert isinstance(card[key], float | int), key
     assert card["source"] == "rollhub" and card["tokens_per_episode"] > 0 and card["failure_rate"] == 0.0
     table = write_table(out.parent)

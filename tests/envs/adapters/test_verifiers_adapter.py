@@ -41,7 +41,13 @@ async def test_unparseable_reply_keeps_state_and_max_turns_truncates():
     env = make(SAMPLE, max_turns=3)
     _, info = await env.reset(seed=2)
     obs, reward, terminated, truncated, bad = await env.step("no tags here")
-    assert (reward, terminated, truncated, bad["format_ok"], bad["anchor"]) == (0.0, False, False, False, info["anchor"])
+    assert (reward, terminated, truncated, bad["format_ok"], bad["anchor"]) == (
+        0.0,
+        False,
+        False,
+        False,
+        info["anchor"],
+    )
     # the refused reply counts as a step too: the adapter cuts at max_steps (= max_turns) = 3
     results = [await env.step("<guess>16</guess>") for _ in range(2)]
     assert [r[3] for r in results] == [False, True] and not any(r[2] for r in results)
@@ -58,6 +64,7 @@ async def test_errors_in_env_response_map_by_kind(error, infra):
             raise getattr(vf, error)("broken")
 
     rows = [{"question": "say something", "answer": "x"}]
+
     def paid(**kwargs) -> float:
         return 1.0  # a rubric that would pay: an error must still score 0
 
