@@ -75,7 +75,8 @@ def test_dtype_options_are_checked_and_sft_takes_the_engine_threads(tmp_path):
             load_config(RunConfig, overrides=[bad])
         assert bad.split("=")[0] in str(caught.value)
     EngineConfig(backend="server", dtype="bfloat16").validate()  # launched `rollhub serve` takes --dtype
-    for refused in ({"urls": ["http://127.0.0.1:1"]}, {"launch": "sglang"}):
-        with pytest.raises(ValueError, match="engine.dtype"):
+    EngineConfig(backend="server", dtype="bfloat16", launch="sglang").validate()  # and SGLang's --dtype
+    for refused in ({"urls": ["http://127.0.0.1:1"]}, {"launch": "python3 -m my_server --port {port}"}):
+        with pytest.raises(ValueError, match="engine.dtype"):  # attached, or a template without {dtype}
             EngineConfig(backend="server", dtype="bfloat16", **refused).validate()
     EngineConfig(dtype="bfloat16").validate()
