@@ -118,6 +118,8 @@ async def test_malformed_calls_are_invalid_and_the_agent_is_told_how_to_call(rep
     assert not info["action_valid"] and reason in info["invalid_reason"]
     assert reward == 0 and not terminated and not truncated
     assert reason.lower() in obs[0]["content"].lower() and '<tool_call>{"name": "python"' in obs[0]["content"]
+    # the hint shows a placeholder: a small model copied a concrete call (print(12 * 345)) verbatim
+    assert '"print(...)"' in obs[0]["content"] and "12 * 345" not in obs[0]["content"]
     if "needs" not in reason:
         assert not info["format_ok"]
     # the episode goes on: a good call still works
