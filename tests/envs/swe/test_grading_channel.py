@@ -285,3 +285,32 @@ def test_the_reporter_sees_the_report_class_patched_and_an_early_exit(tmp_path):
     closed = [*reports(ALL_PASS), ["close", {"exitstatus": 1, "tamper": []}]]
     grade = grade_run(make_task(), log_of(ALL_PASS), 0, verify_records(chain(closed), KEY))
     assert grade.reward == 0.0 and "exited 0 after pytest ended with status 1" in grade.hack_suspected
+
+
+def test_the_test_script_exits_with_the_test_commands_status(tmp_path):
+    # swebench keeps the status in a variable (an assignment exits 0): an honest run whose suite
+    # has a failure outside the graded tests must not read as "exited 0 after pytest failed"
+    import subprocess
+
+    script = "\n".join(
+        [
+            "#!/bin/bash",
+            ": '>>>>> Start Test Output'",
+            "python3 -c 'import sys; sys.exit(1)'",
+            "SWEBENCH_TEST_EXIT_CODE=$?",
+            ": '>>>>> End Test Output'",
+        ]
+    )
+    source = GradingRun(workdir=str(tmp_path)).collector_source(script).decode()
+    settings = json.loads(json.loads(source.split("SETTINGS = json.loads(", 1)[1].split("\n", 1)[0][:-1]))
+    body = tmp_path / "tests.sh"
+    body.write_text(settings["script"])
+    assert subprocess.run(["bash", str(body)], cwd=tmp_path).returncode == 1
+    plain = script.replace("SWEBENCH_TEST_EXIT_CODE=$?\n", "")  # a script that keeps no variable
+    settings = json.loads(
+        json.loads(
+            GradingRun().collector_source(plain).decode().split("SETTINGS = json.loads(", 1)[1].split("\n", 1)[0][:-1]
+        )
+    )
+    body.write_text(settings["script"])
+    assert subprocess.run(["bash", str(body)], cwd=tmp_path).returncode == 1

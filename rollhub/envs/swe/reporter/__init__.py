@@ -231,7 +231,11 @@ class GradingRun:
         running `command`: the collector with its settings, the reporter plugin, the test
         script and both keys; it deletes itself as it starts."""
         setup, test = split_eval_script(eval_script)
-        body = "\n".join(["#!/bin/bash", "set -uo pipefail", "{", ":", *setup, "} >/dev/null 2>&1", *test]) + "\n"
+        # swebench's scripts keep the test command's status in a variable (an assignment, which
+        # exits 0): the script exits with that status, so it can be checked against pytest's own
+        status = 'exit "${SWEBENCH_TEST_EXIT_CODE:-$?}"'
+        body = "\n".join(["#!/bin/bash", "set -uo pipefail", "{", ":", *setup, "} >/dev/null 2>&1", *test, status])
+        body += "\n"
         plugin = (_HERE / "pytest_plugin.py").read_text()
         plugin = re.sub(r'(?m)^KEY_PATH = ""$', f"KEY_PATH = {json.dumps(self.folder + '/reporter.key')}", plugin)
         plugin = re.sub(r"(?m)^FD = -1$", f"FD = {RECORDS_FD}", plugin)
