@@ -4,7 +4,6 @@
 other term: the KL anchor of a recipe that drops them must still act on every sequence it sampled.
 """
 
-
 from rollhub.rollout.types import Group, Trajectory, Turn
 from rollhub.trainer.batch import AlgorithmConfig, build_training_batch
 from rollhub.trainer.losses import LossConfig, policy_loss

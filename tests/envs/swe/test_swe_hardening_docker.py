@@ -171,5 +171,7 @@ async def test_patched_code_that_attacks_the_grading_container_scores_zero_not_i
     assert info["action_valid"]
     _, reward, terminated, _, info = await env.step(call("submit"))
     assert terminated and reward == 0.0 and "infra_failure" not in info, info
-    assert info["patch_applied"] and not info["dropped_files"], info
+    # the content rule now refuses the module before it runs (os.kill, signal are new in it); the
+    # same sabotage at run time is the red team's infra-escape class (`redteam/infra_escape.py`)
+    assert any("interpreter internals" in why for why in info["dropped_files"].values()), info
     await env.close()

@@ -13,6 +13,7 @@ from rollhub.envs.swe.patch_policy import (
     PatchRejected,
     apply_hunks,
     config_changes_runner,
+    doctest_hosts,
     parse_git_diff,
     reset_targets,
     sanitize_patch,
@@ -54,6 +55,8 @@ def test_every_shipped_gold_patch_parses_and_is_kept_whole():
     for line in SHIPPED_TASKS.read_text().splitlines():
         row = json.loads(line)
         tests = json.loads(row["FAIL_TO_PASS"]) + json.loads(row["PASS_TO_PASS"])
+        if doctest_hosts(tests):  # judged against their base texts: tests/envs/swe/test_content_rules_gold.py
+            continue
         sanitized = sanitize_patch(row["patch"], PatchPolicy.for_task([], tests, eval_script=row["eval_script"]))
         assert sanitized.patch == row["patch"] and not sanitized.dropped and not sanitized.rejected
 
