@@ -57,7 +57,45 @@ EXAMPLE_EXCHANGE = (
 )
 
 
-class MathEnv(Env):
+class ContentSplit:
+    """Train/test membership by a hash of the problem text, for envs with `problems` (a fixed
+    list or None), `split` and `_problem`; `problem_key` and `key_in_test_partition` name the
+    env's own key functions (Math-v0's and MathTool's keys differ in prefix and share)."""
+
+    problems: list[Problem] | None
+    split: str
+    _problem: Problem | None
+    problem_key = staticmethod(problem_key)
+    key_in_test_partition = staticmethod(key_in_test_partition)
+
+    def task_set(self) -> dict[str, str] | None:
+        """The problems this env plays, keyed by content (`problem_key`) -> question, when the list
+        is fixed (the test split, or a file); None for procedural problems, which have no list.
+
+        The trainer compares the evaluation env's set with what training could draw
+        (`could_draw`) and refuses a run where they meet.
+        """
+        if self.problems is None:
+            return None
+        return {self.problem_key(p.question): p.question for p in self.problems}
+
+    def could_draw(self, keys: list[str] | set[str]) -> set[str]:
+        """The problem keys among `keys` this env might ever play (conservative: a procedural
+        `all` split might play any of them; a `train` split none of the test partition)."""
+        listed = self.task_set()
+        if listed is not None:
+            return {key for key in keys if key in listed}
+        if self.split == "train":
+            return {key for key in keys if not self.key_in_test_partition(key)}
+        return set(keys)
+
+    def task_key(self) -> str | None:
+        """The content key (`problem_key`) of the problem the last reset drew: the same problem
+        text is the same task whichever seed drew it (difficulty 1 has only 800 problems)."""
+        return None if self._problem is None else self.problem_key(self._problem.question)
+
+
+class MathEnv(ContentSplit, Env):
     """One problem per episode, procedural or from a jsonl file.
 
     Args:
@@ -185,32 +223,6 @@ class MathEnv(Env):
         reply = "Correct." if correct else "Incorrect." if terminated else "Incorrect, try again."
         reward = self.correct_reward if correct else self.wrong_reward
         return [{"role": "user", "content": reply}], float(reward), terminated, False, info
-
-    def task_set(self) -> dict[str, str] | None:
-        """The problems this env plays, keyed by content (`problem_key`) -> question, when the list
-        is fixed (the test split, or a file); None for procedural problems, which have no list.
-
-        The trainer compares the evaluation env's set with what training could draw
-        (`could_draw`) and refuses a run where they meet.
-        """
-        if self.problems is None:
-            return None
-        return {problem_key(p.question): p.question for p in self.problems}
-
-    def could_draw(self, keys: list[str] | set[str]) -> set[str]:
-        """The problem keys among `keys` this env might ever play (conservative: a procedural
-        `all` split might play any of them; a `train` split none of the test partition)."""
-        listed = self.task_set()
-        if listed is not None:
-            return {key for key in keys if key in listed}
-        if self.split == "train":
-            return {key for key in keys if not key_in_test_partition(key)}
-        return set(keys)
-
-    def task_key(self) -> str | None:
-        """The content key (`problem_key`) of the problem the last reset drew: the same problem
-        text is the same task whichever seed drew it (difficulty 1 has only 800 problems)."""
-        return None if self._problem is None else problem_key(self._problem.question)
 
     def _draw(self, rng: np.random.Generator) -> Problem:
         """A procedural problem; the train split redraws problems of the test partition."""

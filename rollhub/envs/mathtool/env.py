@@ -38,6 +38,7 @@ import numpy as np
 
 from rollhub.envs.base import Env, Observation, StepResult, invalid_step_info, wrap_action
 from rollhub.envs.math.answers import MAX_ANSWER_CHARS, extract_answer, is_equivalent
+from rollhub.envs.math.env import ContentSplit
 from rollhub.envs.math.problems import Problem
 from rollhub.envs.mathtool.backends import DEFAULT_IMAGE, EmbeddedBackend, SandboxBackend, ToolOutput
 from rollhub.envs.mathtool.interpreter import evaluate_expression
@@ -144,7 +145,10 @@ def _read_calls(text: str, allowed: tuple[str, ...]) -> tuple[list[tuple[str, di
     return calls, errors
 
 
-class MathToolEnv(Env):
+class MathToolEnv(ContentSplit, Env):
+    problem_key = staticmethod(problem_key)  # MathTool's own keys (ContentSplit reads these)
+    key_in_test_partition = staticmethod(key_in_test_partition)
+
     """Arithmetic with a code tool; see the module docstring.
 
     Args:
@@ -409,22 +413,6 @@ class MathToolEnv(Env):
             if self.split != "train" or not in_test_partition(problem.question):
                 return problem
         raise ValueError(f"no train-split problem in {TRAIN_REDRAWS} draws for kinds {list(self.kinds)}")
-
-    def task_set(self) -> dict[str, str] | None:
-        if self.problems is None:
-            return None
-        return {problem_key(p.question): p.question for p in self.problems}
-
-    def could_draw(self, keys: list[str] | set[str]) -> set[str]:
-        listed = self.task_set()
-        if listed is not None:
-            return {key for key in keys if key in listed}
-        if self.split == "train":
-            return {key for key in keys if not key_in_test_partition(key)}
-        return set(keys)
-
-    def task_key(self) -> str | None:
-        return None if self._problem is None else problem_key(self._problem.question)
 
     # --- helpers ------------------------------------------------------------------------
 
