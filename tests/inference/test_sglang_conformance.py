@@ -3,7 +3,7 @@ newest supported release (`SUPPORTED_SGLANG`). SGLang's `io_struct` imports torc
 scheduler, so the classes are read from the wheels' source (fields, defaults, annotations), not
 imported: no GPU stack needed. Get the wheels once (no dependencies, ~45 MB):
 
-    pip download --no-deps sglang==0.5.6 sglang==0.5.23 -d .cache/sglang-wheels
+    for v in 0.5.6 0.5.23; do pip download --no-deps sglang==$v -d .cache/sglang-wheels; done
 
 (or point ROLLHUB_SGLANG_WHEELS at a folder holding them); without them these tests skip.
 """
