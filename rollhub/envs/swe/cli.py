@@ -95,6 +95,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--eval-timeout", type=float, default=120.0, help="seconds a grading run may take (a hang costs this)"
     )
     red.add_argument("--json", dest="json_out", default=None, help="write the summary and every attempt here")
+    red.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the tasks the --json record already holds (same file, seed, variants and classes) and run the rest",
+    )
     red.set_defaults(func=_redteam)
 
     agree = commands.add_parser(
@@ -106,6 +111,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     agree.add_argument("--tasks", type=int, default=None, metavar="N", help="N tasks drawn round-robin over packages")
     agree.add_argument("--seed", type=int, default=0)
     agree.add_argument("--json", dest="json_out", default=None, help="write the verdicts here")
+    agree.add_argument(
+        "--patches",
+        default=None,
+        metavar="FILE.jsonl",
+        help="grade these patches (rows {instance_id, patch, source}) instead of gold and no-op; agreement per source",
+    )
     agree.set_defaults(func=_agree)
 
     swe.set_defaults(func=lambda args: (swe.print_help(), 2)[1])
@@ -233,14 +244,17 @@ def _redteam(args: argparse.Namespace) -> int:
         classes = select_classes(args.classes, args.attacks)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    started = time.monotonic()
+    reports, earlier_s = _resumed_reports(args, classes) if args.resume else ([], 0.0)
+    kept = {r.instance_id for r in reports}
+    reports = [r for r in reports if r.instance_id in {t.instance_id for t in tasks}]
+    todo = [t for t in tasks if t.instance_id not in kept]
+    started = time.monotonic() - earlier_s
 
     async def run() -> list:
         backend = _docker()
-        reports = []
         try:
-            with tqdm(total=len(tasks), desc="red team", unit="task") as bar:
-                for task in tasks:
+            with tqdm(total=len(tasks), initial=len(reports), desc="red team", unit="task") as bar:
+                for task in todo:
                     report = await redteam_task(
                         backend,
                         task,
@@ -267,6 +281,31 @@ def _redteam(args: argparse.Namespace) -> int:
     result = _write_redteam_json(args, reports, classes, started, done=True)
     print(json.dumps({k: v for k, v in result.items() if k not in ("failures", "reports")}, sort_keys=True))
     return 0 if all(r.ok for r in reports) else 1
+
+
+def _resumed_reports(args: argparse.Namespace, classes: tuple) -> tuple[list, float]:
+    """The reports of an earlier run of the same campaign, and the seconds it spent; a record
+    of another campaign is refused (mixing them would report attacks that never ran)."""
+    from rollhub.envs.swe.redteam.campaign import read_reports
+
+    if not args.json_out:
+        raise UserError("--resume needs --json FILE (the record to continue)")
+    path = Path(args.json_out)
+    if not path.exists():
+        return [], 0.0
+    try:
+        data = json.loads(path.read_text())
+        reports = read_reports(data)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise UserError(f"--resume: {path} is not a red-team record ({exc})") from None
+    want = {"file": str(args.file), "seed": args.seed, "variants": args.variants}
+    have = {k: data.get(k) for k in want}
+    if have != want or sorted(data.get("classes", {})) != sorted(c.name for c in classes):
+        raise UserError(
+            f"--resume: {path} records another campaign ({have}, classes {sorted(data.get('classes', {}))}); "
+            f"this one is {want}, classes {sorted(c.name for c in classes)}"
+        )
+    return reports, float(data.get("wall_s", 0.0))
 
 
 def _write_redteam_json(args: argparse.Namespace, reports: list, classes: tuple, started: float, done: bool) -> dict:
@@ -297,17 +336,42 @@ def _agree(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from rollhub.envs.swe.agreement import compare, format_agreement
+    from rollhub.envs.swe.agreement import agreement_by_source, compare, compare_rows, format_agreement, load_patch_rows
     from rollhub.envs.swe.redteam import stratified
     from rollhub.envs.swe.tasks import load_tasks
     from rollhub.sandbox.base import SandboxError
 
-    tasks = stratified(load_tasks(args.file, instance_ids=args.only), args.tasks, args.seed)
+    patches = load_patch_rows(args.patches) if args.patches else None
+    if patches is not None:
+        patches = [p for p in patches if args.only is None or p.instance_id in args.only]
+        if not patches:
+            raise UserError(f"no row of {args.patches} is for the --only tasks")
+        # the tasks the rows name, of any split (an id the file does not hold is refused)
+        by_id = {t.instance_id: t for t in load_tasks(args.file, instance_ids={p.instance_id for p in patches})}
+        tasks = []
+    else:
+        tasks = stratified(load_tasks(args.file, instance_ids=args.only), args.tasks, args.seed)
+
+    def write(rows: list) -> None:
+        if args.json_out:
+            Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+            verdicts = [dataclasses.asdict(r) for r in rows]
+            record = {"patches": str(args.patches), "by_source": agreement_by_source(rows), "verdicts": verdicts}
+            Path(args.json_out).write_text(json.dumps(record if patches is not None else verdicts, indent=1))
 
     async def run() -> list:
         backend = _docker()
         rows = []
         try:
+            if patches is not None:
+                with tqdm(total=len(patches), desc="agreement", unit="patch") as bar:
+
+                    def done(verdict) -> None:  # a long run keeps what it graded if it is stopped
+                        rows.append(verdict)
+                        write(rows)
+                        bar.update()
+
+                    await compare_rows(backend, backend.client, by_id, patches, on_done=done)
             for task in tqdm(tasks, desc="agreement", unit="task"):
                 rows += await compare(backend, backend.client, task)
         finally:
@@ -319,7 +383,5 @@ def _agree(args: argparse.Namespace) -> int:
     except SandboxError as exc:
         raise UserError(f"agreement run failed: {exc}") from None
     print(format_agreement(rows))
-    if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))
+    write(rows)
     return 0 if all(r.agree for r in rows) else 1

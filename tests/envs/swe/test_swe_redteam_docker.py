@@ -152,3 +152,28 @@ def test_redteam_command_exits_non_zero_when_the_gold_patch_fails(tasks, tmp_pat
     out = capsys.readouterr().out
     assert code == 1, out
     assert "gold failed" in out and "gold 1.0 on 0" in out
+
+
+def test_redteam_resume_keeps_recorded_tasks_and_refuses_another_campaign(tasks, capsys, tmp_path):
+    """A long campaign killed half-way goes on from its record: recorded tasks are kept (not
+    re-run), the rest run, and a record of other settings is refused rather than mixed in."""
+    from rollhub.cli import main
+
+    out_file = tmp_path / "campaign.json"
+    argv = ["swe", "redteam", str(SHIPPED_TASKS), "--classes", "odd_file_names", "--json", str(out_file)]
+    assert main([*argv, "--only", DEFAULT_IDS[0]]) == 0
+    first = json.loads(out_file.read_text())["reports"][0]
+    capsys.readouterr()
+
+    assert main([*argv, "--only", *DEFAULT_IDS, "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "tasks 2, gold 1.0 on 2" in out, out
+    data = json.loads(out_file.read_text())
+    assert [r["instance_id"] for r in data["reports"]] == DEFAULT_IDS
+    assert data["reports"][0] == first  # kept as recorded, not graded again
+    assert data["finished"] is True
+
+    assert main([*argv, "--only", *DEFAULT_IDS, "--resume", "--variants", "2"]) == 2
+    assert "records another campaign" in capsys.readouterr().err
+    assert main(["swe", "redteam", str(SHIPPED_TASKS), "--resume"]) == 2
+    assert "needs --json" in capsys.readouterr().err

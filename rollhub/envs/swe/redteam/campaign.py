@@ -323,6 +323,20 @@ def format_table(reports: Sequence[TaskReport], classes: Sequence[AttackClass] =
     return "\n".join(lines)
 
 
+def read_reports(data: dict[str, Any]) -> list[TaskReport]:
+    """The task reports of a `write_json` record (what a resumed run keeps)."""
+    return [
+        TaskReport(
+            r["instance_id"],
+            r["gold_reward"],
+            r.get("gold_detail", ""),
+            r.get("noop_reward"),
+            [AttemptResult(**a) for a in r.get("attempts", [])],
+        )
+        for r in data.get("reports", [])
+    ]
+
+
 def write_json(path: str | Path, data: dict[str, Any]) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(data, indent=1, sort_keys=True))
