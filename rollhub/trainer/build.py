@@ -63,7 +63,7 @@ def build_run(
     metrics_log = MetricsLog(config.run_dir)
     engine = build_engine(config, model_dir)
     optimizer = build_optimizer(policy, config)
-    reference = build_reference(config, model_dir, policy)  # the KL anchor: the warm-start, frozen
+    reference = build_reference(config if ranks is None else sharded_config(config), model_dir, policy)  # KL anchor
     if ranks is not None:
         ranks.start({"model_dir": str(model_dir), "reference_dir": str(model_dir)})
         ranks.attach(policy, optimizer, reference)
@@ -147,6 +147,7 @@ def build_reference(config: RunConfig, model_dir: Path, policy: Policy) -> Polic
         micro_batch_size=config.optim.micro_batch_size,
         temperature=policy.temperature,
         dtype=config.model.dtype,
+        fsdp=config.model.fsdp,  # with ranks, sharded like the policy
     )
 
 

@@ -17,8 +17,12 @@ Ranks: with `fsdp=True` inside an initialised torch.distributed process group, e
 layer and then the root module are wrapped with FSDP2 (`torch.distributed.fsdp.fully_shard`);
 parameters stay DTensors, the optimizer is built over them as usual, and
 `engine_state_dict()` gathers full tensors for the weight push (rollhub.trainer.ranks
-drives the ranks). `gradient_checkpointing` recomputes each decoder layer in the backward
-pass instead of keeping its activations.
+drives the ranks). With several ranks every rank builds the model on the meta device and
+allocates its shards only; rank 0 alone reads the checkpoint, into host memory, and sends each
+rank its shards (`share_weights`), so no device holds a whole weight outside a forward pass
+(but rank 0's, one weight in transit), and a host running N ranks does not hold N copies of the
+model. `gradient_checkpointing` recomputes each decoder layer in the backward pass instead of
+keeping its activations.
 """
 
 from __future__ import annotations
@@ -212,10 +216,21 @@ class Policy:
             raise ValueError("the trainer recomputes log_softmax(logits / T); temperature must be > 0")
         # `dtype` is the compute dtype; the parameters (the optimizer's master weights) are fp32
         self.device, self.dtype = default_device_and_dtype(device, dtype)
-        self.model, self.tokenizer = load_model_and_tokenizer(model_path, dtype=torch.float32, device=self.device)
-        self._logit_transform = logit_transform(self.model)
-        # before any wrapper: whether decoder + head (+ the known transform) give the model's own logits
-        self._split_head = self._check_head_path()
+        # sharded over several ranks: every rank builds the model on the meta device and allocates
+        # its shards only; in `share_weights` (collective; RankGroup.attach calls it on every rank)
+        # rank 0 alone reads the weights, into host memory, and sends each rank its shards, so no
+        # device, rank 0's included, holds more than its shards and one weight in transit, and
+        # rank 0's host holds one whole model at a time (not the policy's and the reference's)
+        self._weights_pending = fsdp and _world_size() > 1
+        if self._weights_pending:
+            self.model, self.tokenizer = _model_skeleton(model_path)
+            self._logit_transform = logit_transform(self.model)
+            self._split_head = True  # until `share_weights` probes the loaded model (on rank 0)
+        else:
+            self.model, self.tokenizer = load_model_and_tokenizer(model_path, dtype=torch.float32, device=self.device)
+            self._logit_transform = logit_transform(self.model)
+            # before any wrapper: whether decoder + head (+ the known transform) give the model's own logits
+            self._split_head = self._check_head_path()
         if self._split_head:
             setattr(self.model, _SELECTED_LOGITS, self._selected_logits)
         self.model.train()
@@ -230,38 +245,42 @@ class Policy:
             self._checkpoint_layers()
         if fsdp:
             self._wrap_fsdp2()
+            if self._weights_pending:
+                self.model.to_empty(device=self.device)  # this rank's shards (and buffers), uninitialised
         elif self.dtype != torch.float32:
             self._autocast_forward()
 
     @torch.no_grad()
-    def _check_head_path(self) -> bool:
+    def _check_head_path(self, model: Any = None) -> bool:
         """Whether `token_logprobs`' fast path (the decoder, then the head on the response positions
         only, then `logit_transform`) reproduces the model's own forward on a probe; if not, the
         trainer runs the whole model, so its log-probs are always those of the model's logits path
-        (the engine's), whatever the model does after its head."""
-        decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
-        head = self.model.get_output_embeddings()
+        (the engine's), whatever the model does after its head. `model`: the loaded model when it is
+        not `self.model` (rank 0 of sharded ranks probes the copy it reads the weights into)."""
+        model = self.model if model is None else model
+        decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+        head = model.get_output_embeddings()
         if decoder is None or head is None:
             return False
         vocab = int(head.weight.shape[0])
-        probe = (torch.arange(1, 9, device=self.device) * 7919 % vocab).unsqueeze(0)
+        probe = (torch.arange(1, 9, device=head.weight.device) * 7919 % vocab).unsqueeze(0)
         mask = torch.ones_like(probe)
-        self.model.eval()
+        model.eval()
         try:
-            full = self.model(input_ids=probe, attention_mask=mask, use_cache=False).logits.float()
+            full = model(input_ids=probe, attention_mask=mask, use_cache=False).logits.float()
             hidden = decoder(input_ids=probe, attention_mask=mask, use_cache=False).last_hidden_state
             split = self._project(head, hidden)
         except Exception as exc:  # an architecture whose decoder takes other arguments
-            logger.warning("the trainer runs the whole %s forward: %r", type(self.model).__name__, exc)
+            logger.warning("the trainer runs the whole %s forward: %r", type(model).__name__, exc)
             return False
         finally:
-            self.model.train()
+            model.train()
         gap = float((full - split).abs().max())
         if gap > 1e-3 * max(1.0, float(full.abs().max())):
             logger.warning(
                 "%s transforms its logits after the head in a way the trainer does not know (gap %.3g): the "
                 "trainer runs the whole model's forward, projecting every position (slower, exact)",
-                type(self.model).__name__,
+                type(model).__name__,
                 gap,
             )
             return False
@@ -354,7 +373,8 @@ class Policy:
         # the root's own parameters (norm, an untied embedding) are all-gathered by its forward
         # hooks, which run for `forward` alone unless a method is registered: the split path
         # (decoder, then the head on the needed positions only) runs through this one
-        register_fsdp_forward_method(self.model, _SELECTED_LOGITS)
+        if self._split_head:
+            register_fsdp_forward_method(self.model, _SELECTED_LOGITS)
         # each rank's loss is its share of the GLOBAL mean (the loss normaliser counts every
         # rank's tokens), so the full gradient is the sum over ranks, not FSDP's default mean;
         # sum-reduction with no pre-scaling is also the one gloo can do (it has no PREMUL_SUM)
@@ -365,6 +385,81 @@ class Policy:
                 module.set_gradient_divide_factor(1.0)
                 module.set_force_sum_reduction_for_comms(True)
         self.fsdp = True
+
+    @torch.no_grad()
+    def share_weights(self) -> None:
+        """Collective over the trainer ranks: rank 0 sends every rank (itself too) its shards of the weights.
+
+        Nothing (and no collective) when there is nothing to share: one rank, no FSDP, or shared
+        already. Rank 0 reads the checkpoint here, into host memory (and probes the head path
+        on it, see `_check_head_path`); each parameter goes by `scatter`, one at a time, each
+        rank receiving its own dim-0 chunk (the one `fully_shard` keeps) and nothing more;
+        torch's `set_model_state_dict(..., broadcast_from_rank0=True)` would broadcast each
+        WHOLE tensor to every rank before sharding it. Buffers (replicated by
+        FSDP2, small) are broadcast whole, the non-persistent ones too (the rotary `inv_freq` is
+        in no state dict, and built on the meta device it is uninitialised memory after
+        `to_empty`). A header first carries rank 0's parameter names and shapes, checked here,
+        so ranks that built different models stop with an error instead of exchanging
+        misaligned tensors.
+        """
+        import torch.distributed as dist
+
+        if not self._weights_pending:
+            return
+        from rollhub.inference.models import load_model_and_tokenizer
+
+        rank, world = dist.get_rank(), dist.get_world_size()
+        params = list(self.model.named_parameters())
+        buffers = list(self.model.named_buffers())
+        layout = ([(name, tuple(p.shape)) for name, p in params], [(name, tuple(b.shape)) for name, b in buffers])
+        full: dict[str, torch.Tensor] = {}  # rank 0's weights, on the host
+        if rank == 0:
+            source = load_model_and_tokenizer(self.model_path, dtype=torch.float32, device="cpu")[0]
+            self._split_head = self._check_head_path(source)
+            full = {name: t.detach() for name, t in [*source.named_parameters(), *source.named_buffers()]}
+            del source
+        header = [(self._split_head, layout) if rank == 0 else None]
+        dist.broadcast_object_list(header, src=0, device=torch.device(self.device))
+        split_head, expected = header[0]
+        if expected != layout:
+            raise RuntimeError(
+                f"rank {rank} built a model whose parameters or buffers differ from rank 0's; every rank must "
+                "load the same model folder"
+            )
+        self._split_head = bool(split_head)
+        for name, param in params:
+            local = param.to_local() if hasattr(param, "to_local") else param
+            rows = param.shape[0]
+            chunk = -(-rows // world)  # torch.chunk's size, as FSDP2 splits dim 0
+            mine = max(0, min(rows, (rank + 1) * chunk) - rank * chunk)
+            if tuple(local.shape) != (mine, *param.shape[1:]):
+                raise RuntimeError(f"{name}: rank {rank} holds a {tuple(local.shape)} shard, expected {mine} rows")
+            received = torch.empty((chunk, *param.shape[1:]), dtype=local.dtype, device=local.device)
+            chunks = None
+            if rank == 0:  # one weight at a time on the device, in chunks (views where no copy is needed)
+                chunks = []
+                for r in range(world):
+                    piece = full[name][r * chunk : (r + 1) * chunk]
+                    if piece.shape[0] == chunk and piece.device == received.device and piece.is_contiguous():
+                        chunks.append(piece)
+                    else:
+                        chunks.append(received.new_zeros(received.shape))
+                        chunks[-1][: piece.shape[0]].copy_(piece)
+            dist.scatter(received, chunks, src=0)
+            local.copy_(received[:mine])
+            del chunks, received
+        for name, buffer in buffers:
+            if rank == 0:
+                buffer.copy_(full[name])
+            dist.broadcast(buffer, src=0)
+        self._weights_pending = False
+
+    def _check_weights(self) -> None:
+        if self._weights_pending:
+            raise RuntimeError(
+                "this sharded policy has not received its weights from rank 0 yet: every rank calls "
+                "RankGroup.attach (Policy.share_weights) before using it"
+            )
 
     # --- log-probs --------------------------------------------------------------------
     def token_logprobs(
@@ -382,6 +477,7 @@ class Policy:
         keeps them apart, a sequence whose needed tokens another holds runs once): no compute on
         padding, and the outputs keep the padded layout, so the loss code is unchanged.
         """
+        self._check_weights()
         batch = batch.to(self.device)
         if packed:
             return self._packed_token_logprobs(batch, with_entropy=with_entropy, with_full=with_full)
@@ -463,6 +559,7 @@ class Policy:
         the others to, through `announce`), the shards are gathered, and rank 0 gets the full
         state dict while the other ranks get {}. Only rank 0 pushes weights to the engines.
         """
+        self._check_weights()
         if self.announce is not None:
             self.announce("engine")
         keep = not self.fsdp or _rank() == 0
@@ -508,3 +605,30 @@ def _rank() -> int:
     import torch.distributed as dist
 
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _world_size() -> int:
+    """The torch.distributed group's size (1 without one)."""
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _model_skeleton(model_path: str | Path) -> tuple[Any, Any]:
+    """The model of `model_path` on the meta device (shapes, no memory, weights not read) and its tokenizer,
+    set up as `load_model_and_tokenizer` sets it up: a follower rank's starting point."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(model_path)
+    if not (path / "config.json").exists():
+        raise UserError(
+            f"{path} is not a model directory (no config.json); create one with 'rollhub model init-tiny --out {path}'"
+        )
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.float32)
+    model.eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer

@@ -1,9 +1,9 @@
 """Trainer ranks (rollhub.trainer.ranks) on CPU with gloo: the data-parallel step is the
 single-process step, token balancing, per-layer activation checkpointing.
 
-The 2-rank runs are real processes joined by torch.distributed (gloo), started by
-`launch_local_ranks`, each with an FSDP2-sharded policy; the reference is the plain
-single-process `ppo_update` on the same batch, in the test process.
+The 2-rank runs are real processes joined by torch.distributed (gloo), each with an
+FSDP2-sharded policy and KL reference (rank 1 receives its shards from rank 0); what they
+must equal is the plain single-process `ppo_update` on the same batch, in the test process.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ STEP_SCRIPT = textwrap.dedent(
     def build(_payload):
         policy = Policy(model_dir, device="cpu", micro_batch_size=case["micro"], fsdp=True)
         optimizer = torch.optim.AdamW(list(policy.parameters()), lr=case["lr"])
-        reference = Policy(model_dir, device="cpu", micro_batch_size=case["micro"]) if case["kl"] else None
+        reference = Policy(model_dir, device="cpu", micro_batch_size=case["micro"], fsdp=True) if case["kl"] else None
         return policy, optimizer, reference
 
     if not context.is_leader:
@@ -45,8 +45,8 @@ STEP_SCRIPT = textwrap.dedent(
         torch.distributed.destroy_process_group()  # as rollhub's ranks end: no collective thread left,
         end_follower_process(0)  # and no interpreter teardown of gloo's objects
     policy, optimizer, reference = build(None)
+    group.start({})  # as `build_run` does: the followers build theirs, then every rank attaches
     group.attach(policy, optimizer, reference)
-    group.start({})
     loss = LossConfig(kl_coef=case["kl"], kl_estimator="full", aggregation=case["aggregation"])
     metrics = group.ppo_update(policy, optimizer, make_batch(samples=case.get("samples", 1)), loss,
                                minibatches=case["minibatches"], seed=3,

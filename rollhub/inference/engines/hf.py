@@ -24,16 +24,19 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import inspect
 import itertools
 import logging
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from rollhub.inference.engines.base import Generation, InferenceEngine, SamplingParams
 from rollhub.inference.engines.fast_decoder import FastDecoder, unsupported_reason
@@ -165,6 +168,7 @@ class HFEngine(InferenceEngine):
         self._parameters = list(model.parameters())
         self._weights_seen: list[tuple[int, int]] = []  # (storage, version) per parameter; [] packs at the first step
         self._layer_class = growing_layer_class()
+        self._head32: tuple[tuple[int, int], torch.Tensor, torch.Tensor | None] | None = None  # see _fp32_head
         reason = unsupported_reason(model) if fast_path else "fast_path=False"
         self._decoder = FastDecoder(model) if reason is None else None
         self._slots = self._decoder.new_cache(max_batch_size) if self._decoder is not None else None
@@ -642,15 +646,47 @@ class HFEngine(InferenceEngine):
     ) -> torch.Tensor:
         cache_kwarg = {self._cache_argument: cache}
         device = self.device
-        out = self.model(
-            input_ids=input_ids.to(device),
-            attention_mask=mask.to(device),
-            position_ids=positions.to(device),
-            use_cache=True,
-            logits_to_keep=1,
-            **cache_kwarg,
-        )
+        with self._fp32_head():
+            out = self.model(
+                input_ids=input_ids.to(device),
+                attention_mask=mask.to(device),
+                position_ids=positions.to(device),
+                use_cache=True,
+                logits_to_keep=1,
+                **cache_kwarg,
+            )
         return out.logits[:, -1, :].float().cpu()  # bookkeeping and sampling stay on the CPU
+
+    @contextlib.contextmanager
+    def _fp32_head(self) -> Iterator[None]:
+        """A low-precision model's output head projects in fp32 inside the block, as on the fast path.
+
+        bf16 logits would round every behaviour log-prob the trainer's importance ratios divide by
+        (FastDecoder keeps an fp32 copy of the head for the same reason); the head runs on one
+        position per row, so fp32 costs little. Only the head's own `forward` is swapped, for this
+        forward pass alone: whatever the model does to its logits after the head (scaling,
+        soft-capping) applies to the fp32 ones, and a caller's model is left as it was. The fp32
+        copy is rebuilt when the head's weight changes (a weight update writes it in place).
+        """
+        head = self.model.get_output_embeddings() if hasattr(self.model, "get_output_embeddings") else None
+        if not isinstance(head, torch.nn.Linear) or head.weight.dtype == torch.float32:
+            yield
+            return
+        weight = head.weight
+        key = (weight.data_ptr(), weight._version)
+        if self._head32 is None or self._head32[0] != key:
+            bias = None if head.bias is None else head.bias.float()
+            self._head32 = (key, weight.float(), bias)
+        _, weight32, bias32 = self._head32
+        own = head.__dict__.get("forward")  # an instance-level forward the caller set, put back after
+        head.forward = lambda hidden: F.linear(hidden.float(), weight32, bias32)
+        try:
+            yield
+        finally:
+            if own is None:
+                del head.forward
+            else:
+                head.forward = own
 
     def _prefill(self, requests: list[_Request], version: int) -> None:
         misses, hits = [], []

@@ -2,14 +2,17 @@
 
 Rank 0 runs the whole job (rollhub.trainer.job: rollout, buffer, logging, checkpoints,
 evaluation) exactly as a single process does. The other ranks hold only a shard of the
-policy (FSDP2, `Policy(fsdp=True)`), its optimizer and the reference policy, and wait in
-`RankGroup.serve` for what rank 0 asks of them. Every collective of the job is one command:
+policy (FSDP2, `Policy(fsdp=True)`), its optimizer and a shard of the frozen reference policy,
+and wait in `RankGroup.serve` for what rank 0 asks of them. Only rank 0 reads the checkpoint:
+`attach`, which every rank calls once it has built its still empty shards, hands each rank its
+part of the weights rank 0 read (`Policy.share_weights`). Every collective of the job is one command:
 
   update      rank 0 splits the step's batch across ranks, balanced by tokens, and scatters
               the shards (with the proximal/reference log-probs and the GLOBAL loss
               normaliser of each PPO mini-batch; rollhub.trainer.ranks.sharding); every rank
               runs the same `policy_update`
   prox        the no-grad proximal pass over each rank's shard, gathered back to rank 0
+  ref         the same for the reference policy's log-probs (sampled KL estimators)
   engine      the full state dict for the weight push (`Policy.engine_state_dict`)
   checkpoint  full model and optimizer state on rank 0 (written in the single-process format)
   load        a checkpoint's full state scattered to every rank and sharded again
@@ -159,7 +162,18 @@ class RankGroup:
         return self.context.world_size
 
     def attach(self, policy: Any, optimizer: torch.optim.Optimizer | None, reference: Any = None) -> None:
-        """The shard this rank trains; on rank 0 the policy also announces its collectives through us."""
+        """The shard this rank trains; on rank 0 the policy also announces its collectives through us.
+
+        Collective the first time: every rank attaches its newly built policy and reference (rank 0
+        after `start`, the followers when `start` reaches them), and each receives its shards of
+        the weights rank 0 read. The reference is frozen: no gradient is ever asked of it.
+        """
+        for model in (policy, reference):
+            share = getattr(model, "share_weights", None)
+            if share is not None:
+                share()
+        if reference is not None:
+            reference.model.requires_grad_(False)
         self.policy, self.optimizer, self.reference = policy, optimizer, reference
         if self.context.is_leader:
             policy.announce = self.announce
@@ -230,7 +244,7 @@ class RankGroup:
         if loss_config.kl_coef > 0 and reference is None:
             raise ValueError("loss.kl_coef > 0 needs a reference policy")
         sampled_kl = loss_config.kl_coef > 0 and loss_config.kl_estimator != "full"
-        reference_logprobs = reference.compute_logprobs(batch) if sampled_kl else None  # replicated: local
+        reference_logprobs = self.reference_logprobs(batch) if sampled_kl else None
         prox = proximal_logprobs(plan, batch, self.proximal_logprobs)
         shards = shard_parts(batch, plan, self.world_size, prox=prox, reference=reference_logprobs)
         options = {"max_grad_norm": max_grad_norm, "loss_config": loss_config, "pack_tokens": pack_tokens}
@@ -249,9 +263,21 @@ class RankGroup:
 
     def proximal_logprobs(self, batch: Any) -> torch.Tensor:
         """pi_prox of every row, each rank scoring its token-balanced share."""
+        return self._scored("prox", batch)
+
+    def reference_logprobs(self, batch: Any) -> torch.Tensor:
+        """The reference policy's log-probs of every row (sampled KL), each rank scoring its share."""
+        if self.reference is None:
+            raise ValueError("loss.kl_coef > 0 needs a reference policy (attach one)")
+        return self._scored("ref", batch)
+
+    def _scored(self, command: str, batch: Any) -> torch.Tensor:
+        """No-grad log-probs of every row of `batch` by the policy ("prox") or the reference ("ref"),
+        each rank scoring its token-balanced share (padded to equal row counts), gathered on rank 0."""
         rows, shards = shard_rows(batch, self.world_size)
-        mine = self.announce("prox", shards)
-        gathered = self._gather(self.policy.compute_logprobs(mine))
+        mine = self.announce(command, shards)
+        model = self.policy if command == "prox" else self.reference
+        gathered = self._gather(model.compute_logprobs(mine))
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
         for rank_rows, logp in zip(rows, gathered):
             if rank_rows:
@@ -306,6 +332,8 @@ class RankGroup:
                 )
             elif command == "prox":
                 self._gather(self.policy.compute_logprobs(payload))
+            elif command == "ref":
+                self._gather(self.reference.compute_logprobs(payload))
             elif command == "engine":
                 self.policy.engine_state_dict()
             elif command == "checkpoint":

@@ -63,10 +63,12 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def _build_follower(config: RunConfig, payload: dict[str, Any]) -> tuple[Any, Any, Any]:
-    """A follower's shard: the same policy, optimizer and reference rank 0 builds (rollhub.trainer.build)."""
-    policy = build_policy(sharded_config(config), Path(payload["model_dir"]))
+    """A follower's shards: the same policy, optimizer and reference rank 0 builds (rollhub.trainer.build),
+    empty until `RankGroup.attach` receives their weights from rank 0."""
+    sharded = sharded_config(config)
+    policy = build_policy(sharded, Path(payload["model_dir"]))
     optimizer = build_optimizer(policy, config)
-    reference = build_reference(config, Path(payload["reference_dir"]), policy)
+    reference = build_reference(sharded, Path(payload["reference_dir"]), policy)
     return policy, optimizer, reference
 
 
