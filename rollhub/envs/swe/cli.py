@@ -355,7 +355,7 @@ def _agree(args: argparse.Namespace) -> int:
     def write(rows: list) -> None:
         if args.json_out:
             Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-            verdicts = [dataclasses.asdict(r) for r in rows]
+            verdicts = [{**dataclasses.asdict(r), "agree": r.agree} for r in rows]
             record = {"patches": str(args.patches), "by_source": agreement_by_source(rows), "verdicts": verdicts}
             Path(args.json_out).write_text(json.dumps(record if patches is not None else verdicts, indent=1))
 
