@@ -79,6 +79,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "rollhub.bench.async_real:run",
         "real tiny-model training on real ALFWorld and SWE envs: lockstep vs env-async vs async vs async+redundancy",
     ),
+    "peer-trl": ("rollhub.bench.peer_trl:run", "TRL GRPOTrainer vs ours (sync, async), interleaved: accuracy vs time"),
     "swe": (
         "rollhub.bench.swe:run",
         "SWE-v0 reset/tool/eval latencies; gold and empty patches graded by us and by the official swebench harness",
