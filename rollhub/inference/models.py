@@ -107,10 +107,14 @@ def init_tiny_model(out_dir: str | Path, size: str = "5m", seed: int = 0) -> Pat
     return out
 
 
-def load_model_and_tokenizer(path: str | Path, dtype: Any = None, device: str = "cpu") -> tuple[Any, Any]:
-    """Load an HF checkpoint dir (model in eval mode) and its tokenizer (left padding)."""
+def load_model_and_tokenizer(
+    path: str | Path, dtype: Any = None, device: str = "cpu", *, weights: bool = True
+) -> tuple[Any, Any]:
+    """Load an HF checkpoint dir (model in eval mode) and its tokenizer (left padding).
+    `weights=False` builds the model on the meta device from its config alone (shapes, no
+    memory, no weight file read): a sharded rank's starting point."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     path = Path(path)
     if not (path / "config.json").exists():
@@ -118,7 +122,11 @@ def load_model_and_tokenizer(path: str | Path, dtype: Any = None, device: str = 
             f"{path} is not a model directory (no config.json); create one with 'rollhub model init-tiny --out {path}'"
         )
     dtype = dtype or torch.float32
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    if weights:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    else:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=dtype)
     model.eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"

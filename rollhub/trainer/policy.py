@@ -617,18 +617,6 @@ def _world_size() -> int:
 def _model_skeleton(model_path: str | Path) -> tuple[Any, Any]:
     """The model of `model_path` on the meta device (shapes, no memory, weights not read) and its tokenizer,
     set up as `load_model_and_tokenizer` sets it up: a follower rank's starting point."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from rollhub.inference.models import load_model_and_tokenizer
 
-    path = Path(model_path)
-    if not (path / "config.json").exists():
-        raise UserError(
-            f"{path} is not a model directory (no config.json); create one with 'rollhub model init-tiny --out {path}'"
-        )
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.float32)
-    model.eval()
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return model, tokenizer
+    return load_model_and_tokenizer(model_path, weights=False)
