@@ -340,6 +340,8 @@ class EpisodeRunner:
         if info.get("infra_failure"):
             self._end(TrajectoryStatus.INFRA_FAILED, error=str(info["infra_failure"]))
             return
+        if isinstance(info.get("metrics"), dict):  # the env's own running counts (rollhub.envs.base)
+            self.trajectory.info["env_metrics"] = dict(info["metrics"])
         turn.format_ok = bool(info.get("format_ok", True))
         turn.action_valid = bool(info.get("action_valid", True))
         turn.reward = float(reward) + (self.config.format_penalty if not turn.format_ok else 0.0)

@@ -217,6 +217,29 @@ def check_run_envs(config: RunConfig) -> None:
         train_seeds=config.train_seeds,
     )
     config.eval.env.id, config.eval.env.kwargs = config.eval_env_id, eval_kwargs
+    from rollhub.envs.run_checks import check_env_kwargs, check_env_values, check_eval_disjoint
+
+    for name in config.eval.baselines:  # each reading's env, typed and checked like evaluation's own
+        where = f"eval.baselines.{name}"
+        kwargs = check_env_kwargs(config.eval_env_id, config.baseline_env_kwargs(name), where=where)
+        check_env_values(config.eval_env_id, kwargs, where, evaluation=True)
+        check_eval_disjoint(
+            config.env.id,
+            config.env.kwargs,
+            config.eval_env_id,
+            kwargs,
+            eval_seeds=config.eval.seeds,
+            train_seeds=config.train_seeds,
+        )
+        config.eval.baselines[name] = {key: kwargs[key] for key in config.eval.baselines[name]}
+
+
+def make_baseline_env_factory(config: RunConfig, name: str) -> Callable[[], Any]:
+    """Envs for the held-out reading `eval.baselines.<name>`: evaluation's env with its kwargs over."""
+    from rollhub.envs.registry import make
+
+    env_id, kwargs = config.eval_env_id, config.baseline_env_kwargs(name)
+    return lambda: make(env_id, **kwargs)
 
 
 def build_buffer(config: RunConfig) -> GroupBuffer | None:

@@ -112,6 +112,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         f"{100 * result.well_formed_accuracy:.1f}% of {result.well_formed_episodes}  "
         f"infra failures {result.infra_failures}"
     )
+    if result.tool_call_rate is not None:
+        print(f"tool use: {result.describe()}")
     return 0
 
 

@@ -18,6 +18,7 @@ end (one per group started), so the bound is an upper estimate, see `RunConfig.t
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -278,6 +279,13 @@ class EvalConfig:
     greedy: bool = False
     env: EvalEnvConfig = field(default_factory=EvalEnvConfig)  # default: the training env
     select: SelectConfig = field(default_factory=SelectConfig)  # best checkpoint by validation seeds
+    # named readings of the same held-out seeds with other eval env kwargs, before and after RL
+    # (e.g. {without_tool: {tools: none}}): what part of a gain the changed setting accounts for
+    baselines: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # with engine.backend=server: the trainer's process also plays held-out episodes, in-process on
+    # its own weights, beside the servers. The trainer idles while evaluation runs, so on a CPU
+    # machine its cores would sit unused while one server thread plays every episode.
+    in_trainer: bool = False
 
     def validate(self) -> None:
         self.select.validate()
@@ -292,6 +300,15 @@ class EvalConfig:
         _at_least("eval.every", self.every, 0)
         if not isinstance(self.greedy, bool):
             raise ValueError(f"eval.greedy must be true or false, got {self.greedy!r}")
+        if not isinstance(self.in_trainer, bool):
+            raise ValueError(f"eval.in_trainer must be true or false, got {self.in_trainer!r}")
+        if not isinstance(self.baselines, dict):
+            raise ValueError(f"eval.baselines must map a name to env kwargs, got {self.baselines!r}")
+        for name, kwargs in self.baselines.items():
+            if not (isinstance(name, str) and re.fullmatch(r"[A-Za-z0-9_-]+", name)):
+                raise ValueError(f"eval.baselines: a reading's name must be letters, digits, _ or -, got {name!r}")
+            if not isinstance(kwargs, dict) or not kwargs:
+                raise ValueError(f"eval.baselines.{name} must be a non-empty mapping of env kwargs, got {kwargs!r}")
 
     @property
     def greedy_reading(self) -> bool:
@@ -345,6 +362,13 @@ class RunConfig:
         if not self.run_dir.strip():
             raise ValueError("run_dir must name a folder")
         self._check_seed_ranges()
+        if self.eval.in_trainer and (
+            self.engine.backend != "server" or self.trainer.world_size != 1 or self.cluster.backend != "local"
+        ):
+            raise ValueError(
+                "eval.in_trainer needs engine.backend=server, trainer.world_size=1 and cluster.backend=local "
+                "(an in-process engine already shares the trainer's process; sharded ranks hold no whole model)"
+            )
         from rollhub.trainer.logprob_check import refuse_truncated_sampling_on_sglang
 
         refuse_truncated_sampling_on_sglang(self)  # SGLang's log-probs ignore top-p/top-k
@@ -360,6 +384,10 @@ class RunConfig:
         if self.eval.env.id and self.eval.env.id != self.env.id:
             return dict(self.eval.env.kwargs)
         return {**self.env.kwargs, **self.eval.env.kwargs}
+
+    def baseline_env_kwargs(self, name: str) -> dict[str, Any]:
+        """The env kwargs of reading `eval.baselines.<name>`: its kwargs over evaluation's."""
+        return {**self.eval_env_kwargs, **self.eval.baselines[name]}
 
     @property
     def train_seed_bound(self) -> int:

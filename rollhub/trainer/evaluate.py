@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,10 +36,35 @@ class EvalResult:
     # learning the answer format shows as a falling format_error_rate and a flat well_formed_accuracy
     well_formed_accuracy: float = 0.0
     well_formed_episodes: int = 0
+    # envs with tools: episodes with at least one readable tool call, and with one the env ran
+    # (its `valid_calls` metric); None for an env without tools
+    tool_call_rate: float | None = None
+    valid_call_rate: float | None = None
     trajectories: list[Trajectory] = field(default_factory=list, repr=False)
 
     def metrics(self, prefix: str = "eval/") -> dict[str, float]:
-        return {f"{prefix}{k}": v for k, v in dataclasses.asdict(self).items() if k != "trajectories"}
+        return {f"{prefix}{k}": v for k, v in dataclasses.asdict(self).items() if k != "trajectories" and v is not None}
+
+    def describe(self) -> str:
+        """One line: success, and for a tool env the call rates and mean turns."""
+        text = f"{100 * self.success_rate:.1f}%"
+        if self.tool_call_rate is not None:
+            valid = 0.0 if self.valid_call_rate is None else self.valid_call_rate
+            text += (
+                f" (tool calls in {100 * self.tool_call_rate:.1f}% of episodes, valid calls in "
+                f"{100 * valid:.1f}%, {self.mean_turns:.2f} turns)"
+            )
+        return text
+
+
+def tool_use_rates(trajectories: Sequence[Trajectory]) -> tuple[float | None, float | None]:
+    """(episodes with a readable tool call, episodes with a call the env ran) over `trajectories`;
+    (None, None) where the agent was given no tools (it then never counts calls)."""
+    if not trajectories or not any("tool_calls" in t.info for t in trajectories):
+        return None, None
+    called = sum(t.info.get("tool_calls", 0) > 0 for t in trajectories)
+    ran = sum(t.info.get("env_metrics", {}).get("valid_calls", 0) > 0 for t in trajectories)
+    return called / len(trajectories), ran / len(trajectories)
 
 
 async def evaluate_policy(
@@ -53,8 +79,13 @@ async def evaluate_policy(
     env_id: str = "",
     on_done: Callable[[], None] | None = None,
     samples_per_seed: int = 1,
+    helpers: Sequence[Any] = (),
 ) -> EvalResult:
     """Play `samples_per_seed` episodes per seed (at `temperature`, 0 = greedy) and summarise.
+
+    `helpers`: more engines with the same weights; every engine plays up to `max_concurrent`
+    episodes at once and an engine with a free slot takes the next episode, so a faster engine
+    plays more of them.
 
     At T > 0 one episode per seed is one draw of a Bernoulli per seed: on 100 seeds its
     sampling noise alone is ~4.5 points. Several samples per seed estimate the policy's
@@ -67,32 +98,42 @@ async def evaluate_policy(
 
     config = dataclasses.replace(agent, temperature=temperature)
     segments = ChatSegments(tokenizer)
-    limit = asyncio.Semaphore(max_concurrent)
 
-    async def one(seed: int, sample: int) -> Trajectory:
-        async with limit:
-            env = make_env()
-            # <seed>-<sample>: a server engine keeps the samples of one seed on one replica (prefix cache)
-            name = f"eval-{seed}-{sample}"
-            try:
-                return await run_episode(
-                    env, engine, tokenizer, config, seed, env_id=env_id, trajectory_id=name, segments=segments
-                )
-            except SGLangError as exc:  # the engine servers failed (after the router's re-send): infra
-                failed = Trajectory(env_id=env_id, seed=seed, trajectory_id=name, status=TrajectoryStatus.INFRA_FAILED)
-                failed.infra_error = repr(exc)
-                return failed
-            finally:
-                await env.close()
-                if on_done is not None:
-                    on_done()
+    async def one(player: Any, seed: int, sample: int) -> Trajectory:
+        env = make_env()
+        # <seed>-<sample>: a server engine keeps the samples of one seed on one replica (prefix cache)
+        name = f"eval-{seed}-{sample}"
+        try:
+            return await run_episode(
+                env, player, tokenizer, config, seed, env_id=env_id, trajectory_id=name, segments=segments
+            )
+        except SGLangError as exc:  # the engine servers failed (after the router's re-send): infra
+            failed = Trajectory(env_id=env_id, seed=seed, trajectory_id=name, status=TrajectoryStatus.INFRA_FAILED)
+            failed.infra_error = repr(exc)
+            return failed
+        finally:
+            await env.close()
+            if on_done is not None:
+                on_done()
 
-    trajectories = list(await asyncio.gather(*(one(s, k) for s in seeds for k in range(samples_per_seed))))
+    episodes = [(seed, sample) for seed in seeds for sample in range(samples_per_seed)]
+    engines = [engine, *helpers]
+    slots = max(1, min(max_concurrent, math.ceil(len(episodes) / len(engines))))
+    pending = iter(enumerate(episodes))  # shared: a worker with nothing to do takes the next episode
+    played: list[Trajectory | None] = [None] * len(episodes)
+
+    async def worker(player: Any) -> None:
+        for index, (seed, sample) in pending:
+            played[index] = await one(player, seed, sample)
+
+    await asyncio.gather(*(worker(player) for player in engines for _ in range(slots)))
+    trajectories = [t for t in played if t is not None]
     # the failure rule of rollhub.rollout.types: infra failures say nothing about the policy and are
     # left out of every rate (counted apart); model failures are scored like any other episode
     scored = [t for t in trajectories if t.scored]
     turns = sum(len(t.turns) for t in scored) or 1
     well_formed = [t for t in scored if not t.info.get("format_errors", 0)]
+    tool_call_rate, valid_call_rate = tool_use_rates(scored)
     return EvalResult(
         success_rate=statistics.fmean(t.success for t in scored) if scored else 0.0,
         mean_return=statistics.fmean(t.total_reward for t in scored) if scored else 0.0,
@@ -102,6 +143,8 @@ async def evaluate_policy(
         infra_failures=len(trajectories) - len(scored),
         well_formed_accuracy=statistics.fmean(t.success for t in well_formed) if well_formed else 0.0,
         well_formed_episodes=len(well_formed),
+        tool_call_rate=tool_call_rate,
+        valid_call_rate=valid_call_rate,
         trajectories=trajectories,
     )
 
@@ -126,20 +169,30 @@ async def evaluate_model_dir(config: RunConfig, model_dir: Path) -> EvalResult:
         await engine.close()
 
 
-async def evaluate_held_out(engine: Any, tokenizer: Any, config: RunConfig, *, greedy: bool = False) -> EvalResult:
+async def evaluate_held_out(
+    engine: Any,
+    tokenizer: Any,
+    config: RunConfig,
+    *,
+    greedy: bool = False,
+    baseline: str | None = None,
+    helpers: Sequence[Any] = (),
+) -> EvalResult:
     """A RunConfig's held-out evaluation (`eval.env`, by default its env; agent; `eval:`) with `engine`.
 
-    greedy: one episode per seed at temperature 0 instead of eval.temperature x samples_per_seed."""
-    from rollhub.trainer.build import make_eval_env_factory
+    greedy: one episode per seed at temperature 0 instead of eval.temperature x samples_per_seed.
+    baseline: the same seeds with the env of reading `eval.baselines.<baseline>`."""
+    from rollhub.trainer.build import make_baseline_env_factory, make_eval_env_factory
 
     return await evaluate_policy(
         engine,
         tokenizer,
-        make_eval_env_factory(config),
+        make_eval_env_factory(config) if baseline is None else make_baseline_env_factory(config, baseline),
         config.agent,
         config.eval.seeds,
         temperature=0.0 if greedy else config.eval.temperature,
         max_concurrent=config.env.max_concurrent,
         env_id=config.eval_env_id,
         samples_per_seed=1 if greedy else config.eval.samples_per_seed,
+        helpers=helpers,
     )

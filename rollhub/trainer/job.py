@@ -26,7 +26,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -122,23 +122,35 @@ async def run_training(
             warmstart = await evaluate_warm_start(run, print_fn=print_fn, check=check)
             if selector is not None:  # the warm-start is a candidate too: RL that only hurts hands it back
                 run.metrics_log.log(0, await validate(run, selector, 0, force=True))
-            run.state.final_reserve_s = final_reserve_s(run.phases)
+            run.state.final_reserve_s = final_reserve_s(run.phases, select=selector is not None)
         await reinforce(run, progress=progress, selector=selector)
         # final evaluation on the same held-out seeds (of the policy eval.select picked, if on)
         final, last, selected_step = await finish(run, selector)
         # the engine holds the final policy's weights (the picked one's with eval.select)
         final_greedy = await evaluate(run, "final_greedy", greedy=True) if config.eval.greedy_reading else None
+        final_baselines = await evaluate_baselines(run, "final")
         if last is None:
-            record = {**final.metrics(), **greedy_metrics(final_greedy)}
+            record = {**final.metrics(), **greedy_metrics(final_greedy), **baseline_metrics(final_baselines)}
         else:  # the curve's point at the last step is the last step's policy; the picked one is final/
-            picked = {**final.metrics(prefix="final/"), **greedy_metrics(final_greedy, prefix="final/")}
+            picked = {
+                **final.metrics(prefix="final/"),
+                **greedy_metrics(final_greedy, prefix="final/"),
+                **{f"final/{key[len('eval/') :]}": value for key, value in baseline_metrics(final_baselines).items()},
+            }
             record = {**last.metrics(), **picked, "final/selected_step": selected_step}
         run.metrics_log.log(run.state.version, {**record, "policy/version": run.state.version})
     finally:
         await run.engine.close()
         run.metrics_log.close()
     return report(
-        run, warmstart, final, print_fn=print_fn, last=last, selected_step=selected_step, final_greedy=final_greedy
+        run,
+        warmstart,
+        final,
+        print_fn=print_fn,
+        last=last,
+        selected_step=selected_step,
+        final_greedy=final_greedy,
+        final_baselines=final_baselines,
     )
 
 
@@ -243,14 +255,16 @@ def _progress(enabled: bool):
     )
 
 
-def final_reserve_s(phases: dict[str, float]) -> float:
-    """What the final readings will cost, from the warm-start's: the held-out reading twice (the
-    last step and, with eval.select, the picked one), one validation reading and the greedy one.
-    A trained policy solves rooms in fewer turns than its warm-start, so this errs long."""
+def final_reserve_s(phases: dict[str, float], *, select: bool = True) -> float:
+    """What the final readings will cost, from the warm-start's: the held-out reading (twice with
+    eval.select: the last step and the picked one), one validation reading and the greedy one.
+    The eval.baselines readings are taken again at the end. A trained policy solves rooms in fewer
+    turns than its warm-start, so this errs long."""
     return (
-        2 * phases.get("eval_warmstart_s", 0.0)
+        (2 if select else 1) * phases.get("eval_warmstart_s", 0.0)
         + phases.get("eval_warmstart_greedy_s", 0.0)
         + phases.get("select_s", 0.0)
+        + sum(seconds for key, seconds in phases.items() if key.startswith("eval_baseline_"))
     )
 
 
@@ -266,16 +280,44 @@ def job_deadline(run: Run) -> float | None:
 # --- readings -----------------------------------------------------------------------------
 
 
-async def evaluate(run: Run, label: str, *, greedy: bool = False) -> EvalResult:
+async def evaluate(run: Run, label: str, *, greedy: bool = False, baseline: str | None = None) -> EvalResult:
     """Success on the held-out seeds with the current weights (timed under `eval_{label}_s`);
-    greedy: one episode per seed at T = 0 (eval.greedy)."""
+    greedy: one episode per seed at T = 0 (eval.greedy); baseline: reading eval.baselines.<name>."""
     started = time.perf_counter()
     if run.engine.weight_version != run.state.version:  # cluster.backend=ray pushes to remote engines only
         await run.engine.update_weights(run.policy.engine_state_dict(), run.state.version)
-    result = await evaluate_held_out(run.engine, run.policy.tokenizer, run.config, greedy=greedy)
+    async with trainer_players(run) as helpers:
+        result = await evaluate_held_out(
+            run.engine, run.policy.tokenizer, run.config, greedy=greedy, baseline=baseline, helpers=helpers
+        )
     key = f"eval_{label}_s"
     run.phases[key] = run.phases.get(key, 0.0) + time.perf_counter() - started
     return result
+
+
+@contextlib.asynccontextmanager
+async def trainer_players(run: Run) -> AsyncIterator[list[Any]]:
+    """eval.in_trainer: an in-process engine over the trainer's own model (the weights the servers
+    were just given) for one reading; closed after it, the model back in training mode."""
+    if not run.config.eval.in_trainer:
+        yield []
+        return
+    from rollhub.inference.engines.hf import HFEngine
+
+    model, config = run.policy.model, run.config
+    device = str(next(model.parameters()).device)
+    player = HFEngine(
+        model,
+        run.policy.tokenizer,
+        threads=config.model.threads,
+        max_batch_size=config.engine.max_batch_size,
+        device=device,
+    )
+    try:
+        yield [player]
+    finally:
+        await player.close()
+        model.train()
 
 
 async def validate(run: Run, selector: CheckpointSelector, step: int, *, force: bool = False) -> dict[str, float]:
@@ -296,14 +338,32 @@ async def evaluate_warm_start(
 ) -> EvalResult:
     result = await evaluate(run, "warmstart")
     greedy = await evaluate(run, "warmstart_greedy", greedy=True) if run.config.eval.greedy_reading else None
+    baselines = await evaluate_baselines(run, "warmstart")
     run.state.warmstart_success = result.success_rate
     record = result.metrics(prefix="") | greedy_metrics(greedy, prefix="")
+    record["baselines"] = {name: reading.metrics(prefix="") for name, reading in baselines.items()}
     (run.run_dir / WARMSTART_FILE).write_text(json.dumps(record))
-    run.metrics_log.log(0, {**(check or {}), **result.metrics(), **greedy_metrics(greedy), "policy/version": 0})
-    print_fn(f"warm-start success on {run.config.eval.label}: {100 * result.success_rate:.1f}%")
+    log = {**(check or {}), **result.metrics(), **greedy_metrics(greedy), **baseline_metrics(baselines)}
+    run.metrics_log.log(0, {**log, "policy/version": 0})
+    print_fn(f"warm-start success on {run.config.eval.label}: {result.describe()}")
     if greedy is not None:
         print_fn(f"warm-start success on {run.config.eval.greedy_label}: {100 * greedy.success_rate:.1f}%")
+    for name, reading in baselines.items():
+        print_fn(f"warm-start success on the same seeds, {name} ({baseline_label(run, name)}): {reading.describe()}")
     return result
+
+
+async def evaluate_baselines(run: Run, when: str) -> dict[str, EvalResult]:
+    """The eval.baselines readings with the current weights, each timed under eval_baseline_{name}_{when}_s."""
+    return {name: await evaluate(run, f"baseline_{name}_{when}", baseline=name) for name in run.config.eval.baselines}
+
+
+def baseline_metrics(readings: dict[str, EvalResult]) -> dict[str, float]:
+    return {key: value for name, reading in readings.items() for key, value in reading.metrics(f"eval/{name}/").items()}
+
+
+def baseline_label(run: Run, name: str) -> str:
+    return ", ".join(f"{key}={value}" for key, value in run.config.eval.baselines[name].items())
 
 
 async def finish(run: Run, selector: CheckpointSelector | None) -> tuple[EvalResult, EvalResult | None, int | None]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from rollhub.trainer.evaluate import EvalResult
 from rollhub.trainer.metrics import plot_learning_curve, read_jsonl
 from rollhub.trainer.run import Run
-from rollhub.trainer.run_dir import warmstart_greedy
+from rollhub.trainer.run_dir import warmstart_greedy, warmstart_record
 
 
 @dataclass
@@ -38,9 +38,11 @@ def report(
     last: EvalResult | None = None,
     selected_step: int | None = None,
     final_greedy: EvalResult | None = None,
+    final_baselines: dict[str, EvalResult] | None = None,
 ) -> TrainingSummary:
     """summary.json, the learning curve and the before/after lines."""
     config, state = run.config, run.state
+    warm = warmstart_record(run.run_dir)
     wall = run.wall_s()  # a resumed run counts its earlier processes too
     before = state.warmstart_success if warmstart is None else warmstart.success_rate
     records = read_jsonl(run.run_dir / "metrics.jsonl")
@@ -56,6 +58,12 @@ def report(
         "last_step_success_rate": (last or final).success_rate,
         "warmstart_greedy_success_rate": warmstart_greedy(run.run_dir) if final_greedy is not None else None,
         "final_greedy_success_rate": None if final_greedy is None else final_greedy.success_rate,
+        "warmstart_eval": {k: v for k, v in warm.items() if k != "baselines"},
+        "final_eval": final.metrics(prefix=""),
+        "baselines": {
+            name: {"warmstart": warm.get("baselines", {}).get(name), "final": reading.metrics(prefix="")}
+            for name, reading in (final_baselines or {}).items()
+        },
         "wall_s": wall,
         "phases_s": run.phases,
     }
@@ -68,6 +76,13 @@ def report(
         )
     else:
         print_fn(f"final success: {100 * final.success_rate:.1f}% ({state.version} RL steps, {wall / 60:.1f} min)")
+    if final.tool_call_rate is not None:
+        before_text = "" if warmstart is None else f"warm-start {warmstart.describe()}  ->  "
+        print_fn(f"tool use on {config.eval.label}: {before_text}final {final.describe()}")
+    for name, reading in (final_baselines or {}).items():
+        earlier = warm.get("baselines", {}).get(name)
+        start = "" if earlier is None else f"warm-start {100 * earlier['success_rate']:.1f}%  ->  "
+        print_fn(f"the same seeds, {name}: {start}final {100 * reading.success_rate:.1f}%")
     if final_greedy is not None:
         greedy_before = summary["warmstart_greedy_success_rate"]
         start = "" if greedy_before is None else f"warm-start {100 * greedy_before:.1f}%  ->  "

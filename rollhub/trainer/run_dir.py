@@ -78,10 +78,15 @@ def sft_model_ready(run_dir: Path) -> bool:
     return False
 
 
+def warmstart_record(run_dir: Path) -> dict:
+    """The warm-start's readings, also after a resume (warmstart.json; {} before it is written)."""
+    warm = run_dir / WARMSTART_FILE
+    return json.loads(warm.read_text()) if warm.exists() else {}
+
+
 def warmstart_greedy(run_dir: Path) -> float | None:
     """The warm-start's greedy reading, also after a resume (it lives in warmstart.json)."""
-    warm = run_dir / WARMSTART_FILE
-    return json.loads(warm.read_text()).get("greedy_success_rate") if warm.exists() else None
+    return warmstart_record(run_dir).get("greedy_success_rate")
 
 
 def save(run: Run, state: JobState) -> None:

@@ -10,6 +10,7 @@ import numpy as np
 from rollhub.rollout.buffer import GroupBuffer
 from rollhub.rollout.source import RolloutSource
 from rollhub.rollout.types import Group
+from rollhub.trainer.evaluate import tool_use_rates
 
 
 def batch_reward_metrics(groups: list[Group]) -> dict[str, float]:
@@ -35,6 +36,15 @@ def batch_reward_metrics(groups: list[Group]) -> dict[str, float]:
             **{f"train/model_failures/{reason}": float(count) for reason, count in sorted(reasons.items())},
         }
     )
+    called, ran = tool_use_rates(trajectories)
+    if called is not None:
+        record.update({"train/tool_call_rate": called, "train/valid_call_rate": ran or 0.0})
+    env_values: dict[str, list[float]] = collections.defaultdict(list)
+    for trajectory in trajectories:  # the env's own counts (e.g. a sandbox's start and exec seconds)
+        for key, value in trajectory.info.get("env_metrics", {}).items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                env_values[key].append(float(value))
+    record.update({f"train/env/{key}": float(np.mean(values)) for key, values in sorted(env_values.items())})
     return record
 
 

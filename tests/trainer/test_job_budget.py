@@ -17,6 +17,9 @@ def test_the_reserve_is_the_final_readings_measured_on_the_warm_start():
     # held-out twice (last step, picked step), greedy once, one validation reading; SFT is not in it
     assert final_reserve_s(phases) == pytest.approx(24.0)
     assert final_reserve_s({}) == 0.0
+    # without eval.select the held-out reading is taken once; eval.baselines readings again each
+    assert final_reserve_s({"eval_warmstart_s": 7.0}, select=False) == pytest.approx(7.0)
+    assert final_reserve_s({"eval_warmstart_s": 7.0, "eval_baseline_no_tool_warmstart_s": 3.0}) == pytest.approx(17.0)
 
 
 def test_the_deadline_counts_earlier_processes_and_keeps_the_reserve_free():

@@ -300,3 +300,34 @@ def test_eval_greedy_adds_a_greedy_reading_of_the_warm_start_and_the_final_polic
     # at T = 0 the main reading is already greedy: no second one
     assert not load_config(RunConfig, recipe, ["eval.temperature=0"]).eval.greedy_reading
     assert not load_config(RunConfig, recipe, ["eval.greedy=false"]).eval.greedy_reading
+
+
+def test_eval_baselines_read_the_same_seeds_with_other_env_kwargs_before_and_after(tiny_model_dir, tmp_path, capsys):
+    from rollhub.core.errors import UserError
+
+    env = {"id": "rollhub/MathTool-v0", "kwargs": {"split": "train", "tools": "python", "max_turns": 2}}
+    eval_section = {"episodes": 3, "env": {"kwargs": {"split": "test"}}, "baselines": {"no_tool": {"tools": "none"}}}
+    recipe = _recipe(tmp_path, tiny_model_dir, env=env, eval=eval_section, agent={"max_new_tokens": 8})
+    assert main(["train", str(recipe), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "warm-start success on the same seeds, no_tool (tools=none)" in out
+    assert "the same seeds, no_tool: warm-start" in out and "tool use on 3 held-out seeds" in out
+    run = tmp_path / "run"
+    summary = json.loads((run / "summary.json").read_text())
+    reading = summary["baselines"]["no_tool"]
+    assert set(reading) == {"warmstart", "final"} and reading["final"]["success_rate"] is not None
+    # the main reading had the tool (its call rate is counted), the baseline had none (no call rate)
+    assert "tool_call_rate" in summary["final_eval"] and "tool_call_rate" not in reading["final"]
+    assert "tool_call_rate" in summary["warmstart_eval"] and "tool_call_rate" not in reading["warmstart"]
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert "eval/no_tool/success_rate" in rows[0] and "eval/no_tool/success_rate" in rows[-1]
+    assert "train/tool_call_rate" in rows[1] and "train/env/tool_calls" in rows[1]  # the env's own counts
+    # a baseline's kwargs are checked like evaluation's own, before any model loads
+    with pytest.raises(UserError, match="eval.baselines.no_tool.toolz"):
+        from rollhub.trainer.build import check_run_envs
+
+        check_run_envs(load_config(RunConfig, recipe, ["eval.baselines.no_tool={toolz: none}"]))
+    with pytest.raises(UserError, match="train"):  # a reading on training problems is no held-out reading
+        check_run_envs(load_config(RunConfig, recipe, ["eval.baselines.no_tool={split: train}"]))
+    with pytest.raises(UserError, match="eval.baselines"):
+        load_config(RunConfig, recipe, ["eval.baselines.no_tool={}"])

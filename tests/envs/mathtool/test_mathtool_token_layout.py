@@ -19,6 +19,7 @@ from rollhub.envs.mathtool.env import MathToolEnv
 from rollhub.inference.engines.base import Generation, InferenceEngine, SamplingParams
 from rollhub.rollout.agent import AgentConfig, run_episode
 from rollhub.rollout.types import TrajectoryStatus
+from rollhub.trainer.evaluate import tool_use_rates
 from tests.smollm2_testing import smollm2_tokenizer
 
 CALL = '<tool_call>{"name": "python", "arguments": {"code": "print(6599 * 675)"}}</tool_call>'
@@ -95,6 +96,8 @@ async def test_two_turn_episode_token_layout_is_pinned(tokenizer):
 
     assert trajectory.status == TrajectoryStatus.COMPLETED and trajectory.success
     assert trajectory.info["tool_calls"] == 1 and trajectory.info["tool_call_errors"] == 0
+    assert trajectory.info["env_metrics"]["valid_calls"] == 1  # the env's own count, kept by the agent
+    assert tool_use_rates([trajectory]) == (1.0, 1.0)
     assert [t.reward for t in trajectory.turns] == [0.0, 1.0]
     head = encode(tokenizer, HEAD)
     generation_prompt = encode(tokenizer, "<|im_start|>assistant\n")
@@ -148,6 +151,8 @@ async def test_a_malformed_call_is_a_format_error_the_next_prompt_shows(tokenize
     assert [t.format_ok for t in trajectory.turns] == [False, False, True]
     assert [t.action_valid for t in trajectory.turns] == [False, False, True]
     assert trajectory.info["tool_call_errors"] == 2 and trajectory.info["format_errors"] == 2
+    # neither reply held a readable call of a tool the agent has: no call, and none ran
+    assert tool_use_rates([trajectory]) == (0.0, 0.0)
     second = tokenizer.decode(engine.prompts[1][len(engine.prompts[0]) :])
     third = tokenizer.decode(engine.prompts[2][len(engine.prompts[1]) :])
     assert "Tool call error: tool call is not valid JSON" in second
