@@ -117,9 +117,13 @@ def main() -> None:
         "servers_alive_3s_after_the_kill": len(servers(run_dir)),
     }
     print("kill:", report["kill"], flush=True)
-    resumed = subprocess.Popen([*command, "--resume"], start_new_session=True)
-    watch(resumed, client, trace)
+    resume_log = run_dir / "resume.log"
+    with open(resume_log, "w") as log:
+        resumed = subprocess.Popen([*command, "--resume"], start_new_session=True, stdout=log, stderr=log)
+        watch(resumed, client, trace)
     report["resume_exit_code"] = resumed.returncode
+    text = resume_log.read_text()
+    report["resume_printed"] = [line for line in text.splitlines() if "orphaned" in line or "success" in line]
     time.sleep(2.0)
     report["containers_left_after_the_run"] = containers(client)
     report["servers_left_after_the_run"] = len(servers(run_dir))

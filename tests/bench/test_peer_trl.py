@@ -57,6 +57,19 @@ def test_a_multi_turn_recipe_is_refused(tmp_path, capsys):
     assert "single-turn" in refused(capsys, "--out", str(tmp_path / "out"), "--set", "recipe=configs/sokoban_tiny.yaml")
 
 
+def test_the_tool_recipe_is_refused_for_the_reason_trl_gives(tmp_path, capsys):
+    pytest.importorskip("trl")
+    from trl.chat_template_utils import add_response_schema
+
+    from tests.smollm2_testing import smollm2_tokenizer
+
+    error = refused(capsys, "--out", str(tmp_path / "out"), "--set", "recipe=configs/mathtool_smollm2.yaml")
+    assert "no tool leg" in error and "SmolLM2's template is not one of them" in error
+    # the reason, from TRL itself: its tool loop cannot parse a call in SmolLM2's chat format
+    with pytest.raises(ValueError, match="Unrecognized chat template"):
+        add_response_schema(smollm2_tokenizer())
+
+
 def test_an_unrelated_out_folder_is_never_wiped(tmp_path, capsys):
     pytest.importorskip("trl")
     (tmp_path / "keep.txt").write_text("mine")

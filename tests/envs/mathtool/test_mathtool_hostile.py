@@ -221,3 +221,40 @@ async def test_a_sandbox_episode_answers_like_the_embedded_one(sandbox_pool):
     finally:
         await sandboxed.close()
     assert sandbox_pool.metrics.alive == 0
+
+
+@pytest.mark.docker
+async def test_a_sigkilled_process_leaves_containers_the_next_pool_removes(sandbox_pool, tmp_path):
+    """A training process killed with SIGKILL runs no exit hook: its episode's container stays. The
+    next process that opens the shared pool (a resumed run) removes it before starting its own."""
+    import signal
+    import subprocess
+    import sys
+
+    from rollhub.envs.mathtool.backends import close_shared_pool, shared_pool
+    from rollhub.sandbox.docker_backend import connect
+
+    script = tmp_path / "killed.py"
+    script.write_text(
+        "import asyncio, json, os, signal\n"
+        "from rollhub.envs.mathtool.env import MathToolEnv\n"
+        "async def main():\n"
+        "    env = MathToolEnv(split='test', backend='sandbox')\n"
+        "    await env.reset(seed=0)\n"
+        "    call = json.dumps({'name': 'python', 'arguments': {'code': 'print(6 * 7)'}})\n"
+        "    obs = (await env.step(f'<tool_call>{call}</tool_call>'))[0]\n"
+        "    print(obs[0]['content'], flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "asyncio.run(main())\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240)
+    assert done.returncode == -signal.SIGKILL and done.stdout.strip() == "42", done.stderr[-2000:]
+    client = connect(api_timeout_s=30)
+    label = {"label": "rollhub.role=mathtool"}
+    try:
+        assert client.containers.list(all=True, filters=label), "the killed process left no container"
+        shared_pool()  # what a resumed run's first episode does
+        assert client.containers.list(all=True, filters=label) == []
+        await close_shared_pool()
+    finally:
+        client.api.close()
