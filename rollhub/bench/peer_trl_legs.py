@@ -89,11 +89,11 @@ def run_ours(config: RunConfig) -> dict[str, Any]:
 
 
 def training_prompts(config: RunConfig, count: int) -> tuple[list[list[dict[str, str]]], list[int]]:
-    """The first `count` training problems our rollout draws (seeds env.train_seed_offset, +1, ...), as
+    """The first `count` training problems our rollout draws (seeds config.train_seed_start, +1, ...), as
     the chat messages our agent sends: TRL's unshuffled dataset plays them in the same order."""
     from rollhub.envs.registry import make
 
-    seeds = list(range(config.env.train_seed_offset, config.env.train_seed_offset + count))
+    seeds = list(range(config.train_seed_start, config.train_seed_start + count))
 
     async def opening(seed: int) -> list[dict[str, str]]:
         env = make(config.env.id, **config.env.kwargs)

@@ -174,7 +174,9 @@ def build_engine(config: RunConfig, model_dir: Path) -> InferenceEngine:
             "engine.backend=server and cluster.backend=ray both place engine servers; with Ray the servers are "
             "its actors (cluster.engine, cluster.num_engines): keep engine.backend=inprocess"
         )
-    return build_from_section(config.engine, model_dir, device=model_device(config), run_dir=Path(config.run_dir))
+    return build_from_section(
+        config.engine_config, model_dir, device=model_device(config), run_dir=Path(config.run_dir)
+    )
 
 
 async def start_engine(engine: InferenceEngine) -> None:
@@ -250,9 +252,9 @@ def build_buffer(config: RunConfig) -> GroupBuffer | None:
 
 
 def build_seeds(config: RunConfig) -> SeedSource:
-    """The training seeds, fresh ones from env.train_seed_offset on. `EnvManager` and `RayRollout`
+    """The training seeds, fresh ones from `config.train_seed_start` on. `EnvManager` and `RayRollout`
     alike draw each group's seed from it in the trainer's process (Ray ships the number to a shard)."""
-    return SeedCursor(config.env.train_seed_offset)
+    return SeedCursor(config.train_seed_start)
 
 
 def build_rollout(
@@ -288,7 +290,7 @@ def build_rollout(
             env=config.env,
             rollout=rollout,
             agent=config.agent,
-            engine=config.engine,
+            engine=config.engine_config,
             buffer=buffer,
             seeds=seeds,
             run_dir=run_dir,

@@ -17,6 +17,7 @@ end (one per group started), so the bound is an upper estimate, see `RunConfig.t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
@@ -341,7 +342,9 @@ class RunConfig:
     """Everything one `rollhub train` run needs."""
 
     run_dir: str = "runs/train"  # checkpoints, metrics, trajectories and models of the run
-    seed: int = 0  # the run's seed: torch, numpy and random, a built tiny model's init, mini-batch shuffles
+    # the run's seed: torch, numpy and random, a built tiny model's init, mini-batch shuffles, the
+    # training tasks (`train_seed_start`) and the engine's sampling (`engine_config`)
+    seed: int = 0
     model: ModelConfig = field(default_factory=ModelConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)  # ranks: world_size > 1 = data parallel
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -403,17 +406,29 @@ class RunConfig:
         return self.train.steps * r.groups_per_batch * (1 + math.ceil(r.async_ratio)) + TRAIN_SEED_SLACK
 
     @property
+    def train_seed_start(self) -> int:
+        """The first training seed: env.train_seed_offset + seed x train_seed_bound, so that runs of
+        another `seed` train on other tasks (seed 0 starts at the offset)."""
+        return self.env.train_seed_offset + self.seed * self.train_seed_bound
+
+    @property
     def train_seeds(self) -> range:
-        """The training seeds: env.train_seed_offset onwards, up to `train_seed_bound` of them."""
-        return range(self.env.train_seed_offset, self.env.train_seed_offset + self.train_seed_bound)
+        """The training seeds: `train_seed_start` onwards, up to `train_seed_bound` of them."""
+        return range(self.train_seed_start, self.train_seed_start + self.train_seed_bound)
+
+    @property
+    def engine_config(self) -> EngineConfig:
+        """The engine section as the run builds it: its sampling seed is engine.seed + seed, so that
+        runs of another `seed` draw other samples (seed 0 keeps engine.seed)."""
+        return dataclasses.replace(self.engine, seed=self.engine.seed + self.seed)
 
     def _check_seed_ranges(self) -> None:
         """Refuse overlapping seed ranges: training or SFT on held-out seeds inflates every evaluation."""
         evaluation = ("evaluation seeds (eval.seed_offset + eval.episodes)", self.eval.seed_range)
         sft = ("SFT seeds (sft.seed_offset + sft.episodes)", self.sft.seeds)
         training = (
-            "training seeds (env.train_seed_offset + train.steps x rollout.groups_per_batch x "
-            f"(1 + ceil(rollout.async_ratio)) + {TRAIN_SEED_SLACK})",
+            "training seeds (env.train_seed_offset + seed x their count, train.steps x rollout.groups_per_batch x "
+            f"(1 + ceil(rollout.async_ratio)) + {TRAIN_SEED_SLACK} of them)",
             self.train_seeds,
         )
         pairs = [(training, evaluation), (sft, evaluation)]

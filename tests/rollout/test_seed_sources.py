@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from rollhub.core.config import load_config
 from rollhub.rollout.seed_sources import SeedCursor
 
@@ -33,3 +35,23 @@ def test_build_seeds_starts_at_the_training_offset():
 
     seeds = build_seeds(load_config(RunConfig, None, ["env.train_seed_offset=5"]))
     assert isinstance(seeds, SeedCursor) and next(seeds) == 5
+
+
+def test_the_run_seed_moves_the_training_tasks_and_the_engine_sampling():
+    """Two runs that differ only in `seed` train on disjoint tasks and sample with other seeds;
+    seed 0 keeps env.train_seed_offset and engine.seed as given."""
+    from rollhub.trainer.build import build_seeds
+    from rollhub.trainer.config import RunConfig
+
+    base = ["env.train_seed_offset=5", "engine.seed=7"]
+    zero, one = (load_config(RunConfig, None, [*base, f"seed={seed}"]) for seed in (0, 1))
+    assert next(build_seeds(zero)) == 5 and zero.engine_config.seed == 7
+    assert next(build_seeds(one)) == 5 + one.train_seed_bound and one.engine_config.seed == 8
+    assert set(zero.train_seeds).isdisjoint(one.train_seeds)
+    assert one.engine.seed == 7  # the section itself is untouched (config.json, a resume, re-validation)
+    # a seed whose tasks would reach the held-out seeds is refused, not silently overlapped
+    from rollhub.core.errors import UserError
+
+    onto_held_out = (zero.eval.seed_offset - 5) // zero.train_seed_bound
+    with pytest.raises(UserError, match="training seeds"):
+        load_config(RunConfig, None, [*base, f"seed={onto_held_out}"])

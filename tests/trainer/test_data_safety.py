@@ -314,7 +314,7 @@ def _assert_each_task_logged_once(run: Path, config: RunConfig, steps: int) -> N
     groups = _groups(run)
     seeds = [seed for group in groups.values() for seed in group]
     assert all(len(group) == 1 for group in groups.values())
-    first = config.env.train_seed_offset
+    first = config.train_seed_start
     assert sorted(seeds) == list(range(first, first + steps * config.rollout.groups_per_batch))
 
 

@@ -33,10 +33,12 @@ import pytest
 import torch
 import yaml
 
+from rollhub.core.config import load_config
 from rollhub.trainer.checkpoint import CHECKPOINT_DIR, STATE_FILE, latest_checkpoint, list_checkpoints
+from rollhub.trainer.config import RunConfig
 from rollhub.trainer.metrics import read_jsonl
 
-SEED_OFFSET = 0  # env.train_seed_offset of the recipe
+SEED_OFFSET = 0  # env.train_seed_offset of the recipe (the first seed adds seed x train_seed_bound)
 GROUPS_PER_BATCH = 2
 KEEP_CHECKPOINTS = 2
 #: where a kill aims -> the longest random delay (s) after the attempt gets there: a checkpoint
@@ -179,7 +181,8 @@ def _assert_run_complete(run: Path, steps: int) -> None:
         seeds_by_group.setdefault(line["group_id"], set()).add(line["seed"])
     seeds = sorted(seed for group in seeds_by_group.values() for seed in group)
     assert all(len(group) == 1 for group in seeds_by_group.values())
-    assert seeds == list(range(SEED_OFFSET, SEED_OFFSET + steps * GROUPS_PER_BATCH))  # none lost, none twice
+    first = load_config(RunConfig, run.parent / "recipe.yaml").train_seed_start  # the run's seed moves it
+    assert seeds == list(range(first, first + steps * GROUPS_PER_BATCH))  # none lost, none twice
     versions = [v for line in lines for turn in line["turns"] for v in turn["token_versions"]]
     assert versions and max(versions) < steps  # lockstep: step k trains on samples of version k - 1
 
