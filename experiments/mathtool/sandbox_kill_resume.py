@@ -36,7 +36,8 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def containers(client: Any) -> int:
-    return len(client.containers.list(all=True, filters={"label": LABEL}))
+    """One list call (the high-level list inspects each container, racing their removal)."""
+    return len(client.api.containers(all=True, filters={"label": LABEL}))
 
 
 def servers(run_dir: Path) -> list[int]:
@@ -119,7 +120,8 @@ def main() -> None:
     print("kill:", report["kill"], flush=True)
     resume_log = run_dir / "resume.log"
     with open(resume_log, "w") as log:
-        resumed = subprocess.Popen([*command, "--resume"], start_new_session=True, stdout=log, stderr=log)
+        resume = [sys.executable, "-m", "rollhub", "train", "--resume", str(run_dir), "--no-progress"]
+        resumed = subprocess.Popen(resume, start_new_session=True, stdout=log, stderr=log)
         watch(resumed, client, trace)
     report["resume_exit_code"] = resumed.returncode
     text = resume_log.read_text()
