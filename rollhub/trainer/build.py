@@ -134,6 +134,7 @@ def build_policy(config: RunConfig, model_dir: Path) -> Policy:
         gradient_checkpointing=config.model.gradient_checkpointing,
         fsdp=config.model.fsdp,
         dtype=config.model.dtype,
+        share_prefix=config.optim.share_prefix,
     )
 
 

@@ -130,6 +130,10 @@ class OptimConfig:
     # (position ids restart per sequence, a block-diagonal mask keeps them apart), instead of
     # micro_batch_size right-padded rows; null = padded. Same loss and gradient (rollhub.trainer.packing)
     pack_tokens: int | None = None
+    # the opening every sequence of a batch shares (system prompt, tool schema, example) runs once per
+    # step and the micro-batches read its keys and values (rollhub.trainer.prefix_kv): same gradient;
+    # padded micro-batches on one process only (packing and sharded ranks run every row whole)
+    share_prefix: bool = False
 
     def validate(self) -> None:
         if self.pack_tokens is not None:
@@ -371,6 +375,12 @@ class RunConfig:
             raise ValueError(
                 "eval.in_trainer needs engine.backend=server, trainer.world_size=1 and cluster.backend=local "
                 "(an in-process engine already shares the trainer's process; sharded ranks hold no whole model)"
+            )
+        if self.optim.share_prefix and (self.optim.pack_tokens is not None or self.model.gradient_checkpointing):
+            raise ValueError(
+                "optim.share_prefix runs padded micro-batches without activation checkpointing: unset "
+                "optim.pack_tokens (packing already runs a prompt shared by whole rows once) or "
+                "model.gradient_checkpointing"
             )
         from rollhub.trainer.logprob_check import refuse_truncated_sampling_on_sglang
 

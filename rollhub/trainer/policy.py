@@ -32,12 +32,15 @@ import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
 from rollhub.core.errors import UserError
+
+if TYPE_CHECKING:
+    from rollhub.trainer.prefix_kv import PrefixKV
 
 logger = logging.getLogger(__name__)
 
@@ -209,6 +212,7 @@ class Policy:
         gradient_checkpointing: bool = False,
         fsdp: bool = False,
         dtype: str | None = None,
+        share_prefix: bool = False,
     ):
         from rollhub.inference.models import load_model_and_tokenizer
 
@@ -238,6 +242,9 @@ class Policy:
         self.micro_batch_size = micro_batch_size
         self.model_path = Path(model_path)
         self.fsdp = False
+        # a batch's common opening runs once per step (rollhub.trainer.prefix_kv); a checkpointed
+        # layer would replay its cache update in the backward pass, so the two do not combine
+        self.share_prefix = share_prefix and not gradient_checkpointing
         # rank 0 of a trainer group sets this (RankGroup.attach): it tells the other ranks
         # which collective comes next before this rank enters it
         self.announce: Any = None
@@ -462,8 +469,27 @@ class Policy:
             )
 
     # --- log-probs --------------------------------------------------------------------
+    def prefix_kv(self, batch: TokenBatch) -> PrefixKV | None:
+        """The opening every row of `batch` shares, run once (with gradient if enabled by the caller),
+        for `token_logprobs(prefix=...)`; None where it would not pay or the model runs otherwise
+        (sharded ranks, a head the split path does not reproduce, a short common opening)."""
+        from rollhub.trainer.prefix_kv import MIN_SHARED_TOKENS, PrefixKV, shared_length
+
+        if not self.share_prefix or self.fsdp or not self._split_head:
+            return None
+        length = shared_length(batch.input_ids, batch.attention_mask, batch.response_mask)
+        if length < MIN_SHARED_TOKENS:
+            return None
+        return PrefixKV.compute(self.model.get_decoder(), batch.input_ids.to(self.device), length)
+
     def token_logprobs(
-        self, batch: TokenBatch, *, with_entropy: bool = False, with_full: bool = False, packed: bool = False
+        self,
+        batch: TokenBatch,
+        *,
+        with_entropy: bool = False,
+        with_full: bool = False,
+        packed: bool = False,
+        prefix: PrefixKV | None = None,
     ) -> tuple[torch.Tensor, ...]:
         """Log-probs (with gradient if enabled by the caller) of every response token of `batch`.
 
@@ -476,9 +502,18 @@ class Policy:
         as long as the longest, position ids restart per sequence, a block-diagonal causal mask
         keeps them apart, a sequence whose needed tokens another holds runs once): no compute on
         padding, and the outputs keep the padded layout, so the loss code is unchanged.
+        With `prefix` (`prefix_kv` of a batch whose rows these are), the rows run from the end of
+        their shared opening on, reading its keys and values; the outputs are the same.
         """
         self._check_weights()
         batch = batch.to(self.device)
+        if prefix is not None:
+            rows, cols = response_positions(batch)
+            decoder = self.model.get_decoder()
+            hidden = decoder(**prefix.inputs(batch.input_ids, batch.attention_mask)).last_hidden_state
+            head = self.model.get_output_embeddings()
+            logits = self._project(head, hidden[rows, cols - prefix.length]) / self.temperature
+            return _scattered(batch, logits, rows, cols, with_entropy=with_entropy, with_full=with_full)
         if packed:
             return self._packed_token_logprobs(batch, with_entropy=with_entropy, with_full=with_full)
         if not self._split_head:
@@ -545,9 +580,10 @@ class Policy:
                 out[torch.as_tensor(group), : logp.shape[1]] = logp.float().cpu()
             return out
         rows = []
+        prefix = self.prefix_kv(batch)
         for start in range(0, len(batch), self.micro_batch_size):
             part = batch.slice(start, min(start + self.micro_batch_size, len(batch)))
-            logp, _ = self.token_logprobs(part)
+            logp, _ = self.token_logprobs(part, prefix=prefix)
             rows.append(F.pad(logp.float().cpu(), (0, width - logp.shape[1]), value=0.0))
         return torch.cat(rows, dim=0)
 

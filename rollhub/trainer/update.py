@@ -103,6 +103,9 @@ def policy_update(
         else micro_batch_rows(sequence_lengths(batch.attention_mask), pack_tokens, policy.micro_batch_size)
     )
     clock = PhaseClock(policy.device)
+    # the opening every row shares runs once for all micro-batches (rollhub.trainer.prefix_kv)
+    prefix = None if packed else policy.prefix_kv(batch)
+    clock.lap(split, "split/forward_s")
     for group in plan:
         if packed:
             index: slice | torch.Tensor = torch.as_tensor(group, dtype=torch.long)
@@ -118,11 +121,13 @@ def policy_update(
             with torch.no_grad():
                 reference_full = reference.token_logprobs(part, with_full=True, packed=packed)[2]
             clock.lap(split, "split/reference_s")
-            logp, entropy, full = policy.token_logprobs(part, with_entropy=with_entropy, with_full=True, packed=packed)
+            logp, entropy, full = policy.token_logprobs(
+                part, with_entropy=with_entropy, with_full=True, packed=packed, prefix=prefix
+            )
             rows, cols = response_positions(part)
             kl_tokens = torch.zeros_like(logp).index_put((rows, cols + 1), full_kl(full, reference_full))
         else:
-            logp, entropy = policy.token_logprobs(part, with_entropy=with_entropy, packed=packed)
+            logp, entropy = policy.token_logprobs(part, with_entropy=with_entropy, packed=packed, prefix=prefix)
         clock.lap(split, "split/forward_s")
         prox = logp.detach() if prox_logprobs is None else prox_logprobs[index, :width].to(policy.device)
         if logprobs_out is not None:
@@ -149,6 +154,9 @@ def policy_update(
             weighted[key] = weighted.get(key, 0.0) + value * tokens
             weights[key] = weights.get(key, 0.0) + tokens
     clock.restart()
+    if prefix is not None:
+        prefix.backward()
+        clock.lap(split, "split/backward_s")
     grad_norm = _clip_and_norm(policy.parameters(), max_grad_norm)
     skipped = _step_if_finite(optimizer, total_loss, grad_norm, policy.device)
     clock.lap(split, "split/optimizer_s")

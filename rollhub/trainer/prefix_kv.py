@@ -1,0 +1,101 @@
+"""The tokens every row of a batch starts with, run once; every micro-batch reads their keys and values.
+
+Agent episodes repeat a long opening (system prompt, tool schema, a worked example) before
+anything that differs: on MathTool with SmolLM2 ~330 of an episode's ~500 tokens. A padded
+micro-batch forwards and backwards that opening once per row. Here the opening runs once per
+training step (`PrefixKV.compute`): its per-layer keys and values are detached into leaves that
+each micro-batch's cache reads (expanded over its rows, no copy); the micro-batches' backward
+passes gather the gradient of the loss with respect to those leaves, and `backward` sends the
+sum through the opening's own graph once. The gradient is the full one, up to float rounding
+(`tests/trainer/test_prefix_kv.py` compares it with the padded path's).
+
+Only tokens before every row's first predicted response token are shared: the opening's hidden
+states are never projected, so it needs no head and no row-specific output.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+#: shorter common openings run with the rows: below this the extra forward call costs more than it saves
+MIN_SHARED_TOKENS = 16
+
+
+def shared_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor) -> int:
+    """How many leading tokens every row holds alike and none of them needs a prediction from.
+
+    Token t is predicted at position t - 1, so the shared span stops one before the earliest
+    response token; it also leaves every row at least one token of its own to run.
+    """
+    if input_ids.shape[0] < 2:
+        return 0
+    same = (input_ids == input_ids[:1]).all(0)
+    common = int(same.long().cumprod(0).sum())
+    lengths = attention_mask.sum(-1)
+    responding = response_mask.gt(0)
+    if bool(responding.any()):
+        first = int(torch.where(responding.any(-1), responding.float().argmax(-1), lengths).min())
+    else:
+        first = int(lengths.min())
+    return max(0, min(common, first - 1, int(lengths.min()) - 1))
+
+
+def _cache_argument(decoder: Any) -> str:
+    """The name a transformers decoder's forward takes its cache under (renamed within 5.x)."""
+    parameters = inspect.signature(decoder.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+@dataclass
+class PrefixKV:
+    """One run of a batch's shared opening (see the module docstring)."""
+
+    length: int
+    computed: list[torch.Tensor]  # keys and values per layer as the opening's forward made them
+    leaves: list[torch.Tensor]  # the same values, detached: the micro-batches' caches read these
+    cache_argument: str
+
+    @classmethod
+    def compute(cls, decoder: Any, input_ids: torch.Tensor, length: int) -> PrefixKV:
+        """Run `input_ids[0, :length]` through `decoder` (with gradient if enabled by the caller)."""
+        from transformers import DynamicCache
+
+        name = _cache_argument(decoder)
+        out = decoder(
+            input_ids=input_ids[:1, :length],
+            attention_mask=torch.ones((1, length), dtype=torch.long, device=input_ids.device),
+            use_cache=True,
+            **{name: DynamicCache()},
+        )
+        cache = getattr(out, "cache", None) or out.past_key_values
+        computed = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+        leaves = [t.detach().requires_grad_(t.requires_grad) for t in computed]
+        return cls(length, computed, leaves, name)
+
+    def inputs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, Any]:
+        """Decoder keyword arguments for right-padded rows that start with the opening: their own
+        tokens only, at their true positions, with a cache over the shared keys and values."""
+        from transformers import DynamicCache
+
+        rows, width = input_ids.shape
+        expanded = [t.expand(rows, -1, -1, -1) for t in self.leaves]
+        cache = DynamicCache(list(zip(expanded[0::2], expanded[1::2])))
+        positions = torch.arange(self.length, width, device=input_ids.device).expand(rows, -1)
+        return {
+            "input_ids": input_ids[:, self.length :],
+            "attention_mask": attention_mask,
+            "position_ids": positions,
+            "use_cache": True,
+            self.cache_argument: cache,
+        }
+
+    def backward(self) -> None:
+        """Send the gradient the micro-batches left on the leaves through the opening's graph."""
+        pairs = [(c, leaf.grad) for c, leaf in zip(self.computed, self.leaves) if leaf.grad is not None]
+        if pairs:
+            torch.autograd.backward([c for c, _ in pairs], [g for _, g in pairs])
+        self.computed, self.leaves = [], []
