@@ -46,6 +46,7 @@ class PolicyLearner:
         self.failed_batches = 0  # consecutive batches in which every trajectory failed (not checkpointed)
         self.empty_batches = 0  # batches with nothing to train on, since this process started
         self.first_format_errors: float | None = None  # the collapse warning's baseline
+        self.had_signal = False  # a group of an earlier step scored unalike: the policy can do the task
 
     async def step(self, groups: list[Group], version: int) -> dict[str, Any]:
         """Raises RolloutFailureError when every trajectory failed in rollout.max_failed_batches
@@ -104,9 +105,15 @@ class PolicyLearner:
         }
         if self.first_format_errors is None and "train/format_error_rate" in record:
             self.first_format_errors = record["train/format_error_rate"]
-        warning = collapse_warning(record, trained=bool(step_metrics), start_format_errors=self.first_format_errors)
+        warning = collapse_warning(
+            record,
+            trained=bool(step_metrics),
+            start_format_errors=self.first_format_errors,
+            had_signal=self.had_signal,
+        )
         if warning:
             logger.warning("step %d: %s", version + 1, warning)
+        self.had_signal = self.had_signal or stats.zero_advantage_groups < stats.groups
         return record
 
     async def weights(self) -> dict[str, torch.Tensor]:
@@ -146,26 +153,33 @@ def failed_batches_error(groups: list[Group], failed: int, config: RunConfig) ->
 
 
 def collapse_warning(
-    record: dict[str, Any], *, trained: bool = True, start_format_errors: float | None = None
+    record: dict[str, Any],
+    *,
+    trained: bool = True,
+    start_format_errors: float | None = None,
+    had_signal: bool = False,
 ) -> str | None:
     """A hint when a step's batch can no longer teach anything: every group scored alike.
 
     A policy that collapsed into format errors earns all-zero rewards, hence all-zero
     advantages, and never recovers on its own; say so instead of training on silently.
     `start_format_errors` is the rate of the process's first RL step: a policy that made as
-    many format errors from the start has not collapsed (it was never taught the format).
+    many format errors from the start has not collapsed (it was never taught the format), unless
+    `had_signal`: an earlier step of the process had a group that scored unalike, so the policy
+    has succeeded in that format, and a batch of hard tasks all failed is no sign it cannot.
     """
     groups = record.get("batch/groups") or 0
     if not groups or record.get("batch/zero_advantage_groups", 0) < groups:
         return None
     format_errors = record.get("train/format_error_rate", 0.0)
-    if format_errors >= 0.5 and start_format_errors is not None and format_errors < start_format_errors + 0.25:
+    never_learnt = start_format_errors is not None and format_errors < start_format_errors + 0.25
+    if format_errors >= 0.5 and never_learnt and not had_signal:
         return (
             f"every group has zero advantage and {format_errors:.0%} of turns are format errors, as from the "
             f"first step ({start_format_errors:.0%}): the policy does not know the answer format; warm-start it "
             "(sft.enabled) or show the format in the prompt"
         )
-    if format_errors >= 0.5:
+    if format_errors >= 0.5 and not never_learnt:
         return (
             f"every group has zero advantage and {format_errors:.0%} of turns are format errors: the policy has "
             "collapsed; resume from an earlier checkpoint with a lower optim.lr, or add loss.kl_coef"

@@ -264,6 +264,13 @@ def test_collapse_warning_names_the_cause():
     never_taught = collapse_warning(collapsed, start_format_errors=0.9)
     assert "collapsed" not in never_taught and "does not know the answer format" in never_taught
     assert "collapsed" in collapse_warning(collapsed, start_format_errors=0.1)
+    # as many format errors as at the start, but earlier steps had groups that scored unalike: a batch
+    # of hard tasks all failed, not a policy that cannot write the format (MathTool: ~50% of turns)
+    hard_batch = {"batch/groups": 4, "batch/zero_advantage_groups": 4, "train/format_error_rate": 0.5}
+    assert "does not know" in collapse_warning(hard_batch, start_format_errors=0.54)
+    assert collapse_warning(hard_batch, trained=False, start_format_errors=0.54, had_signal=True) is None
+    assert "taught nothing" in collapse_warning(hard_batch, start_format_errors=0.54, had_signal=True)
+    assert "collapsed" in collapse_warning(collapsed, start_format_errors=0.1, had_signal=True)
 
 
 def test_eval_samples_per_seed_plays_every_seed_that_many_times(tiny_model_dir, tmp_path, capsys):
