@@ -42,6 +42,7 @@ QUICK_TRAIN = [
 #: commands (by their first words) that run for minutes, or need what a test machine may lack;
 #: they are parsed and their recipes loaded like every other command, and the slow ones run under -m slow
 SLOW_ALONE = {
+    "rollhub train configs/mathtool_smollm2.yaml": "the main job: fetches SmolLM2's wheel, then 30 minutes",
     "rollhub bench envs": "every registered env's reset and step latency: about a minute on 2 cores",
     "rollhub train configs/sokoban_tiny.yaml --set engine.backend=server": "starts two `rollhub serve` processes",
     "rollhub train configs/sokoban_tiny.yaml --set trainer.world_size=2": "starts a second trainer rank",
@@ -97,7 +98,8 @@ def _listed(command: str, table: dict[str, str]) -> bool:
 
 def test_the_readme_shows_commands_and_the_parser_finds_them():
     commands = readme_commands()
-    assert "rollhub train configs/sokoban_tiny.yaml" in commands  # the main job
+    assert "rollhub train configs/mathtool_smollm2.yaml" in commands  # the main job
+    assert "rollhub train configs/sokoban_tiny.yaml" in commands  # the smoke job
     assert any(c.startswith("rollhub config show") for c in commands)
     example = "```bash\nrollhub envs try X \\\n  --seed 3  # note\npip install . && rollhub envs list\n```\n"
     assert readme_commands(example) == ["rollhub envs try X --seed 3", "rollhub envs list"]

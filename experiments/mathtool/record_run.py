@@ -55,9 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\S+)", log)
     rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", log)
     rows = [json.loads(line) for line in (args.run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    steps = [
-        {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items() if k in STEP_KEYS} for row in rows
-    ]
+    steps = [{k: round(v, 4) if isinstance(v, float) else v for k, v in row.items() if k in STEP_KEYS} for row in rows]
     record = {
         "what": args.what,
         "command": args.command,
