@@ -153,13 +153,19 @@ LOSSES = {
 }
 
 
+def shifted_reference(model_dir) -> Policy:
+    """A reference policy that differs from the policy a little, so a KL term has a gradient."""
+    reference = Policy(model_dir, device="cpu", micro_batch_size=3)
+    with torch.no_grad():
+        for p in reference.model.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    return reference
+
+
 @pytest.mark.parametrize("name", sorted(LOSSES))
 def test_packed_update_gives_the_padded_gradient(tiny_model_dir, batch, name):
     loss_config = LOSSES[name]
-    reference = Policy(tiny_model_dir, device="cpu", micro_batch_size=3)
-    with torch.no_grad():  # a reference that differs from the policy, so the KL has a gradient
-        for p in reference.model.parameters():
-            p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    reference = shifted_reference(tiny_model_dir)
     grads, results = [], []
     for pack_tokens in (None, 1000):
         policy = Policy(tiny_model_dir, device="cpu", micro_batch_size=2)

@@ -9,7 +9,7 @@ from rollhub.trainer.losses import LossConfig
 from rollhub.trainer.policy import Policy, TokenBatch
 from rollhub.trainer.prefix_kv import MIN_SHARED_TOKENS, shared_length
 from rollhub.trainer.update import policy_update, ppo_update
-from tests.trainer.test_packing import LOSSES, sokoban_batch
+from tests.trainer.test_packing import LOSSES, shifted_reference, sokoban_batch
 
 
 @pytest.fixture(scope="module")
@@ -72,10 +72,7 @@ def test_logprobs_and_entropy_read_from_the_shared_opening_match_the_padded_forw
 @pytest.mark.parametrize("name", sorted(LOSSES))
 def test_the_update_gives_the_padded_gradient_with_the_opening_run_once(tiny_model_dir, batch, name):
     loss_config = LOSSES[name]
-    reference = Policy(tiny_model_dir, device="cpu", micro_batch_size=3)
-    with torch.no_grad():  # a reference that differs from the policy, so the KL has a gradient
-        for p in reference.model.parameters():
-            p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    reference = shifted_reference(tiny_model_dir)
     grads, results, forwards = [], [], []
     for share in (False, True):
         policy = Policy(tiny_model_dir, device="cpu", micro_batch_size=2, share_prefix=share)
