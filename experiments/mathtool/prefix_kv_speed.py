@@ -27,23 +27,14 @@ MODEL = "runs/models/smollm2-135m-instruct"
 
 
 def load_batch(path: Path, pad_token_id: int) -> Any:
-    from rollhub.rollout.types import Trajectory, Turn
+    """The episodes' merged sequences, right-padded, with advantage +1 / -1 by episode."""
+    from rollhub.rollout.trajectory_log import read_trajectories
     from rollhub.trainer.policy import collate
 
     sequences, advantages = [], []
-    for number, line in enumerate(path.read_text().splitlines()):
-        record = json.loads(line)
-        turns = [
-            Turn(
-                prompt_ids=t["prompt_ids"],
-                response_ids=t["response_ids"],
-                behaviour_logprobs=t["behaviour_logprobs"],
-                token_versions=t["token_versions"],
-            )
-            for t in record["turns"]
-        ]
-        for sequence in Trajectory(env_id=record["env_id"], seed=record["seed"], turns=turns).packed_sequences():
-            sign = 1.0 if number % 2 else -1.0
+    for number, trajectory in enumerate(read_trajectories(path)):
+        sign = 1.0 if number % 2 else -1.0
+        for sequence in trajectory.packed_sequences():
             sequences.append(sequence)
             advantages.append([sign * m for m in sequence.response_mask])
     return collate(sequences, advantages, pad_token_id)

@@ -507,12 +507,10 @@ class Policy:
         """
         self._check_weights()
         batch = batch.to(self.device)
-        if prefix is not None:
+        if prefix is not None:  # `prefix_kv` gives one only where the split path runs
             rows, cols = response_positions(batch)
-            decoder = self.model.get_decoder()
-            hidden = decoder(**prefix.inputs(batch.input_ids, batch.attention_mask)).last_hidden_state
-            head = self.model.get_output_embeddings()
-            logits = self._project(head, hidden[rows, cols - prefix.length]) / self.temperature
+            inputs = prefix.inputs(batch.input_ids, batch.attention_mask)
+            logits = getattr(self.model, _SELECTED_LOGITS)(inputs, (rows, cols - prefix.length)) / self.temperature
             return _scattered(batch, logits, rows, cols, with_entropy=with_entropy, with_full=with_full)
         if packed:
             return self._packed_token_logprobs(batch, with_entropy=with_entropy, with_full=with_full)
