@@ -102,9 +102,14 @@ class TrainerConfig:
     # Ray actor group: resources of each rank's bundle (one rank per GPU on GPU nodes: ray_num_gpus 1)
     ray_num_cpus: float = 1.0
     ray_num_gpus: float = 0.0  # GPUs of each rank's bundle
+    # memory of each trainer GPU for the plan `rollhub train` prints and enforces before a GPU run
+    # (rollhub.trainer.memory_plan); null = read from the card, or an 80 GB card where none is present
+    gpu_memory_gib: float | None = None
 
     def validate(self) -> None:
         _at_least("trainer.world_size", self.world_size, 1)
+        if self.gpu_memory_gib is not None:
+            _positive("trainer.gpu_memory_gib", self.gpu_memory_gib)
         _positive("trainer.collective_timeout_s", self.collective_timeout_s)
         _at_least("trainer.ray_num_cpus", self.ray_num_cpus, 0)
         _at_least("trainer.ray_num_gpus", self.ray_num_gpus, 0)

@@ -47,6 +47,7 @@ from rollhub.trainer.config import RunConfig
 from rollhub.trainer.evaluate import EvalResult, evaluate_held_out
 from rollhub.trainer.learner import PolicyLearner
 from rollhub.trainer.logprob_check import version0_check
+from rollhub.trainer.memory_plan import check_run_memory
 from rollhub.trainer.ranks.group import RankGroup
 from rollhub.trainer.report import TrainingSummary, greedy_metrics, report
 from rollhub.trainer.rl_loop import AfterStep, LoopState, rl_loop
@@ -81,6 +82,7 @@ async def run_training(
         from rollhub.rollout.cluster.backend import import_ray
 
         import_ray()
+    check_run_memory(config, print_fn=print_fn)  # a GPU run that cannot fit stops here, with the knobs named
     checkpoint = open_run_dir(config, resume=resume)
     run_dir = Path(config.run_dir)
     seed_everything(config.seed)
