@@ -9,7 +9,9 @@ batch, `return_logprob`, `meta_info.output_token_logprobs` as [logprob, id, null
 `/get_model_info`, `/get_weight_version`, `/update_weight_version`, `/health`,
 `/health_generate`, `/v1/loads`, and the collective weight path `/init_weights_update_group`,
 `/update_weights_from_distributed`, `/destroy_weights_update_group` (gloo on CPU, NCCL on a
-GPU engine; the trainer side is rollhub/inference/weight_sync.py). Streaming is not supported (400).
+GPU engine; the trainer side is rollhub/inference/weight_sync.py), inside a weight-update session
+(`/begin_weight_update` ... `/end_weight_update`) as SGLang's current release requires, so a client
+that forgets the session fails here as it would on a GPU. Streaming is not supported (400).
 
 Weight updates under hostile input: a distributed update is checked name by name against the
 served model (known names, exact shapes, float dtypes, no duplicates) before a single byte is
@@ -119,6 +121,7 @@ class WeightReceiver:
         self.group: UpdateGroup | None = None
         self.group_name: str | None = None
         self.busy: str | None = None  # what is running, for the refusal message
+        self.session_open = False  # between /begin_weight_update and /end_weight_update
         self.specs = {name: (tuple(t.shape), t.dtype) for name, t in engine.model.state_dict().items()}
 
     def claim(self, what: str) -> None:
@@ -551,6 +554,12 @@ async def handle_update_weights_from_distributed(request: web.Request) -> web.Re
         raise RequestError("no weight update group: call /init_weights_update_group first")
     if name != receiver.group_name:
         raise RequestError(f"group_name {_show(name)} is not this server's group '{receiver.group_name}'")
+    if not receiver.session_open:  # SGLang refuses it without receiving; dropping the group fails rank 0 fast
+        receiver.drop_group()
+        return _failed(
+            "update_weights_from_distributed must run between begin_weight_update() and end_weight_update() "
+            "(the weight update group was dropped)"
+        )
     receiver.claim("update_weights_from_distributed")
     try:
         names, dtypes, shapes = _tensor_specs(body, receiver)
@@ -588,6 +597,30 @@ async def handle_update_weights_from_distributed(request: web.Request) -> web.Re
     finally:
         receiver.busy = None
     return web.json_response({"success": True, "message": f"updated {len(names)} tensors to version {version}"})
+
+
+async def handle_begin_weight_update(request: web.Request) -> web.Response:
+    """Open the weight-update session distributed updates must run in (SGLang's rule and messages)."""
+    receiver = request.app[WEIGHTS_KEY]
+    body = await _json_or_empty(request)
+    selector = body.get("selector", "all")
+    if selector not in ("target", "draft", "all"):
+        raise RequestError(f"selector must be 'target', 'draft' or 'all', got {_show(selector)}")
+    if receiver.session_open:
+        return _failed("a weight-update session is already open; call end_weight_update() first")
+    receiver.session_open = True
+    return web.json_response({"success": True, "message": "Success"})
+
+
+async def handle_end_weight_update(request: web.Request) -> web.Response:
+    receiver = request.app[WEIGHTS_KEY]
+    await _json_or_empty(request)
+    if receiver.busy is not None:
+        raise RequestError(f"refused: a weight operation is running ({receiver.busy})")
+    if not receiver.session_open:
+        return _failed("no weight-update session is open; call begin_weight_update() first")
+    receiver.session_open = False
+    return web.json_response({"success": True, "message": "Success"})
 
 
 async def handle_destroy_weights_update_group(request: web.Request) -> web.Response:
@@ -877,6 +910,8 @@ def build_app(
     app.router.add_post("/init_weights_update_group", handle_init_weights_update_group)
     app.router.add_post("/update_weights_from_distributed", handle_update_weights_from_distributed)
     app.router.add_post("/destroy_weights_update_group", handle_destroy_weights_update_group)
+    app.router.add_post("/begin_weight_update", handle_begin_weight_update)
+    app.router.add_post("/end_weight_update", handle_end_weight_update)
     app.router.add_route("*", "/flush_cache", handle_flush_cache)
     app.router.add_get("/get_model_info", handle_model_info)
     app.router.add_get("/get_weight_version", handle_weight_version)

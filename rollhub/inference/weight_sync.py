@@ -508,7 +508,9 @@ class DistributedWeightSync:
     broadcast per tensor). `dtype` (the serving dtype, e.g. "bfloat16") casts every floating
     tensor before it is sent: the server casts on load anyway, and bf16 halves the bytes.
     Only the last bucket asks the server to flush its cache; every bucket carries the same
-    version, so a server's label never runs ahead of the push.
+    version, so a server's label never runs ahead of the push. The buckets are sent inside a
+    weight-update session (`/begin_weight_update` ... `/end_weight_update`) on releases that have
+    one (SGLang 0.5.23 refuses them outside it), closed on a failed push too.
     """
 
     master_address: str = "127.0.0.1"
@@ -622,7 +624,9 @@ class DistributedWeightSync:
         sending: asyncio.Future | None = None
         flattened = self.load_format == FLATTENED_BUCKET
         buckets = _buckets(tensors, self.bucket_bytes)
+        in_session: list[SGLangEngine] = []
         try:
+            in_session = await self._open_sessions(clients)
             for index, names in enumerate(buckets):
                 bucket = [tensors[name] for name in names]
                 total_bytes += sum(t.numel() * t.element_size() for t in bucket)
@@ -658,7 +662,9 @@ class DistributedWeightSync:
                     )
         except BaseException:
             await self._drop_group(clients, pending=sending)
+            await self._close_sessions(in_session, quiet=True)
             raise
+        await self._close_sessions(in_session)
         for client in clients:
             client.weight_version = int(version)
         return {
@@ -674,6 +680,28 @@ class DistributedWeightSync:
             "broadcast_s": time.perf_counter() - started - group_s,
             "total_s": time.perf_counter() - started,
         }
+
+    async def _open_sessions(self, clients: list[SGLangEngine]) -> list[SGLangEngine]:
+        """Open a weight-update session on every server whose release has them; the servers that
+        did open one are returned even when another failed, so the caller closes exactly those."""
+        results = await asyncio.gather(*(client.begin_weight_update() for client in clients), return_exceptions=True)
+        opened = [client for client, result in zip(clients, results) if result is True]
+        failures = [f"{c.url}: {r}" for c, r in zip(clients, results) if isinstance(r, Exception)]
+        if failures:
+            await self._close_sessions(opened, quiet=True)
+            raise WeightSyncError(
+                f"begin_weight_update failed on {len(failures)} of {len(clients)} servers: " + "; ".join(failures)
+            )
+        return opened
+
+    async def _close_sessions(self, clients: list[SGLangEngine], *, quiet: bool = False) -> None:
+        """End the sessions a push opened; after a failed push, best effort (the server may be gone)."""
+        results = await asyncio.gather(*(client.end_weight_update() for client in clients), return_exceptions=True)
+        failures = [f"{c.url}: {r}" for c, r in zip(clients, results) if isinstance(r, Exception)]
+        if failures and not quiet:
+            raise WeightSyncError(
+                f"end_weight_update failed on {len(failures)} of {len(clients)} servers: " + "; ".join(failures)
+            )
 
     async def _bounded(self, what: str, awaitable: Any) -> Any:
         """A server that stops answering (alive but wedged) fails the push instead of holding

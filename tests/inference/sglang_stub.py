@@ -11,7 +11,11 @@ What it reproduces, read from SGLang's `srt/entrypoints/http_server.py` and `tok
   max_new_tokens that reaches the context length; its reply carries `meta_info.weight_version`
   as the server's version when the output is emitted;
 * control endpoints answer `{"success", "message"}`, with 400 when `success` is False;
-* the API key guards every path but those starting with /health (SGLang's middleware).
+* the API key guards every path but those starting with /health (SGLang's middleware);
+* per `release`: 0.5.23 has `/begin_weight_update` and `/end_weight_update` and refuses
+  `/update_weights_from_distributed` (400) outside that session, with the messages of its
+  scheduler's weight updater; 0.5.6 has neither route (404) and no session rule
+  (tests/inference/test_sglang_conformance.py reads both rules from the wheels).
 Only what cannot run here (a GPU model) is stubbed: tokens are a fixed sequence.
 """
 
@@ -42,6 +46,8 @@ class StubState:
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
     calls: list[tuple[str, Any]] = field(default_factory=list)
     server_info: dict[str, Any] = field(default_factory=lambda: {"tp_size": 1, "dp_size": 1, "pp_size": 1})
+    release: str = "0.5.23"  # whose weight-update rules it follows: "0.5.23" (sessions) or "0.5.6"
+    session_open: bool = False
 
     def __post_init__(self) -> None:
         self.resumed.set()
@@ -171,8 +177,27 @@ def make_app(state: StubState) -> web.Application:
         await body_of(request)
         return _control(True, "Succeeded to destroy custom process group.")
 
+    async def begin_session(request: web.Request) -> web.Response:
+        await body_of(request)
+        if state.session_open:
+            return _control(False, "a weight-update session is already open; call end_weight_update() first")
+        state.session_open = True
+        return _control(True, "Success")
+
+    async def end_session(request: web.Request) -> web.Response:
+        await body_of(request)
+        if not state.session_open:
+            return _control(False, "no weight-update session is open; call begin_weight_update() first")
+        state.session_open = False
+        return _control(True, "Success")
+
     async def update_distributed(request: web.Request) -> web.Response:
         body = await body_of(request)  # recorded; nothing to receive without a group
+        if state.release != "0.5.6" and not state.session_open:
+            return _control(
+                False,
+                "update_weights_from_distributed must run between begin_weight_update() and end_weight_update()",
+            )
         if body.get("weight_version") is not None:
             state.weight_version = str(body["weight_version"])
         return _control(True, "Succeeded to update parameter online.")
@@ -184,6 +209,9 @@ def make_app(state: StubState) -> web.Application:
 
     app = web.Application(middlewares=[auth])
     app.router.add_post("/update_weights_from_distributed", update_distributed)
+    if state.release != "0.5.6":
+        app.router.add_post("/begin_weight_update", begin_session)
+        app.router.add_post("/end_weight_update", end_session)
     app.router.add_post("/update_weight_version", update_version)
     app.router.add_get("/get_server_info", server_info)
     app.router.add_post("/init_weights_update_group", init_group)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from rollhub.inference.engines.base import SamplingParams
-from rollhub.inference.engines.sglang import SUPPORTED_SGLANG, SGLangEngine, parse_generate_reply
+from rollhub.inference.engines.sglang import SUPPORTED_SGLANG, SGLangEngine, SGLangError, parse_generate_reply
 from tests.inference.sglang_stub import StubState, start_stub
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,6 +38,12 @@ REQUEST_CLASSES = {
     "/continue_generation": "ContinueGenerationReqInput",
     "/update_weight_version": "UpdateWeightVersionReqInput",
 }
+#: the weight-update session, in the releases that have it (0.5.23 on)
+SESSION_CLASSES = {
+    "/begin_weight_update": "BeginWeightUpdateReqInput",
+    "/end_weight_update": "EndWeightUpdateReqInput",
+}
+SESSION_RELEASES = ("0.5.23",)
 
 
 def _wheel(version: str) -> Path | None:
@@ -107,9 +113,9 @@ def _check(body: dict, fields: dict[str, tuple[str, bool]], what: str) -> None:
         )
 
 
-async def _client_bodies() -> list[tuple[str, dict]]:
-    """Every request body the client sends, as a server receives it."""
-    state = StubState(token_delay_s=0.0)
+async def _client_bodies(release: str) -> list[tuple[str, dict]]:
+    """Every request body the client sends, as a server of `release` receives it."""
+    state = StubState(token_delay_s=0.0, release=release)
     runner, url = await start_stub(state)
     client = SGLangEngine(url, api_key="")
     try:
@@ -129,9 +135,13 @@ async def _client_bodies() -> list[tuple[str, dict]]:
                 group_name="g",
                 backend="nccl",
             )
+        opened = await client.begin_weight_update()
+        assert opened == (release in SESSION_RELEASES)
         await client.update_weights_from_distributed(
             names=["a", "b"], dtypes=["bfloat16", "float32"], shapes=[[2, 3], [4]], version=2, group_name="g"
         )
+        if opened:
+            await client.end_weight_update()
         await client.destroy_weights_update_group("g")
         await client.update_weight_version(3)
     finally:
@@ -147,10 +157,11 @@ async def test_every_body_the_client_sends_fits_sglangs_request_classes(version)
         pytest.skip(f"no sglang-{version} wheel in {WHEELS} (see this module's docstring)")
     structs = _fields(_source(wheel, "sglang/srt/managers/io_struct.py"))
     sampling = _init_args(_source(wheel, "sglang/srt/sampling/sampling_params.py"), "SamplingParams")
-    bodies = await _client_bodies()
-    assert {path for path, _ in bodies} == set(REQUEST_CLASSES)  # every endpoint the client uses is checked
+    bodies = await _client_bodies(version)
+    classes = {**REQUEST_CLASSES, **(SESSION_CLASSES if version in SESSION_RELEASES else {})}
+    assert {path for path, _ in bodies} == set(classes)  # every endpoint the client uses is checked
     for path, body in bodies:
-        _check(body, structs[REQUEST_CLASSES[path]], f"{version} {path}")
+        _check(body, structs[classes[path]], f"{version} {path}")
         if path == "/generate":
             _check(body["sampling_params"], sampling, f"{version} sampling_params")
     pause = next(body for path, body in bodies if path == "/pause_generation")
@@ -179,3 +190,57 @@ def test_recorded_replies_parse_to_generations():
         assert generation.finish_reason == case["finish_reason"], name
         expected = case.get("versions") or [case["version"]] * len(case["token_ids"])
         assert generation.token_versions == expected, name
+
+
+@pytest.mark.parametrize("version", SUPPORTED_SGLANG)
+def test_the_stub_follows_each_releases_weight_update_session_rules(version):
+    """Read from the wheel: which releases have the session routes, and the scheduler's refusal of a
+    distributed update outside one; the stub (and `rollhub serve`) answer with those same messages."""
+    wheel = _wheel(version)
+    if wheel is None:
+        pytest.skip(f"no sglang-{version} wheel in {WHEELS} (see this module's docstring)")
+    with zipfile.ZipFile(wheel) as archive:
+        routes = archive.read("sglang/srt/entrypoints/http_server.py").decode()
+        names = set(archive.namelist())
+        updater_path = "sglang/srt/managers/scheduler_components/weight_updater.py"
+        updater = archive.read(updater_path).decode() if updater_path in names else ""
+    has_sessions = '@app.post("/begin_weight_update")' in routes
+    assert has_sessions == (version in SESSION_RELEASES)
+    assert ('@app.post("/end_weight_update")' in routes) == has_sessions
+    if has_sessions:
+        # the parser folds the implicit concatenations the messages are written with
+        texts = {
+            n.value for n in ast.walk(ast.parse(updater)) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+        }
+        stub_messages = (
+            "update_weights_from_distributed must run between begin_weight_update() and end_weight_update()",
+            "a weight-update session is already open; call end_weight_update() first",
+            "no weight-update session is open; call begin_weight_update() first",
+        )
+        for message in stub_messages:
+            assert message in texts, message
+
+
+@pytest.mark.parametrize("release", ["0.5.6", "0.5.23"])
+async def test_a_distributed_update_outside_a_session_is_refused_where_the_release_says_so(release):
+    state = StubState(token_delay_s=0.0, release=release)
+    runner, url = await start_stub(state)
+    client = SGLangEngine(url, api_key="")
+    body = {"names": ["a"], "dtypes": ["float32"], "shapes": [[1]], "version": 1, "group_name": "g"}
+    try:
+        if release in SESSION_RELEASES:
+            with pytest.raises(SGLangError, match="must run between begin_weight_update"):
+                await client.update_weights_from_distributed(**body)
+            assert await client.begin_weight_update() is True
+            await client.update_weights_from_distributed(**body)
+            await client.end_weight_update()
+            with pytest.raises(SGLangError, match="no weight-update session is open"):
+                await client.end_weight_update()
+            state.session_open = True  # a push that died with its session open: the next one reopens it
+            assert await client.begin_weight_update() is True and state.session_open
+        else:
+            assert await client.begin_weight_update() is False and client.weight_update_sessions is False
+            await client.update_weights_from_distributed(**body)
+    finally:
+        await client.close()
+        await runner.cleanup()

@@ -270,7 +270,9 @@ async def test_updates_are_checked_against_the_model_before_receiving_and_a_refu
     for case, (body, message) in bad.items():
         await sync.push([client], _perturbed(tiny_model_dir, seed=2), 2)  # a group to refuse inside
         before = engine.model.state_dict()[name].clone()
+        await client.begin_weight_update()
         status, reply = await _post(url, "/update_weights_from_distributed", {**body, "group_name": sync.group_name})
+        await client.end_weight_update()
         assert status == 400 and message in reply["error"]["message"], (case, reply)
         assert torch.equal(engine.model.state_dict()[name], before) and engine.weight_version == 2
         assert "group was dropped" in reply["error"]["message"]  # rank 0 must not wait for its timeout
@@ -304,6 +306,7 @@ async def test_a_second_init_and_an_init_while_busy_are_refused_and_a_missing_br
     name = "model.norm.weight"
     body = {"names": [name], "dtypes": ["float32"], "shapes": [[256]], "group_name": sync.group_name}
     started = time.perf_counter()
+    await client.begin_weight_update()
     waiting = asyncio.create_task(_post(url, "/update_weights_from_distributed", body))
     await asyncio.sleep(0.5)
     status, reply = await _post(url, "/init_weights_update_group", _init_body())
@@ -440,3 +443,23 @@ def test_dtypes_names_and_configuration_are_checked():
         UpdateGroup.join(
             master_address="127.0.0.1", master_port=1, rank=0, world_size=2, group_name="g", backend="x", timeout_s=1
         )
+
+
+async def test_every_push_runs_inside_a_weight_update_session_and_closes_it(served, tiny_model_dir):
+    """`rollhub serve` keeps SGLang 0.5.23's rule: no distributed update outside a session. A push
+    opens one, and closes it whether it succeeds or fails, so the next push can open its own."""
+    engine, url, client = served
+    sync = DistributedWeightSync(backend="gloo", timeout_s=60)
+    await sync.push([client], _perturbed(tiny_model_dir, seed=1), 1)
+    assert client.weight_update_sessions is True
+    status, reply = await _post(url, "/end_weight_update", {})
+    assert status == 400 and "no weight-update session is open" in reply["message"]
+    bad = _perturbed(tiny_model_dir, seed=2)
+    bad["model.norm.weight"] = torch.zeros(3)
+    with pytest.raises(WeightSyncError, match="shape of"):
+        await sync.push([client], bad, 2)
+    status, reply = await _post(url, "/end_weight_update", {})
+    assert status == 400 and "no weight-update session is open" in reply["message"]
+    await sync.push([client], _perturbed(tiny_model_dir, seed=3), 3)
+    assert engine.weight_version == 3
+    await sync.close([client])

@@ -50,7 +50,11 @@ def resolve_api_key(api_key: str | None) -> str | None:
 
 
 class SGLangError(RuntimeError):
-    """The server answered with an error or could not be reached."""
+    """The server answered with an error (its HTTP `status`) or could not be reached (status None)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -142,6 +146,7 @@ class SGLangEngine(InferenceEngine):
         self.timeout_s = timeout_s
         self._api_key = resolve_api_key(api_key)
         self.weight_version = 0
+        self.weight_update_sessions: bool | None = None  # the release has /begin_weight_update; None = not asked yet
         self._process = process
         self._session: Any = None
         self._closed = False
@@ -227,7 +232,7 @@ class SGLangEngine(InferenceEngine):
         async with session.post(self.url + path, json=body or {}) as response:
             text = await response.text()
             if response.status != 200:
-                raise SGLangError(f"POST {path} -> {response.status}: {text[:500]}")
+                raise SGLangError(f"POST {path} -> {response.status}: {text[:500]}", status=response.status)
             return _maybe_json(text)
 
     async def _get(self, path: str) -> Any:
@@ -235,7 +240,7 @@ class SGLangEngine(InferenceEngine):
         async with session.get(self.url + path) as response:
             text = await response.text()
             if response.status != 200:
-                raise SGLangError(f"GET {path} -> {response.status}: {text[:500]}")
+                raise SGLangError(f"GET {path} -> {response.status}: {text[:500]}", status=response.status)
             return _maybe_json(text)
 
     async def healthy(self) -> bool:
@@ -332,6 +337,32 @@ class SGLangEngine(InferenceEngine):
         reply = await self._control("/update_weights_from_disk", {"model_path": path, "weight_version": str(version)})
         self.weight_version = int(version)
         return reply
+
+    async def begin_weight_update(self) -> bool:
+        """`/begin_weight_update` where the release has it: True when a session opened.
+
+        SGLang 0.5.23 refuses distributed and tensor updates outside a weight-update session (its
+        scheduler answers 400 without receiving, so rank 0's broadcast waits out its timeout);
+        0.5.6 has no such route (404), and then nothing is opened. The route is learnt on the
+        first call. A session a dead push left open is closed and opened afresh."""
+        if self.weight_update_sessions is False:
+            return False
+        try:
+            await self._control("/begin_weight_update", {"selector": "all"})
+        except SGLangError as exc:
+            if exc.status == 404:
+                self.weight_update_sessions = False
+                return False
+            if "already open" not in str(exc):
+                raise
+            await self._control("/end_weight_update", {})
+            await self._control("/begin_weight_update", {"selector": "all"})
+        self.weight_update_sessions = True
+        return True
+
+    async def end_weight_update(self) -> None:
+        """`/end_weight_update`: close the session `begin_weight_update` opened."""
+        await self._control("/end_weight_update", {})
 
     async def init_weights_update_group(
         self,
