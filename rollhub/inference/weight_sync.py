@@ -791,3 +791,74 @@ def build_weight_sync(method: str, *, weights_dir: str | Path | None = None, **o
     if method == "distributed":
         return DistributedWeightSync(**options)
     raise ValueError(f"weight sync method must be 'disk' or 'distributed', got {method!r}")
+
+
+NcclVersion = tuple[int, ...]
+
+#: what a server interpreter is asked: its torch's NCCL version, or nothing for a build without one
+_NCCL_PROBE = (
+    "import torch\n"
+    "try:\n    v = torch.cuda.nccl.version()\nexcept Exception:\n    v = None\n"
+    "print('.'.join(map(str, v)) if isinstance(v, tuple) else (v or ''))"
+)
+
+
+def local_nccl_version() -> NcclVersion | None:
+    """The NCCL this process's torch links, or None for a build without one (CPU wheels)."""
+    import torch
+
+    try:
+        version = torch.cuda.nccl.version()
+    except Exception:  # CPU builds have no NCCL bindings
+        return None
+    return version if isinstance(version, tuple) else None
+
+
+def nccl_version_of(python: str, timeout_s: float = 60.0) -> NcclVersion | None:
+    """The NCCL of another interpreter's torch (a server venv), asked in a subprocess; None when it
+    has none, no torch, or does not answer. Each torch wheel pins its own NCCL, and NCCL refuses a
+    peer of another version, so a group across two venvs forms only when these agree."""
+    import subprocess
+
+    try:
+        out = subprocess.run([python, "-c", _NCCL_PROBE], capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else ""
+    if not re.fullmatch(r"\d+(\.\d+)*", text):
+        return None
+    parts = tuple(int(p) for p in text.split("."))
+    if len(parts) == 1 and parts[0] >= 10000:  # older torch: one integer, major * 10000 + minor * 100 + patch
+        parts = (parts[0] // 10000, parts[0] // 100 % 100, parts[0] % 100)
+    return parts
+
+
+def choose_update_backend(
+    requested: str, *, shared_gpu: bool, trainer_nccl: NcclVersion | None, server_nccl: NcclVersion | None
+) -> tuple[str, str | None]:
+    """The update group's backend for `engine.weight_sync_backend` = `requested`, and the reason when
+    `auto` falls back to gloo. NCCL needs one rank per GPU (no server on the trainer's GPU) and the
+    same NCCL version on both sides; an explicit nccl that cannot form is a UserError naming why."""
+    from rollhub.core.errors import UserError
+
+    if requested == "gloo":
+        return "gloo", None
+    if shared_gpu:
+        why = "a server shares the trainer's GPU and NCCL refuses two ranks on one GPU"
+    elif trainer_nccl is None or server_nccl is None:
+        side = "the trainer's torch" if trainer_nccl is None else "the server's interpreter"
+        why = f"{side} has no NCCL"
+    elif trainer_nccl != server_nccl:
+        show = ".".join
+        why = (
+            f"the trainer's NCCL {show(map(str, trainer_nccl))} and the server's "
+            f"{show(map(str, server_nccl))} differ, and NCCL refuses peers of another version"
+        )
+    else:
+        return "nccl", None
+    if requested == "nccl":
+        raise UserError(
+            f"engine.weight_sync_backend=nccl cannot form a group: {why}; use engine.weight_sync_backend=gloo "
+            "(or auto), engine.weight_sync=disk, or a server_python whose torch links the trainer's NCCL"
+        )
+    return "gloo", f"weight pushes use gloo: {why}"

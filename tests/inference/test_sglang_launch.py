@@ -62,10 +62,21 @@ def test_one_gpu_is_refused_unless_shared_and_then_split_with_gloo_or_disk(tmp_p
     assert engine.command_for(0, 30000)[-1] == "0.45"
 
 
+def _gpu_trainer(monkeypatch, nccl=(2, 29, 7)):
+    """This process as a CUDA trainer whose torch links `nccl` (only what a GPU box would answer)."""
+    import torch
+
+    import rollhub.inference.weight_sync as weight_sync
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(weight_sync, "local_nccl_version", lambda: nccl)
+
+
 def test_distributed_pushes_to_own_gpus_are_nccl_in_the_serving_dtype(tmp_path, monkeypatch):
+    _gpu_trainer(monkeypatch)
     engine = _engine(tmp_path, monkeypatch, visible=2, weight_sync="distributed")
     sync = engine._sync()
-    assert (sync.backend, sync.dtype, sync.load_format) == ("auto", "bfloat16", "flattened_bucket")
+    assert (sync.backend, sync.dtype, sync.load_format) == ("nccl", "bfloat16", "flattened_bucket")
     engine = _engine(tmp_path, monkeypatch, visible=2, weight_sync="distributed", weight_sync_master_address="10.0.0.7")
     assert engine._sync().master_address == "10.0.0.7"
 
@@ -191,3 +202,29 @@ def test_the_clients_own_sglang_command_names_its_dtype_and_interpreter():
     assert command[command.index("--dtype") + 1] == "bfloat16" and command[-2:] == ["--api-key", "k"]
     with pytest.raises(ValueError, match="never auto"):
         sglang_command("/m", host="h", port=1, api_key=None, dtype="auto")
+
+
+def test_auto_never_picks_nccl_across_interpreters_whose_nccl_differs(tmp_path, monkeypatch, caplog):
+    """Each torch wheel pins its own NCCL and NCCL refuses a peer of another version: a server venv
+    is asked for its version at start; auto falls back to gloo with the reason, nccl is refused."""
+    import rollhub.inference.weight_sync as weight_sync
+
+    _gpu_trainer(monkeypatch, nccl=(2, 29, 7))
+    monkeypatch.setattr(weight_sync, "nccl_version_of", lambda python, timeout_s=60.0: (2, 27, 5))
+    options = {"visible": 2, "weight_sync": "distributed", "server_python": "/venv/bin/python"}
+    with caplog.at_level("WARNING"):
+        engine = _engine(tmp_path, monkeypatch, **options)
+    assert engine._sync().backend == "gloo"
+    assert "NCCL 2.29.7 and the server's 2.27.5 differ" in caplog.text
+    with pytest.raises(UserError, match="cannot form a group: the trainer's NCCL 2.29.7 and the server's 2.27.5"):
+        _engine(tmp_path, monkeypatch, weight_sync_backend="nccl", **options)
+    monkeypatch.setattr(weight_sync, "nccl_version_of", lambda python, timeout_s=60.0: (2, 29, 7))
+    assert _engine(tmp_path, monkeypatch, **options)._sync().backend == "nccl"  # the same NCCL: it forms
+
+
+def test_a_server_interpreter_is_asked_for_its_nccl_in_a_subprocess():
+    """The probe runs the real interpreter: this CPU torch has no NCCL, and says so as None."""
+    from rollhub.inference.weight_sync import local_nccl_version, nccl_version_of
+
+    assert nccl_version_of(sys.executable) == local_nccl_version()
+    assert nccl_version_of("/nonexistent/python") is None

@@ -240,6 +240,7 @@ def _build_server_engine(
             backend=config.weight_sync_backend,
             master_address=config.weight_sync_master_address,
             dtype=serving_dtype(config, launch, plan),
+            server_python=config.server_python if launch is not None else None,
         ),
         weights_dir=weights_dir,
     )
@@ -264,11 +265,13 @@ def make_weight_sync(
     backend: str = "auto",
     master_address: str = "127.0.0.1",
     dtype: str | None = None,
+    server_python: str | None = None,
 ) -> Any:
     """The `engine.weight_sync` method: `disk` (versioned folders under `weights_dir`, written
     atomically, older ones removed) or `distributed` (a torch.distributed group of the trainer
     and every replica; gloo on CPU, NCCL on GPU). With a server on the trainer's GPU the group
-    cannot be NCCL (it refuses two ranks on one GPU), so `auto` becomes gloo there and an
+    cannot be NCCL (it refuses two ranks on one GPU), nor across a server interpreter whose torch
+    links another NCCL version, so `auto` becomes gloo there (with the reason logged) and an
     explicit nccl is refused. See rollhub.inference.weight_sync."""
     try:
         from rollhub.inference.weight_sync import build_weight_sync
@@ -277,15 +280,8 @@ def make_weight_sync(
     if build_weight_sync is not None:
         if kind == "disk":
             return build_weight_sync("disk", weights_dir=weights_dir, config_dir=model_path)
-        if shared_gpu and backend == "nccl":
-            from rollhub.core.errors import UserError
-
-            raise UserError(
-                "engine.weight_sync_backend=nccl with a server on the trainer's GPU: NCCL refuses two ranks on one "
-                "GPU; use engine.weight_sync_backend=gloo (or auto), engine.weight_sync=disk, or give servers own GPUs"
-            )
-        if shared_gpu and backend == "auto":
-            backend = "gloo"
+        if kind == "distributed" and backend != "gloo":
+            backend = update_backend(backend, shared_gpu=shared_gpu, server_python=server_python)
         return build_weight_sync(kind, backend=backend, master_address=master_address, dtype=dtype)
     if kind != "disk":
         from rollhub.core.errors import UserError
@@ -294,3 +290,26 @@ def make_weight_sync(
     from rollhub.inference.engines.router import DiskPush
 
     return DiskPush(weights_dir, model_path)
+
+
+def update_backend(requested: str, *, shared_gpu: bool, server_python: str | None) -> str:
+    """`auto` or `nccl` resolved against both sides' NCCL, read at start: servers launched with this
+    interpreter (or attached ones, whose interpreter is unknown and assumed to match) link the
+    trainer's NCCL; a `server_python` is asked for its own."""
+    import logging
+    import os
+    import sys
+
+    from rollhub.inference.weight_sync import choose_update_backend, local_nccl_version, nccl_version_of
+
+    import torch
+
+    trainer = local_nccl_version()
+    if requested == "auto" and not shared_gpu and (trainer is None or not torch.cuda.is_available()):
+        return "gloo"  # a CPU trainer: gloo is what auto always meant here
+    same = server_python is None or os.path.realpath(server_python) == os.path.realpath(sys.executable)
+    server = trainer if same else nccl_version_of(server_python)
+    backend, reason = choose_update_backend(requested, shared_gpu=shared_gpu, trainer_nccl=trainer, server_nccl=server)
+    if reason and not (shared_gpu and requested == "auto"):
+        logging.getLogger(__name__).warning(reason)
+    return backend
