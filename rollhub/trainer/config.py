@@ -28,6 +28,7 @@ from rollhub.rollout.agent import AgentConfig
 from rollhub.rollout.cluster.config import ClusterConfig
 from rollhub.rollout.config import EnvConfig, RolloutConfig
 from rollhub.trainer.batch import AlgorithmConfig
+from rollhub.trainer.logprob_check import CheckConfig
 from rollhub.trainer.losses import LossConfig
 
 #: training seeds reserved beyond train.steps x groups_per_batch x (1 + ceil(async_ratio)):
@@ -367,6 +368,7 @@ class RunConfig:
     sft: SftConfig = field(default_factory=SftConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)  # backend: local | ray (docs/ray.md)
+    check: CheckConfig = field(default_factory=CheckConfig)  # the version-0 engine/trainer log-prob check
 
     def validate(self) -> None:
         if not 0 <= self.seed < 2**32:  # numpy's global seed range

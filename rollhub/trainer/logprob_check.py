@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,6 +37,19 @@ logger = logging.getLogger(__name__)
 WARN_NAT = 0.1
 PROMPTS = ("Hello.", "What is the next move?", "2 + 2 =", "Describe the room.")
 CHECK_TOKENS = 8
+
+
+@dataclass
+class CheckConfig:
+    """`check:` section: what the version-0 engine/trainer agreement check does with a gap."""
+
+    # stop the run (an error before RL) when max |log mu - log pi| at version 0 exceeds this many nats;
+    # null = only warn above WARN_NAT. A run whose off-policy weights would all be wrong should not start
+    logprob_max_nat: float | None = None
+
+    def validate(self) -> None:
+        if self.logprob_max_nat is not None and not (self.logprob_max_nat > 0 and math.isfinite(self.logprob_max_nat)):
+            raise ValueError(f"check.logprob_max_nat must be > 0 or null, got {self.logprob_max_nat}")
 
 
 def truncates(agent: Any) -> bool:
@@ -72,10 +87,10 @@ def _sglang_clients(engine: Any) -> list[Any]:
 
     if isinstance(engine, SGLangEngine):
         return [engine]
-    replicas = getattr(engine, "replicas", None)
+    replicas = getattr(engine, "replicas", None)  # the router's list of replicas (a property)
     if callable(replicas):
-        return [r.client for r in replicas() if getattr(r, "live", False) and r.client is not None]
-    return []
+        replicas = replicas()
+    return [r.client for r in replicas or () if getattr(r, "live", False) and r.client is not None]
 
 
 async def check_server_modes(engine: Any, config: Any, prompt: list[int]) -> dict[str, float]:
@@ -160,6 +175,13 @@ async def engine_agreement(engine: Any, policy: Any, config: Any, *, seed: int =
             "check/logprob_v0_tokens": float(gap.numel()),
         }
     )
+    limit = getattr(getattr(config, "check", None), "logprob_max_nat", None)
+    if limit is not None and float(gap.max()) > limit:
+        raise UserError(
+            f"engine and trainer log-probs disagree at version 0: max |log mu - log pi| = {float(gap.max()):.3f} nat "
+            f"over {gap.numel()} tokens, above check.logprob_max_nat={limit}: every off-policy weight would carry "
+            "that error; check the model's logit path, the engine's log-prob mode and the sampling settings"
+        )
     if float(gap.max()) > WARN_NAT:
         logger.warning(
             "!!! engine and trainer log-probs disagree at version 0: max |log mu - log pi| = %.3f nat over %d tokens "

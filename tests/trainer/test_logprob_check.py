@@ -154,3 +154,43 @@ def test_a_launched_sglang_with_top_p_and_off_policy_weights_is_refused_by_the_c
         load_config(RunConfig, None, sglang)
     load_config(RunConfig, None, [*sglang, "loss.correction=none"])  # mu unused by the loss
     load_config(RunConfig, None, ["engine.backend=server", "engine.launch=rollhub", "agent.top_p=0.9"])
+
+
+async def test_the_check_reaches_every_server_behind_the_router(engine_apps):
+    """The router's `replicas` is a list (a property): the probe must reach each live server."""
+    from rollhub.inference.engines.router import EngineRouter, replicas_from_urls
+    from rollhub.trainer.logprob_check import _sglang_clients
+
+    _, _, urls = engine_apps
+    router = EngineRouter(replicas_from_urls(urls))
+    try:
+        clients = _sglang_clients(router)
+        assert sorted(c.url for c in clients) == sorted(urls)
+        metrics = await check_server_modes(router, _config(temperature=0.7), [3, 14, 15])
+        assert metrics["check/engine_temperature_scaled"] == 1.0
+    finally:
+        await router.close()
+
+
+async def test_a_gap_above_check_logprob_max_nat_stops_the_run(tmp_path):
+    """`check.logprob_max_nat` turns the warning into an error before RL starts."""
+    from test_logit_transforms import _tiny
+
+    from rollhub.inference.engines.hf import HFEngine
+    from rollhub.trainer.logprob_check import CheckConfig
+
+    model_dir = _tiny(tmp_path / "granite", "granite", logits_scaling=8.0)
+    engine = HFEngine(model_dir, threads=1, max_batch_size=4)
+    config = _config()
+    try:
+        policy = Policy(model_dir, device="cpu")
+        policy._logit_transform = None  # a trainer that misses the model's logit scaling
+        config.check = CheckConfig(logprob_max_nat=0.5)
+        with pytest.raises(UserError, match="above check.logprob_max_nat=0.5"):
+            await engine_agreement(engine, policy, config)
+        config.check = CheckConfig(logprob_max_nat=1e6)  # a loose limit: the metrics come back
+        assert (await engine_agreement(engine, policy, config))["check/logprob_v0_max_abs_diff"] > WARN_NAT
+    finally:
+        await engine.close()
+    with pytest.raises(ValueError, match="logprob_max_nat must be > 0"):
+        CheckConfig(logprob_max_nat=0).validate()
