@@ -12,15 +12,23 @@
 #   4. one trainer step with FSDP2, bf16 compute and fp32 master weights, on every GPU (torchrun);
 #   5. with SGLANG_PYTHON (the python of an SGLang venv, see README) or an importable sglang,
 #      the recipe with SGLang servers;
-#   6. print generated tokens/s, the per-step split and the push latency of each run.
-# Exits non-zero on any failure.
+#   6. probes of what only a GPU shows (benchmarks/gpu_check/probes.py): a gloo push into device
+#      memory and its GiB/s, the memory plan against the allocator for Qwen2.5-1.5B/3B shapes, and the
+#      version-0 log-prob gap between the in-process engine and the trainer in bf16;
+#   7. print generated tokens/s, the per-step split and the push latency of each run.
+# Every step runs under a time budget (the whole check fits 10 minutes) and ends OK, FAIL or
+# SKIPPED with its reason; a skipped step is never reported as passed. Exits non-zero on any FAIL.
 #
 #   bash benchmarks/gpu_check.sh                      # the GPU check, with the python found here
 #   bash benchmarks/gpu_check.sh --wheels DIR         # first install DIR's wheels into a venv over the
 #                                                     # machine's own torch (no index, no dependencies)
 #   bash benchmarks/gpu_check.sh --prepare-wheels DIR # on a connected machine: rollhub and its pure-Python
 #                                                     # dependencies as wheels (torch and numpy left out)
+#   bash benchmarks/gpu_check.sh --prepare-wheels DIR --target py312-cu130
+#                                                     # only what that box lacks, tagged for its Python; the
+#                                                     # repository and the wheels must fit 64 MiB (checked)
 #   bash benchmarks/gpu_check.sh --dry-run            # the same steps on the CPU with a tiny shape
+#   bash benchmarks/gpu_check.sh --dry-run --target py312-cu130  # also packs that box's wheels and checks the size
 #   DEVICE=cpu bash benchmarks/gpu_check.sh           # same as --dry-run
 # Environment: OUT (default runs/gpu_check), STEPS (default 3), PYTHON (default python3), SGLANG_PYTHON.
 #
@@ -31,31 +39,85 @@ set -euo pipefail
 
 DEVICE="${DEVICE:-cuda}"
 WHEELS=""
+TARGET=""
+PREPARE=""
+CARRY_LIMIT_MIB=64
 usage() {
-  echo "usage: bash benchmarks/gpu_check.sh [--dry-run] [--wheels DIR] | --prepare-wheels DIR" >&2
+  echo "usage: bash benchmarks/gpu_check.sh [--dry-run] [--wheels DIR] [--target T] | --prepare-wheels DIR [--target T]" >&2
   exit 2
 }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --dry-run) DEVICE=cpu; shift ;;
     --wheels) [[ $# -ge 2 ]] || usage; WHEELS="$(cd "$2" && pwd)"; shift 2 ;;
-    --prepare-wheels)
-      [[ $# -eq 2 ]] || usage
-      mkdir -p "$2"; DEST="$(cd "$2" && pwd)"
-      cd "$(dirname "$0")/.."
-      "${PYTHON:-python3}" benchmarks/gpu_check/wheels.py > "$DEST/requirements.txt"
-      "${PYTHON:-python3}" -m pip download --no-deps --only-binary=:all: -d "$DEST" -r "$DEST/requirements.txt"
-      "${PYTHON:-python3}" -m pip wheel --no-deps --no-build-isolation -w "$DEST" .
-      echo "gpu_check: wheels in $DEST ($(du -sh "$DEST" | cut -f1)); copy the folder and the repository to the GPU machine"
-      exit 0 ;;
+    --target) [[ $# -ge 2 ]] || usage; TARGET="$2"; shift 2 ;;
+    --prepare-wheels) [[ $# -ge 2 ]] || usage; PREPARE="$2"; shift 2 ;;
     *) usage ;;
   esac
 done
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+
+# wheels for a bare box: every runtime dependency (no target), or only what target T lacks, tagged for it
+prepare_wheels() {
+  local dest="$1"
+  mkdir -p "$dest"; dest="$(cd "$dest" && pwd)"
+  if [[ -z "$TARGET" ]]; then
+    "$PYTHON" benchmarks/gpu_check/wheels.py > "$dest/requirements.txt"
+    "$PYTHON" -m pip download --no-deps --only-binary=:all: -d "$dest" -r "$dest/requirements.txt"
+    "$PYTHON" -m pip wheel --no-deps --no-build-isolation -w "$dest" .
+    echo "gpu_check: wheels in $dest ($(du -sh "$dest" | cut -f1)); copy the folder and the repository to the GPU machine"
+    return 0
+  fi
+  local flags
+  flags=$("$PYTHON" benchmarks/gpu_check/wheels.py --pip-flags "$TARGET") || { echo "gpu_check: unknown target $TARGET" >&2; exit 2; }
+  "$PYTHON" benchmarks/gpu_check/wheels.py --target "$TARGET" > "$dest/requirements.txt"
+  # shellcheck disable=SC2086  # the flags are words
+  "$PYTHON" -m pip download --no-deps --only-binary=:all: $flags -d "$dest" -r "$dest/requirements.txt"
+  # the repository travels with the wheels: rollhub itself runs from it (python -m rollhub.cli)
+  local wheels_kib repo_kib total_mib
+  wheels_kib=$(du -sk "$dest" | cut -f1)
+  repo_kib=$(git ls-files -z | xargs -0 du -ck 2>/dev/null | tail -1 | cut -f1)
+  total_mib=$(( (wheels_kib + repo_kib + 1023) / 1024 ))
+  echo "gpu_check: pack for $TARGET: $(ls "$dest"/*.whl | wc -l) wheels $(( wheels_kib / 1024 )) MiB + repository $(( repo_kib / 1024 )) MiB = $total_mib MiB of $CARRY_LIMIT_MIB MiB"
+  if (( total_mib > CARRY_LIMIT_MIB )); then
+    echo "gpu_check: the pack is over the $CARRY_LIMIT_MIB MiB a device run carries" >&2
+    exit 1
+  fi
+}
+
+if [[ -n "$PREPARE" ]]; then
+  prepare_wheels "$PREPARE"
+  exit 0
+fi
 OUT="${OUT:-runs/gpu_check}"
 STEPS="${STEPS:-3}"
-PYTHON="${PYTHON:-python3}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-cd "$(dirname "$0")/.."
+if [[ -n "$TARGET" ]]; then
+  echo "== pack: the wheels $TARGET lacks"
+  prepare_wheels "$OUT/wheels-$TARGET"
+fi
+
+# each step under its budget; the summary lists OK / FAIL / SKIPPED (with the reason) per step
+declare -a RESULTS=()
+FAILED=0
+# the budgets add up to 10 minutes on a GPU box; a CPU dry run on a shared 2-core machine gets BUDGET_SCALE x
+if [[ "$DEVICE" == cpu ]]; then BUDGET_SCALE="${BUDGET_SCALE:-6}"; else BUDGET_SCALE="${BUDGET_SCALE:-1}"; fi
+step() {  # step NAME BUDGET_S COMMAND...
+  local name="$1" budget=$(( $2 * BUDGET_SCALE )); shift 2
+  local started=$SECONDS rc=0
+  timeout --kill-after=10 "$budget" "$@" || rc=$?
+  local took=$(( SECONDS - started ))
+  if (( rc == 0 )); then
+    RESULTS+=("$name: OK (${took} s of ${budget} s)")
+  elif (( rc == 124 || rc == 137 )); then
+    RESULTS+=("$name: FAIL (over its ${budget} s budget)"); FAILED=1
+  else
+    RESULTS+=("$name: FAIL (exit $rc after ${took} s)"); FAILED=1
+  fi
+  return 0
+}
+skip() { RESULTS+=("$1: SKIPPED ($2)"); echo "== $1: SKIPPED ($2)"; }
 
 if [[ -n "$WHEELS" ]]; then
   echo "== 0. wheels from $WHEELS into $OUT/venv, over this machine's torch"
@@ -98,7 +160,7 @@ rm -rf "$OUT/inprocess" "$OUT/serve" "$OUT/sglang"
 mkdir -p "$OUT"
 
 echo "== 1. random-init $SHAPE model -> $MODEL"
-"$PYTHON" - "$MODEL" "$SHAPE" <<'PY'
+step "1. model" 90 "$PYTHON" - "$MODEL" "$SHAPE" <<'PY'
 import sys
 from pathlib import Path
 
@@ -143,8 +205,8 @@ COMMON=(
 )
 
 echo "== 2. math recipe, in-process engine on $DEVICE"
-"$PYTHON" -m rollhub.cli train configs/math_smollm2.yaml "${COMMON[@]}" --set engine.backend=inprocess \
-  --set "run_dir=$OUT/inprocess"
+step "2. in-process engine" 150 "$PYTHON" -m rollhub.cli train configs/math_smollm2.yaml "${COMMON[@]}" \
+  --set engine.backend=inprocess --set "run_dir=$OUT/inprocess"
 RUNS=("$OUT/inprocess")
 
 SERVE=(--set engine.backend=server --set engine.launch=rollhub --set engine.weight_sync=distributed)
@@ -156,32 +218,39 @@ elif [[ "$DEVICE" == cuda ]]; then
 else
   echo "== 3. math recipe, rollhub serve on the CPU (weights over gloo between the two processes)"
 fi
-"$PYTHON" -m rollhub.cli train configs/math_smollm2.yaml "${COMMON[@]}" "${SERVE[@]}" --set "run_dir=$OUT/serve"
+step "3. rollhub serve" 150 "$PYTHON" -m rollhub.cli train configs/math_smollm2.yaml "${COMMON[@]}" "${SERVE[@]}" \
+  --set "run_dir=$OUT/serve"
 RUNS+=("$OUT/serve")
 
 RANKS=2
 if [[ "$DEVICE" == cuda ]]; then RANKS=$(( GPUS < 2 ? GPUS : 2 )); fi
 echo "== 4. one FSDP2 step, bf16 compute and fp32 master weights, $RANKS rank(s) on $DEVICE"
-"$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$RANKS" benchmarks/gpu_check/fsdp_step.py \
-  "$MODEL" "$DEVICE"
+step "4. FSDP2 step" 60 "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$RANKS" \
+  benchmarks/gpu_check/fsdp_step.py "$MODEL" "$DEVICE"
 
 SGLANG="${SGLANG_PYTHON:-}"
 if [[ -z "$SGLANG" ]] && "$PYTHON" -c "import sglang" 2>/dev/null; then SGLANG="$PYTHON"; fi
 if [[ -z "$SGLANG" ]]; then
-  echo "== 5. no SGLANG_PYTHON and sglang is not importable here: SGLang run skipped"
+  skip "5. SGLang server" "no SGLANG_PYTHON and sglang is not importable here"
 elif [[ "$DEVICE" == cpu ]]; then
-  echo "== 5. SGLang needs a GPU: skipped in --dry-run"
+  skip "5. SGLang server" "SGLang needs a GPU"
 else
   echo "== 5. math recipe, SGLang server ($SGLANG)"
   SGL=(--set engine.backend=server --set engine.launch=sglang --set engine.weight_sync=distributed
        --set "engine.server_python=$SGLANG")
   if [[ "$GPUS" -lt 2 ]]; then SGL+=(--set engine.share_gpu=true); fi
-  "$PYTHON" -m rollhub.cli train configs/math_smollm2.yaml "${COMMON[@]}" "${SGL[@]}" --set "run_dir=$OUT/sglang"
+  step "5. SGLang server" 150 "$PYTHON" -m rollhub.cli train configs/math_smollm2.yaml "${COMMON[@]}" "${SGL[@]}" \
+    --set "run_dir=$OUT/sglang"
   RUNS+=("$OUT/sglang")
 fi
 
-echo "== 6. throughput, step split and push latency"
-"$PYTHON" - "${RUNS[@]}" <<'PY'
+echo "== 6. probes: gloo push into device memory, memory plan vs allocator, log-prob gap in the compute dtype"
+step "6. probes" 150 "$PYTHON" benchmarks/gpu_check/probes.py "$DEVICE" "$MODEL"
+
+echo "== 7. throughput, step split and push latency"
+DONE_RUNS=()
+for run in "${RUNS[@]}"; do [[ -f "$run/summary.json" ]] && DONE_RUNS+=("$run"); done
+step "7. step split" 30 "$PYTHON" - "${DONE_RUNS[@]}" <<'PY'
 import json
 import sys
 from pathlib import Path
@@ -208,4 +277,11 @@ for run in map(Path, sys.argv[1:]):
     print(f"  phases_s: {json.dumps({k: round(v, 1) for k, v in summary.get('phases_s', {}).items()})}")
     print(f"  wall {summary['wall_s']:.0f} s")
 PY
-echo "gpu_check: OK ($DEVICE)"
+echo "== summary"
+printf '  %s\n' "${RESULTS[@]}"
+SKIPPED=$(printf '%s\n' "${RESULTS[@]}" | grep -c ': SKIPPED' || true)
+if (( FAILED )); then
+  echo "gpu_check: FAILED ($DEVICE)"
+  exit 1
+fi
+echo "gpu_check: OK ($DEVICE)$( (( SKIPPED )) && echo ", $SKIPPED step(s) SKIPPED: see the summary")"

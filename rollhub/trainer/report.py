@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +12,8 @@ from rollhub.trainer.evaluate import EvalResult
 from rollhub.trainer.metrics import plot_learning_curve, read_jsonl
 from rollhub.trainer.run import Run
 from rollhub.trainer.run_dir import warmstart_greedy, warmstart_record
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -47,7 +50,10 @@ def report(
     before = state.warmstart_success if warmstart is None else warmstart.success_rate
     records = read_jsonl(run.run_dir / "metrics.jsonl")
     title = f"{config.env.id}: {config.algorithm.estimator}, alpha={config.rollout.async_ratio}"
-    plot_learning_curve(records, run.run_dir / "learning_curve.png", title=title)
+    try:
+        plot_learning_curve(records, run.run_dir / "learning_curve.png", title=title)
+    except ImportError as exc:  # matplotlib is optional on a bare machine (the device check carries no plots)
+        logger.warning("learning curve not drawn: %s", exc)
     summary = {
         "warmstart_success_rate": before,
         "final_success_rate": final.success_rate,

@@ -7,6 +7,7 @@ The GPU mode is the same script with the Qwen3-0.6B shape and model.device=cuda;
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,10 +33,15 @@ def test_unknown_argument_is_a_usage_error(tmp_path):
 
 @pytest.mark.slow
 def test_dry_run_builds_trains_and_prints_the_split(tmp_path):
-    result = run_check(tmp_path, "--dry-run", timeout_s=1200)
+    result = run_check(tmp_path, "--dry-run", "--target", "py312-cu130", timeout_s=1200)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
-    assert "gpu_check: OK (cpu)" in result.stdout
+    assert "gpu_check: OK (cpu), 2 step(s) SKIPPED" in result.stdout  # SGLang and the allocator probe
+    assert "5. SGLang server: SKIPPED (SGLang needs a GPU)" in result.stdout
+    assert "probe gloo_push_into_device: OK" in result.stdout
+    assert "probe memory_plan_vs_allocator: SKIPPED" in result.stdout
+    assert "probe logprob_gap_engine_vs_trainer: OK" in result.stdout
+    assert re.search(r"pack for py312-cu130: \d+ wheels .* MiB of 64 MiB", result.stdout)
     assert "inprocess: 2 steps" in result.stdout  # the split table of the in-process run
     assert "serve: 2 steps" in result.stdout  # a launched rollhub serve, weights pushed between processes
     assert "fsdp step: 2 rank(s) on cpu (gloo), bf16 compute, fp32 master" in result.stdout

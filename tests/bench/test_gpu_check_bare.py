@@ -59,3 +59,35 @@ def test_the_script_never_installs_from_an_index_or_with_dependencies():
     for flag in ("--wheels", "--prepare-wheels"):
         result = subprocess.run(["bash", str(SCRIPT), flag], cwd=REPO, capture_output=True, text=True, timeout=30)
         assert result.returncode == 2 and "usage:" in result.stderr
+
+
+def test_the_pack_for_the_bare_box_carries_only_what_it_lacks_and_fits_the_carry_limit(tmp_path):
+    """The real download, for the py312-cu130 box: cp312-tagged wheels of what it does not ship
+    (it has torch, CUDA and transformers with everything transformers needs), under 64 MiB with
+    the repository."""
+    result = subprocess.run(
+        ["bash", str(SCRIPT), "--prepare-wheels", str(tmp_path / "wheels"), "--target", "py312-cu130"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    match = re.search(r"pack for py312-cu130: (\d+) wheels .* = (\d+) MiB of 64 MiB", result.stdout)
+    assert match and int(match.group(2)) <= 64, result.stdout
+    wheels = sorted(p.name for p in (tmp_path / "wheels").glob("*.whl"))
+    assert int(match.group(1)) == len(wheels) and any(w.startswith("gymnasium-") for w in wheels)
+    assert not [w for w in wheels if re.match(r"(torch|numpy|transformers|tokenizers|matplotlib|tensorboard)-", w)]
+    binary = [w for w in wheels if "-none-any" not in w]
+    assert binary and all("-cp312-" in w for w in binary), binary
+
+
+def test_an_unknown_target_is_a_usage_error(tmp_path):
+    result = subprocess.run(
+        ["bash", str(SCRIPT), "--prepare-wheels", str(tmp_path), "--target", "py39-rocm"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and "unknown target py39-rocm" in result.stderr
