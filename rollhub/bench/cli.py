@@ -79,6 +79,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "rollhub.bench.async_real:run",
         "real tiny-model training on real ALFWorld and SWE envs: lockstep vs env-async vs async vs async+redundancy",
     ),
+    "cpu-limit": (
+        "rollhub.bench.cpu_limit:run",
+        "sustained matmul GFLOP/s (fp32/bf16, 1/2 threads) and each main-job phase's FLOPs and utilisation of it",
+    ),
     "peer-trl": ("rollhub.bench.peer_trl:run", "TRL GRPOTrainer vs ours (sync, async), interleaved: accuracy vs time"),
     "swe": (
         "rollhub.bench.swe:run",
