@@ -91,3 +91,41 @@ def test_one_named_gpu_for_several_ranks_is_refused_before_any_cuda_call(monkeyp
         monkeypatch.setenv(name, value)
     with pytest.raises(UserError, match="model.device=cuda:3 with 2 trainer ranks"):
         init_ranks("auto", 5.0, "cuda:3")
+
+
+def test_the_side_group_waits_as_long_as_the_default_group(monkeypatch):
+    """Under NCCL the control messages travel on a gloo side group; torch gives a new group 30 minutes
+    unless told otherwise, shorter than a rank-0-only phase (SFT, a long reading), so it must get the
+    run's collective timeout. A one-rank gloo group stands in for the NCCL default (no GPU here)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from rollhub.trainer.ranks import group as ranks_group
+
+    created = []
+    real_new_group = dist.new_group
+
+    def recording_new_group(*args, **kwargs):
+        created.append(kwargs)
+        return real_new_group(*args, **kwargs)
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        monkeypatch.setattr(dist, "get_backend", lambda *a, **k: "nccl")
+        monkeypatch.setattr(dist, "new_group", recording_new_group)
+        side = ranks_group.control_group(7200.0)
+        assert side is not None
+        assert created == [{"backend": "gloo", "timeout": timedelta(seconds=7200.0)}]
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

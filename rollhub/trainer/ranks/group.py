@@ -62,6 +62,9 @@ class RankContext:
     local_rank: int
     device: str
     backend: str
+    # every collective's timeout, the side group's too: followers wait in one while rank 0 alone runs SFT,
+    # generates or evaluates, so it must cover the longest rank-0-only phase (trainer.collective_timeout_s)
+    timeout_s: float = 86400.0
 
     @property
     def is_leader(self) -> bool:
@@ -96,15 +99,19 @@ def init_ranks(backend: str = "auto", timeout_s: float = 86400.0, device: str = 
         device = "cpu"
     if not dist.is_initialized():
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
-    return RankContext(rank=rank, world_size=world, local_rank=local_rank, device=device, backend=backend)
+    return RankContext(
+        rank=rank, world_size=world, local_rank=local_rank, device=device, backend=backend, timeout_s=timeout_s
+    )
 
 
-def control_group() -> Any:
+def control_group(timeout_s: float = 86400.0) -> Any:
     """The group messages travel on: the default one when it is gloo, else a gloo group of the
-    same ranks (collective: every rank must call it, in the same order). See the module docstring."""
+    same ranks (collective: every rank must call it, in the same order). See the module docstring.
+    It gets the default group's timeout: torch's own default for a new group (30 minutes) is
+    shorter than a rank-0-only phase, and a follower waiting in it would be killed mid-run."""
     if not dist.is_initialized() or dist.get_backend() == "gloo":
         return None
-    return dist.new_group(backend="gloo")
+    return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
 
 
 # --- running a step on this rank --------------------------------------------------------
@@ -155,7 +162,9 @@ class RankGroup:
         self.optimizer: torch.optim.Optimizer | None = None
         self.reference: Any = None
         self._stopped = False
-        self.control_group = control_group()  # collective: every rank builds its RankGroup at the same point
+        self.control_group = control_group(
+            context.timeout_s
+        )  # collective: every rank builds its RankGroup at the same point
 
     @property
     def world_size(self) -> int:
