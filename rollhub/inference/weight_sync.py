@@ -613,12 +613,9 @@ class DistributedWeightSync:
             await self._drop_group(clients)  # the replica set changed: a new world size
         if self._group is None:
             group_s = await self._form_group(clients)
-        tensors = unique_tensors(state)
-        if self.dtype is not None:
-            import torch
-
-            target = getattr(torch, self.dtype)
-            tensors = {n: t.to(target) if t.is_floating_point() else t for n, t in tensors.items()}
+        # deduplicated and cast on a worker thread: a 7B state is seconds of copying, and the event
+        # loop serves every episode's generation meanwhile
+        tensors = await asyncio.to_thread(_push_tensors, state, self.dtype)
         group = self._group
         total_bytes = 0
         sending: asyncio.Future | None = None
@@ -763,6 +760,17 @@ def check_master_address(master_address: str, urls: list[str]) -> None:
                 f"the weight update group's master address is {master_address}, which the server at {url} cannot "
                 "reach; set engine.weight_sync_master_address to an address of this machine that it can"
             )
+
+
+def _push_tensors(state: Mapping[str, torch.Tensor], dtype: str | None) -> dict[str, torch.Tensor]:
+    """The tensors a push sends: one per storage, floating ones cast to the serving dtype."""
+    tensors = unique_tensors(state)
+    if dtype is None:
+        return tensors
+    import torch
+
+    target = getattr(torch, dtype)
+    return {n: t.to(target) if t.is_floating_point() else t for n, t in tensors.items()}
 
 
 def _send_bucket(group: UpdateGroup, tensors: list[torch.Tensor], flattened: bool = False) -> None:
