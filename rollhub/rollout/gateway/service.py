@@ -86,6 +86,7 @@ class Gateway:
         self.max_context_tokens = self.config.max_context_tokens or int(getattr(engine, "max_positions", 4096))
         self.vocab_size = len(tokenizer)
         self.sessions: dict[str, Session] = {}
+        self.ended_session_ids: set[str] = set()  # so a late call on an ended session is told so (409), not 404
         self.finished: list[Trajectory] = []  # trajectories of ended sessions, taken by `take_trajectories`
         self.metrics = GatewayMetrics()
         self.in_flight = 0
@@ -110,14 +111,14 @@ class Gateway:
 
     def session(self, session_id: str) -> Session:
         session = self.sessions.get(session_id)
+        if session is None and session_id in self.ended_session_ids:
+            raise ApiError(f"session '{session_id}' has ended", status=409, code="session_ended")
         if session is None:
             raise ApiError(
                 f"unknown session '{session_id}': start one with POST /rl/sessions",
                 status=404,
                 code="session_not_found",
             )
-        if session.ended:
-            raise ApiError(f"session '{session_id}' has ended", status=409, code="session_ended")
         return session
 
     def end_session(self, session_id: str) -> list[Trajectory]:
@@ -126,6 +127,7 @@ class Gateway:
         session.ended = True
         trajectories = session.to_trajectories()
         del self.sessions[session_id]
+        self.ended_session_ids.add(session_id)
         self.finished.extend(trajectories)
         self.metrics.sessions_ended += 1
         self.metrics.leaves_exported += len(trajectories)
