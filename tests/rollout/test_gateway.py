@@ -15,6 +15,7 @@ import json
 import aiohttp
 import openai
 import pytest
+from aiohttp import web
 from gateway_testing import ADD_TOOL, SampleLog, random_model, scripted_tool_model, served
 
 from rollhub.inference.chat_templates import build_reasoning_tokenizer
@@ -345,3 +346,32 @@ async def test_models_list_names_the_served_model(tool_engine, reasoning_tokeniz
             models = await openai_client.models.list()
             assert [m.id for m in models.data] == ["my-policy"]
             await openai_client.close()
+
+
+async def test_gateway_over_a_served_engine_through_the_same_contract(reasoning_tokenizer):
+    """`rollhub serve`'s app (SGLang's native API) behind SGLangEngine, the client of SGLang and the router:
+    the gateway needs nothing else to sit in front of a server fleet."""
+    from rollhub.inference.engines.sglang import SGLangEngine
+    from rollhub.inference.server import build_app
+
+    hf_engine = HFEngine(scripted_tool_model(reasoning_tokenizer), reasoning_tokenizer, threads=1)
+    server = web.AppRunner(build_app(hf_engine))
+    await server.setup()
+    await web.TCPSite(server, "127.0.0.1", 0).start()
+    engine = SGLangEngine(f"http://127.0.0.1:{server.addresses[0][1]}", api_key="")
+    gateway = Gateway(engine, reasoning_tokenizer)
+    try:
+        async with served(gateway) as url:
+            sid = await start_session(url, env_id="test/Add-v0", seed=1)
+            _, responses = await tool_agent(url, sid, seed=1, turns=2)
+            (trajectory,) = gateway.end_session(sid)
+    finally:
+        await engine.close()
+        await server.cleanup()
+        await hf_engine.close()
+    first, second = trajectory.turns
+    assert second.prompt_ids[: len(first.prompt_ids) + len(first.response_ids)] == first.prompt_ids + first.response_ids
+    for turn, response in zip(trajectory.turns, responses):
+        extension = response.choices[0].model_extra["rollhub"]
+        assert extension["token_ids"] == turn.response_ids and extension["logprobs"] == turn.behaviour_logprobs
+        assert all(lp <= 0 for lp in turn.behaviour_logprobs) and len(turn.response_ids) > 0

@@ -83,7 +83,7 @@ class Gateway:
         self.engine = engine
         self.tokenizer = tokenizer
         self.segments = segments or ChatSegments(tokenizer)
-        self.max_context_tokens = self.config.max_context_tokens or int(getattr(engine, "max_positions", 4096))
+        self.max_context_tokens = self.config.max_context_tokens or _engine_context(engine)
         self.vocab_size = len(tokenizer)
         self.sessions: dict[str, Session] = {}
         self.ended_session_ids: set[str] = set()  # so a late call on an ended session is told so (409), not 404
@@ -370,3 +370,13 @@ class Gateway:
             prompt_tokens=generation.prompt_tokens,
         )
         return cut, text[:at]
+
+
+def _engine_context(engine: InferenceEngine) -> int:
+    """The context an engine serves: the in-process engine's `max_positions`, a server client's
+    `context_length` once known, else 4096 (a server refuses longer requests itself)."""
+    for name in ("max_positions", "context_length"):
+        value = getattr(engine, name, None)
+        if isinstance(value, int) and value > 1:
+            return value
+    return 4096
