@@ -25,7 +25,7 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,8 +77,10 @@ class Gateway:
         config: GatewayConfig | None = None,
         *,
         segments: ChatSegments | None = None,
+        on_end: Callable[[list[Trajectory]], None] | None = None,
     ) -> None:
         self.config = config or GatewayConfig()
+        self.on_end = on_end  # called with each ended session's trajectories (e.g. a JSONL writer)
         self.config.validate()
         self.engine = engine
         self.tokenizer = tokenizer
@@ -129,6 +131,8 @@ class Gateway:
         del self.sessions[session_id]
         self.ended_session_ids.add(session_id)
         self.finished.extend(trajectories)
+        if self.on_end is not None:
+            self.on_end(trajectories)
         self.metrics.sessions_ended += 1
         self.metrics.leaves_exported += len(trajectories)
         return trajectories
