@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 
 import aiohttp
 import openai
@@ -279,6 +280,7 @@ async def test_user_mistakes_get_openai_errors(tool_engine, reasoning_tokenizer)
             ({"n": 0}, "n"),
             ({"max_tokens": -1}, "max_tokens"),
             ({"top_p": 0}, "top_p"),
+            ({"response_format": {"type": "json_object"}}, "response_format"),
             ({"tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": [ADD_TOOL]}, "tool_choice"),
         ]
         for extra, param in bad_calls:
@@ -375,3 +377,22 @@ async def test_gateway_over_a_served_engine_through_the_same_contract(reasoning_
         extension = response.choices[0].model_extra["rollhub"]
         assert extension["token_ids"] == turn.response_ids and extension["logprobs"] == turn.behaviour_logprobs
         assert all(lp <= 0 for lp in turn.behaviour_logprobs) and len(turn.response_ids) > 0
+
+
+async def test_an_engine_that_is_down_is_a_502_not_a_crash(reasoning_tokenizer):
+    from rollhub.inference.engines.sglang import SGLangEngine
+
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        dead_port = probe.getsockname()[1]
+    engine = SGLangEngine(f"http://127.0.0.1:{dead_port}", api_key="", timeout_s=5)
+    gateway = Gateway(engine, reasoning_tokenizer)
+    try:
+        async with served(gateway) as url:
+            openai_client = client(url)
+            with pytest.raises(openai.APIStatusError) as caught:
+                await openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+            assert caught.value.status_code == 502 and caught.value.body["code"] == "engine_unavailable"
+            await openai_client.close()
+    finally:
+        await engine.close()

@@ -15,9 +15,7 @@ from rollhub.rollout.gateway.errors import ApiError, bad_param
 from rollhub.rollout.tool_calls import tool_names
 
 #: fields of the chat API the gateway accepts but that change nothing about sampling
-_IGNORED_CHAT_FIELDS = frozenset(
-    {"user", "metadata", "store", "parallel_tool_calls", "service_tier", "response_format", "modalities"}
-)
+_IGNORED_CHAT_FIELDS = frozenset({"user", "metadata", "store", "parallel_tool_calls", "service_tier", "modalities"})
 _MAX_STOPS = 4  # OpenAI's limit on `stop`
 
 
@@ -178,10 +176,16 @@ def parse_chat_request(body: Any, max_choices: int) -> ChatRequest:
     unknown = set(body) - _IGNORED_CHAT_FIELDS - {
         "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "seed", "stop",
         "logprobs", "top_logprobs", "stream", "stream_options", "tools", "tool_choice", "frequency_penalty",
-        "presence_penalty", "logit_bias",
+        "presence_penalty", "logit_bias", "response_format",
     }  # fmt: skip
     if unknown:
         raise bad_param(sorted(unknown)[0], f"unknown or unsupported fields: {', '.join(sorted(unknown))}")
+    response_format = body.get("response_format")
+    if response_format is not None and response_format != {"type": "text"}:
+        raise bad_param(
+            "response_format",
+            "only response_format {'type': 'text'} is supported: the engine does not constrain output",
+        )
     logprobs = body.get("logprobs", False)
     if not isinstance(logprobs, bool) and logprobs is not None:
         raise bad_param("logprobs", f"'logprobs' must be true or false, got {logprobs!r}")

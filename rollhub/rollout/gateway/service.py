@@ -342,6 +342,13 @@ class Gateway:
                 generation = await self.engine.generate(prompt + ids, params)
             except ValueError as exc:  # the engine refused the request itself (ids, lengths)
                 raise ApiError(f"the engine refused the request: {exc}") from None
+            except Exception as exc:  # the machinery: a server down, a connection lost
+                logger.warning("engine failed: %r", exc)
+                raise ApiError(
+                    f"the inference engine failed ({type(exc).__name__}); retry later",
+                    status=502,
+                    code="engine_unavailable",
+                ) from exc
             ids += generation.token_ids
             logprobs += generation.logprobs
             versions += generation.token_versions
