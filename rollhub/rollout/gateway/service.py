@@ -137,6 +137,12 @@ class Gateway:
         self.metrics.leaves_exported += len(trajectories)
         return trajectories
 
+    def claim_trajectories(self, session_id: str) -> list[Trajectory]:
+        """Take the trajectories of one ended session out of the finished ones (a producer that owns it)."""
+        mine = [t for t in self.finished if t.info.get("session_id") == session_id]
+        self.finished = [t for t in self.finished if t.info.get("session_id") != session_id]
+        return mine
+
     def take_trajectories(self) -> list[Trajectory]:
         """The trajectories of sessions ended since the last call (group them with `group_trajectories`)."""
         taken, self.finished = self.finished, []
