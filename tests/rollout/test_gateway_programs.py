@@ -93,3 +93,41 @@ async def test_a_separate_process_is_a_program_and_its_failure_is_marked_not_dro
     (failed,) = bad.trajectories
     assert failed.status is TrajectoryStatus.INFRA_FAILED and "exited with 3" in failed.infra_error
     assert len(failed.turns) == 1  # what it generated is kept, unscored
+
+
+async def test_program_rollout_fills_the_buffer_and_stamps_new_versions_after_a_weight_update():
+    import asyncio
+    import itertools
+
+    from rollhub.rollout.gateway.rollout import ProgramRollout
+    from rollhub.rollout.source import RolloutSource
+
+    tokenizer = build_reasoning_tokenizer()
+    model = scripted_tool_model(tokenizer)
+    engine = HFEngine(model, tokenizer, threads=1)
+    buffer = GroupBuffer(batch_size_groups=2, alpha=1.0)
+    rollout = ProgramRollout(
+        engine, tokenizer, add_program, env_id="test/Add-v0", group_size=2, seeds=itertools.count(), buffer=buffer
+    )
+    assert isinstance(rollout, RolloutSource)
+    stop = asyncio.Event()
+    producing = asyncio.ensure_future(rollout.run(stop))
+    try:
+        first = await buffer.get_batch(trainer_version=0, timeout_s=120)
+        await rollout.update_weights({k: v.clone() for k, v in model.state_dict().items()}, version=1)
+        later = []
+        for _ in range(4):  # groups started after the update carry version 1
+            later += await buffer.get_batch(trainer_version=1, timeout_s=120)
+            if any(g.oldest_version == 1 for g in later):
+                break
+    finally:
+        stop.set()
+        await asyncio.wait_for(producing, timeout=60)
+        await rollout.close()
+        await engine.close()
+    assert len(first) == 2 and all(len(g.trajectories) == 2 for g in first)
+    assert all(g.newest_version == 0 for g in first)
+    assert any(g.oldest_version == 1 for g in later)
+    summary = rollout.summary()
+    assert summary["groups_done"] >= 4 and summary["gateway/bridge_break_rate"] == 0.0
+    assert summary["weight_updates"][0]["version"] == 1

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -97,9 +98,9 @@ async def run_program_group(
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     sessions = [gateway.start_session(env_id, seed) for _ in range(group_size)]
-    group_id = sessions[0].group_id
+    group_id = f"{env_id}:{seed}:{uuid.uuid4().hex[:8]}"  # unique: a seed may be played again later
     for session in sessions:
-        session.group_id = group_id  # one group even when the task has no seed
+        session.group_id = group_id
     tasks = [
         ProgramTask(gateway, s.session_id, f"{gateway_url}/sessions/{s.session_id}/v1", env_id, seed, index)
         for index, s in enumerate(sessions)
