@@ -8,7 +8,8 @@ its `base_url`; calls outside a session are answered and not recorded):
 RL session API:
   POST /rl/sessions                  {"env_id"?, "seed"?, "group_id"?, "metadata"?} -> {"session_id", "base_url"}
   GET  /sessions/{session_id}        the session's tree in numbers
-  POST /sessions/{session_id}/reward {"reward", "node_id"?}: the whole session's, or the leaves under one node
+  POST /sessions/{session_id}/reward {"reward", "node_id"?, "success"?}: the whole session's, or the leaves
+                                     under one node; `success` marks the episode solved (success-rate metrics)
   POST /sessions/{session_id}/end    -> its trajectories (one per leaf), kept for the trainer
   GET  /rl/metrics                   bridge_break_rate, branches per session, calls by kind, 429s
 
@@ -27,7 +28,7 @@ from aiohttp import web
 
 from rollhub.rollout.gateway.errors import ApiError, bad_param
 from rollhub.rollout.gateway.replies import chat_response, chat_stream_chunks, completion_response
-from rollhub.rollout.gateway.requests import parse_chat_request, parse_completion_request
+from rollhub.rollout.gateway.requests import parse_chat_request, parse_completion_request, pin_sampling
 from rollhub.rollout.gateway.service import Gateway
 from rollhub.rollout.gateway.sessions import Session
 from rollhub.rollout.serialization import trajectory_to_dict
@@ -82,7 +83,8 @@ async def handle_models(request: web.Request) -> web.Response:
 async def handle_chat(request: web.Request) -> web.StreamResponse:
     gateway = _gateway(request)
     session = _session(request)
-    parsed = parse_chat_request(await _json(request), gateway.config.max_choices)
+    body = pin_sampling(await _json(request), gateway.config.temperature, gateway.config.top_p)
+    parsed = parse_chat_request(body, gateway.config.max_choices)
     async with gateway.admit():
         result = await gateway.chat(parsed, session)
     sampling = parsed.sampling
@@ -112,7 +114,8 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
 async def handle_completions(request: web.Request) -> web.Response:
     gateway = _gateway(request)
     session = _session(request)
-    parsed = parse_completion_request(await _json(request), gateway.config.max_choices, gateway.vocab_size)
+    body = pin_sampling(await _json(request), gateway.config.temperature, gateway.config.top_p)
+    parsed = parse_completion_request(body, gateway.config.max_choices, gateway.vocab_size)
     if parsed.sampling.stream:
         raise bad_param("stream", "streaming is supported on /v1/chat/completions only; set stream: false")
     async with gateway.admit():
@@ -186,7 +189,12 @@ async def handle_reward(request: web.Request) -> web.Response:
             param="node_id",
             code="node_not_found",
         )
+    success = body.get("success")
+    if success is not None and not isinstance(success, bool):
+        raise bad_param("success", f"'success' must be true or false, got {success!r}")
     session.rewards[node_id] = float(reward)
+    if success is not None:
+        session.success = success
     return web.json_response({"session_id": session.session_id, "node_id": node_id, "reward": float(reward)})
 
 

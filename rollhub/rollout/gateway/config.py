@@ -22,6 +22,11 @@ class GatewayConfig:
     # in the `rollhub` extension field (clients that do not know it ignore it)
     return_tokens: bool = True
     max_body_bytes: int = 8 * 1024 * 1024
+    # sampling a training run pins (the trainer scores tokens at its own temperature and top-p): a
+    # request may leave these out or name the same value; None = each request decides (serving)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int = -1  # sample among the k likeliest tokens (not in OpenAI's API): -1 = off
 
     def validate(self) -> None:
         if not self.model_name:
@@ -34,5 +39,11 @@ class GatewayConfig:
             raise ValueError(f"max_context_tokens must be >= 2 or null (the engine's), got {self.max_context_tokens}")
         if self.default_max_tokens < 1 or self.max_choices < 1 or self.max_resubmits < 0:
             raise ValueError("default_max_tokens and max_choices must be >= 1, max_resubmits >= 0")
+        if self.temperature is not None and not 0 <= self.temperature <= 2:
+            raise ValueError(f"temperature must be in [0, 2] or null, got {self.temperature}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] or null, got {self.top_p}")
+        if self.top_k != -1 and self.top_k < 1:
+            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")

@@ -236,3 +236,20 @@ def parse_completion_request(body: Any, max_choices: int, vocab_size: int) -> Co
     if sampling.max_tokens is None:
         sampling.max_tokens = 16  # OpenAI's default for this API
     return CompletionRequest(model=_model(body), prompt_text=text, prompt_ids=ids, sampling=sampling)
+
+
+def pin_sampling(body: Any, temperature: float | None, top_p: float | None) -> Any:
+    """`body` with the pinned temperature / top-p filled in; 400 for a request that names another value.
+
+    A training run scores the model's tokens at its own temperature and top-p, so a session that
+    sampled otherwise would train on wrong behaviour log-probs: refused, with the value to use."""
+    if not isinstance(body, dict):
+        return body
+    for key, pinned in (("temperature", temperature), ("top_p", top_p)):
+        if pinned is None:
+            continue
+        given = body.get(key)
+        if given is not None and given != pinned:
+            raise bad_param(key, f"this gateway trains at {key}={pinned}: leave '{key}' out or send {pinned}")
+        body = {**body, key: pinned}
+    return body

@@ -342,6 +342,7 @@ class Gateway:
                 max_new_tokens=max_new - len(ids),
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
+                top_k=self.config.top_k,
                 seed=seed if not ids else None,
             )
             try:

@@ -71,6 +71,7 @@ class Session:
     calls: int = 0
     branched_calls: int = 0
     ended: bool = False
+    success: bool = False  # the program says the task was solved (`POST /sessions/{id}/reward`)
     rewards: dict[str | None, float] = field(default_factory=dict)  # node id (None = whole session) -> reward
     started_s: float = field(default_factory=time.perf_counter)
 
@@ -147,6 +148,7 @@ class Session:
                     seed=self.seed,
                     turns=turns,
                     status=TrajectoryStatus.COMPLETED,
+                    success=self.success,
                     group_id=self.group_id,
                     trajectory_id=f"{self.session_id}-{index}",
                     timings_s={"total": time.perf_counter() - self.started_s},
