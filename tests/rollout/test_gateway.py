@@ -396,3 +396,18 @@ async def test_an_engine_that_is_down_is_a_502_not_a_crash(reasoning_tokenizer):
             await openai_client.close()
     finally:
         await engine.close()
+
+
+async def test_a_training_gateway_pins_temperature_and_top_p(tool_engine, reasoning_tokenizer):
+    """The trainer scores tokens at the run's temperature: a session sampled otherwise is refused, not mis-trained."""
+    gateway = Gateway(tool_engine, reasoning_tokenizer, GatewayConfig(temperature=0.7, top_p=0.9))
+    async with served(gateway) as url:
+        openai_client = client(url)
+        hello = [{"role": "user", "content": "hi"}]
+        for key, value in (("temperature", 1.0), ("top_p", 1.0)):
+            with pytest.raises(openai.BadRequestError) as caught:
+                await openai_client.chat.completions.create(model=MODEL, messages=hello, max_tokens=2, **{key: value})
+            assert caught.value.body["param"] == key
+        answered = await openai_client.chat.completions.create(model=MODEL, messages=hello, max_tokens=2)
+        assert answered.choices[0].model_extra["rollhub"]["token_ids"]
+        await openai_client.close()
