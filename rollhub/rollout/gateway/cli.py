@@ -17,7 +17,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument("--engine-url", help="a running 'rollhub serve' or SGLang server (needs --tokenizer)")
     gateway.add_argument("--tokenizer", default=None, help="tokenizer dir (default: --model)")
     gateway.add_argument("--engine-api-key", default=None, help="the server's key (default $ROLLHUB_API_KEY)")
-    gateway.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback only)")
+    gateway.add_argument(
+        "--host", default="127.0.0.1", help="loopback address to listen on (the gateway has no authentication)"
+    )
     gateway.add_argument("--port", type=int, default=8000)
     gateway.add_argument("--model-name", default="rollhub-policy", help="the id /v1/models lists")
     gateway.add_argument("--max-in-flight", type=int, default=None, help="calls at once before 429 (default no cap)")
@@ -44,6 +46,11 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
         config.validate()
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        raise UserError(
+            "the gateway has no authentication: serve it on a loopback address (--host 127.0.0.1) "
+            "and let agent programs on other machines reach it through an SSH tunnel"
+        )
     if args.engine_url and not args.tokenizer:
         raise UserError("--engine-url needs --tokenizer DIR: the gateway renders chat templates itself")
 
