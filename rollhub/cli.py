@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "rollhub.sandbox.cli",  # rollhub sandbox gc|build-base|...
     "rollhub.inference.cli",  # rollhub model init-tiny|smollm2, rollhub serve
     "rollhub.rollout.cli",  # rollhub rollout
+    "rollhub.rollout.gateway.cli",  # rollhub gateway
     "rollhub.trainer.cli",  # rollhub train, rollhub sft, rollhub view
     "rollhub.trainer.config_cli",  # rollhub config show
     "rollhub.bench.cli",  # rollhub bench NAME

@@ -47,7 +47,7 @@ import itertools
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rollhub.inference.engines.base import Generation, InferenceEngine, SamplingParams
@@ -87,6 +87,9 @@ class AgentConfig:
     # visible conversation with the chat template for every turn (for templates that rewrite
     # earlier turns, e.g. drop old <think> blocks, when training should match serving)
     multi_turn: Literal["prefix", "per_turn"] = "prefix"
+    # train an agent program instead of this loop: a command run once per episode with OPENAI_BASE_URL
+    # set to its own gateway session; it gives its reward through the session API (docs/gateway.md)
+    program: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
         if self.history_window is not None and self.history_window < 0:
@@ -103,6 +106,8 @@ class AgentConfig:
             raise ValueError(f"multi_turn must be 'prefix' or 'per_turn', got {self.multi_turn!r}")
         if self.max_resubmits < 0:
             raise ValueError("max_resubmits must be >= 0")
+        if any(not isinstance(part, str) or not part for part in self.program):
+            raise ValueError(f"program must be a command as a list of non-empty strings, got {self.program!r}")
         if self.max_turns is not None and self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1 or null (the env's own limit), got {self.max_turns}")
         # the float checks are written `not (in range)` so that nan fails them too

@@ -282,6 +282,8 @@ def build_rollout(
     jsonl_path = str(run_dir / RUN_TRAJECTORY_LOG) if config.train.log_trajectories else None
     if buffer is not None:  # redundant groups get admission slots of their own; the staleness rule
         buffer.configure(redundant_groups=rollout.redundant_groups, staleness_rule=rollout.staleness_rule)
+    if config.agent.program:  # an agent program's sessions through the gateway (docs/gateway.md)
+        return build_program_rollout(config, engine, tokenizer, buffer=buffer, seeds=seeds, jsonl_path=jsonl_path)
     if config.cluster.backend == "ray":  # env shards and engine servers as Ray actors (docs/ray.md)
         from rollhub.rollout.cluster.backend import RayRollout
 
@@ -305,5 +307,42 @@ def build_rollout(
         agent=config.agent,
         buffer=buffer,
         seeds=seeds,
+        jsonl_path=jsonl_path,
+    )
+
+
+def build_program_rollout(
+    config: RunConfig,
+    engine: InferenceEngine,
+    tokenizer: Any,
+    *,
+    buffer: GroupBuffer | None,
+    seeds: Iterator[int],
+    jsonl_path: str | None,
+) -> RolloutSource:
+    """`agent.program` run once per episode against a gateway session; sampling pinned to the run's."""
+    from rollhub.rollout.gateway.config import GatewayConfig
+    from rollhub.rollout.gateway.programs import command_program
+    from rollhub.rollout.gateway.rollout import ProgramRollout
+
+    agent = config.agent
+    if config.cluster.backend == "ray":
+        raise UserError("agent.program runs in the trainer's process: use cluster.backend: local with it")
+    gateway_config = GatewayConfig(
+        temperature=agent.temperature,
+        top_p=agent.top_p,
+        top_k=agent.top_k,
+        default_max_tokens=agent.max_new_tokens,
+        max_context_tokens=agent.max_context_tokens,
+    )
+    return ProgramRollout(
+        engine,
+        tokenizer,
+        command_program(agent.program),
+        env_id=config.env.id,
+        group_size=config.rollout.group_size,
+        seeds=seeds,
+        buffer=buffer,
+        config=gateway_config,
         jsonl_path=jsonl_path,
     )

@@ -1,0 +1,192 @@
+"""Gateway answers in OpenAI's response shapes, plus the `rollhub` extension field.
+
+The extension field carries what an RL trainer needs and OpenAI does not return:
+`response.rollhub` = {session_id, call_kind, prompt_token_ids} and per choice
+`choice.rollhub` = {node_id, token_ids, logprobs, token_versions, engine_finish_reason,
+tool_call_errors}. Clients that do not know it ignore it (the `openai` package keeps it in
+`model_extra`).
+
+Streaming (`stream: true`) sends the same completion as server-sent events: a role chunk,
+the content token by token (each delta the text one more token adds), tool calls as one
+delta, a finish chunk, optionally a usage chunk, then `[DONE]`. The engine contract returns
+whole generations, so the events follow the generation rather than racing it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rollhub.rollout.gateway.service import CallResult, Choice
+
+
+def _usage(result: CallResult) -> dict[str, int]:
+    completion = sum(len(c.token_ids) for c in result.choices)
+    return {
+        "prompt_tokens": len(result.prompt_ids),
+        "completion_tokens": completion,
+        "total_tokens": len(result.prompt_ids) + completion,
+    }
+
+
+def _call_extension(result: CallResult) -> dict[str, Any]:
+    return {"session_id": result.session_id, "call_kind": result.kind, "prompt_token_ids": result.prompt_ids}
+
+
+def _choice_extension(choice: Choice) -> dict[str, Any]:
+    return {
+        "node_id": choice.node_id,
+        "token_ids": choice.token_ids,
+        "logprobs": choice.logprobs,
+        "token_versions": choice.versions,
+        "engine_finish_reason": choice.engine_finish_reason,
+        "tool_call_errors": choice.tool_call_errors,
+    }
+
+
+def _token_texts(tokenizer: Any, choice: Choice) -> list[str]:
+    return [tokenizer.decode([token]) for token in choice.token_ids]
+
+
+def _chat_logprobs(tokenizer: Any, choice: Choice) -> dict[str, Any]:
+    return {
+        "content": [
+            {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8")), "top_logprobs": []}
+            for text, logprob in zip(_token_texts(tokenizer, choice), choice.logprobs)
+        ],
+        "refusal": None,
+    }
+
+
+def chat_message(choice: Choice) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": choice.content, "refusal": None}
+    if choice.tool_calls:
+        message["tool_calls"] = choice.tool_calls
+    return message
+
+
+def chat_response(
+    result: CallResult, model: str, tokenizer: Any, *, logprobs: bool, with_tokens: bool
+) -> dict[str, Any]:
+    """The `chat.completion` object."""
+    choices = []
+    for choice in result.choices:
+        entry: dict[str, Any] = {
+            "index": choice.index,
+            "message": chat_message(choice),
+            "finish_reason": choice.finish_reason,
+            "logprobs": _chat_logprobs(tokenizer, choice) if logprobs else None,
+        }
+        if with_tokens:
+            entry["rollhub"] = _choice_extension(choice)
+        choices.append(entry)
+    response: dict[str, Any] = {
+        "id": f"chatcmpl-{result.choices[0].node_id}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": _usage(result),
+        "system_fingerprint": None,
+    }
+    if with_tokens:
+        response["rollhub"] = _call_extension(result)
+    return response
+
+
+def chat_stream_chunks(
+    result: CallResult, model: str, tokenizer: Any, *, logprobs: bool, with_tokens: bool, include_usage: bool
+) -> list[dict[str, Any]]:
+    """The `chat.completion.chunk` objects of a streamed answer (module docstring)."""
+    response_id = f"chatcmpl-{result.choices[0].node_id}"
+    created = int(time.time())
+
+    def chunk(index: int, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
+        choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": extra.pop("logprobs", None)}
+        choice.update(extra)
+        return {
+            "id": response_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [choice],
+        }
+
+    chunks = []
+    for choice in result.choices:
+        chunks.append(chunk(choice.index, {"role": "assistant", "content": ""}))
+        content = choice.content or ""
+        if choice.tool_calls:
+            if content:
+                chunks.append(chunk(choice.index, {"content": content}))
+            calls = [{"index": i, **call} for i, call in enumerate(choice.tool_calls)]
+            chunks.append(chunk(choice.index, {"tool_calls": calls}))
+        else:
+            sent = 0
+            texts = _token_texts(tokenizer, choice)
+            for count in range(1, len(choice.token_ids) + 1):
+                upto = tokenizer.decode(choice.token_ids[:count], skip_special_tokens=True)
+                end = min(len(upto), len(content))
+                if not content.startswith(upto[:end]):
+                    continue  # a character split across tokens: its bytes arrive with a later token
+                delta = content[sent:end] if end > sent else ""
+                sent = max(sent, end)
+                token_logprobs = None
+                if logprobs:
+                    text = texts[count - 1]
+                    entry = {"token": text, "logprob": choice.logprobs[count - 1], "top_logprobs": []}
+                    token_logprobs = {"content": [{**entry, "bytes": list(text.encode("utf-8"))}], "refusal": None}
+                if delta or token_logprobs:
+                    chunks.append(chunk(choice.index, {"content": delta}, logprobs=token_logprobs))
+            if sent < len(content):
+                chunks.append(chunk(choice.index, {"content": content[sent:]}))
+        extra = {"rollhub": _choice_extension(choice)} if with_tokens else {}
+        chunks.append(chunk(choice.index, {}, choice.finish_reason, **extra))
+    if include_usage:
+        chunks.append(
+            {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model,
+             "choices": [], "usage": _usage(result)}
+        )  # fmt: skip
+    if with_tokens:
+        chunks[-1]["rollhub"] = _call_extension(result)
+    return chunks
+
+
+def completion_response(
+    result: CallResult, model: str, tokenizer: Any, *, logprobs: bool, with_tokens: bool
+) -> dict[str, Any]:
+    """The `text_completion` object."""
+    choices = []
+    for choice in result.choices:
+        entry: dict[str, Any] = {
+            "index": choice.index,
+            "text": choice.text,
+            "finish_reason": choice.finish_reason,
+            "logprobs": None,
+        }
+        if logprobs:
+            texts = _token_texts(tokenizer, choice)
+            offsets, at = [], 0
+            for text in texts:
+                offsets.append(at)
+                at += len(text)
+            entry["logprobs"] = {
+                "tokens": texts,
+                "token_logprobs": choice.logprobs,
+                "top_logprobs": None,
+                "text_offset": offsets,
+            }
+        if with_tokens:
+            entry["rollhub"] = _choice_extension(choice)
+        choices.append(entry)
+    response: dict[str, Any] = {
+        "id": f"cmpl-{result.choices[0].node_id}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": _usage(result),
+    }
+    if with_tokens:
+        response["rollhub"] = _call_extension(result)
+    return response
