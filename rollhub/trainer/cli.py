@@ -22,6 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument(
         "--resume", metavar="RUN_DIR", default=None, help="continue the run in RUN_DIR from its latest checkpoint"
     )
+    train.add_argument(
+        "--overwrite", action="store_true", help="replace the files of an earlier run in run_dir (a fresh start)"
+    )
     train.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
     train.set_defaults(func=_cmd_train)
 
@@ -67,6 +70,7 @@ def load_run_config(config_path: str | None, overrides: list[str], resume: str |
 
 def _cmd_train(args: argparse.Namespace) -> int:
     import asyncio
+    import functools
     import logging
 
     from rollhub.trainer.job import run_training
@@ -75,12 +79,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
     config = load_run_config(args.config, args.overrides, args.resume)
     logging.getLogger("rollhub").setLevel(min(logging.getLogger().level, logging.WARNING))
     resume = args.resume is not None
+    job = functools.partial(run_training, overwrite=args.overwrite)
     if launched_ranks() or config.trainer.world_size > 1:  # torchrun, or trainer.world_size: N (docs/ray.md)
-        summary = train_on_ranks(config, run_training, resume=resume, progress=not args.no_progress)
+        summary = train_on_ranks(config, job, resume=resume, progress=not args.no_progress)
         if summary is None:  # a follower rank (torchrun): rank 0 reports
             end_follower_process(0)
     else:
-        summary = asyncio.run(run_training(config, resume=resume, progress=not args.no_progress))
+        summary = asyncio.run(job(config, resume=resume, progress=not args.no_progress))
     print(
         f"run folder: {summary.run_dir} "
         f"(metrics.jsonl, tensorboard/, learning_curve.png; rollhub view {summary.run_dir})"

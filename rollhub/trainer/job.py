@@ -1,8 +1,9 @@
 """The training job, phase by phase: prepare -> SFT -> build -> restore -> evaluate -> reinforce
 -> finish -> report.
 
-  prepare    refuse to overwrite another run, find the checkpoint to resume (rollhub.trainer.run_dir),
-             the model dir (a tiny model is built if missing)
+  prepare    lock the run folder, refuse to overwrite another run or resume with a changed config,
+             find the checkpoint to resume (rollhub.trainer.run_dir), the model dir
+             (rollhub.trainer.model_source)
   SFT        the warm-start on scripted-expert demonstrations, if enabled and not done yet
              (rollhub.trainer.sft_job)
   build      everything the job trains with, once (`rollhub.trainer.build.build_run`)
@@ -52,6 +53,7 @@ from rollhub.trainer.report import TrainingSummary, greedy_metrics, report
 from rollhub.trainer.rl_loop import AfterStep, LoopState, rl_loop
 from rollhub.trainer.run import Run
 from rollhub.trainer.run_dir import SFT_MODEL_DIR, WARMSTART_FILE, open_run_dir, restore, save, sft_model_ready
+from rollhub.trainer.run_lock import hold_run_dir
 from rollhub.trainer.selection import CheckpointSelector
 from rollhub.trainer.sft_job import warm_start
 from rollhub.trainer.step_metrics import rollout_metrics
@@ -64,12 +66,15 @@ async def run_training(
     config: RunConfig,
     *,
     resume: bool = False,
+    overwrite: bool = False,
     progress: bool = True,
     print_fn: Callable[[str], None] = print,
     ranks: RankGroup | None = None,
 ) -> TrainingSummary:
     """The whole job (see module docstring). Returns warm-start and final evaluations.
 
+    The run folder is locked for the job's life (rollhub.trainer.run_lock): a second run on it is
+    refused. `overwrite`: a fresh run may replace the files of an earlier run in the folder.
     `ranks`: this process is rank 0 of a group of trainer ranks (rollhub.trainer.ranks);
     everything but the tensor work of the policy (updates, weight gathers, checkpoints) stays here.
     """
@@ -81,7 +86,30 @@ async def run_training(
         from rollhub.rollout.cluster.backend import import_ray
 
         import_ray()
-    checkpoint = open_run_dir(config, resume=resume)
+    with hold_run_dir(config.run_dir):
+        return await _locked_job(
+            config,
+            resume=resume,
+            overwrite=overwrite,
+            progress=progress,
+            print_fn=print_fn,
+            ranks=ranks,
+            job_started=job_started,
+        )
+
+
+async def _locked_job(
+    config: RunConfig,
+    *,
+    resume: bool,
+    overwrite: bool,
+    progress: bool,
+    print_fn: Callable[[str], None],
+    ranks: RankGroup | None,
+    job_started: float,
+) -> TrainingSummary:
+    """`run_training` from its run folder on, while this process holds the folder's lock."""
+    checkpoint = open_run_dir(config, resume=resume, overwrite=overwrite)
     run_dir = Path(config.run_dir)
     seed_everything(config.seed)
     t = time.perf_counter()
