@@ -12,6 +12,7 @@ a few fields picked out of a section.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import random
@@ -32,6 +33,7 @@ from rollhub.rollout.trajectory_log import RUN_TRAJECTORY_LOG
 from rollhub.trainer.config import RunConfig
 from rollhub.trainer.metrics import MetricsLog
 from rollhub.trainer.policy import Policy
+from rollhub.trainer.progress import NO_PROGRESS, JobProgress
 from rollhub.trainer.ranks.group import RankGroup
 from rollhub.trainer.run import Run
 
@@ -94,13 +96,16 @@ def unsharded_config(config: RunConfig) -> RunConfig:
     return dataclasses.replace(config, model=dataclasses.replace(config.model, fsdp=False))
 
 
-def ensure_model(config: RunConfig) -> Path:
+def ensure_model(config: RunConfig, *, progress: JobProgress = NO_PROGRESS) -> Path:
     """The model dir `model.path` names: a local checkpoint, a hub id from the Hugging Face cache, or
-    one the recipe asks to be built (`model.export`, `model.init_tiny`); see rollhub.trainer.model_source."""
-    from rollhub.trainer.model_source import resolve_model_path
+    one the recipe asks to be built (`model.export`, `model.init_tiny`); see rollhub.trainer.model_source.
+    An export (a minute or more) shows on `progress`."""
+    from rollhub.trainer.model_source import is_model_dir, resolve_model_path
 
     model = config.model
-    return resolve_model_path(model.path, init_tiny=model.init_tiny, export=model.export, seed=config.seed)
+    exporting = model.export is not None and not is_model_dir(Path(model.path))
+    with progress.phase(f"export {model.export} to {model.path}") if exporting else contextlib.nullcontext():
+        return resolve_model_path(model.path, init_tiny=model.init_tiny, export=model.export, seed=config.seed)
 
 
 def model_device(config: RunConfig) -> str:

@@ -32,6 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sft.add_argument("config", help="recipe YAML (its model/env/agent/sft/eval sections are used)")
     sft.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     sft.add_argument("--out", default=None, help="where to write the fine-tuned model (default RUN_DIR/sft_model)")
+    sft.add_argument("--no-progress", action="store_true", help="no progress bars (logs only)")
     sft.set_defaults(func=_cmd_sft)
 
     evaluate = subparsers.add_parser("eval", help="success rate of a model dir on a recipe's held-out seeds")
@@ -42,6 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     evaluate.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="e.g. eval.temperature=1.0"
     )
+    evaluate.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
     evaluate.set_defaults(func=_cmd_eval)
 
     view = subparsers.add_parser("view", help="read a run's trajectories: static HTML (default) or text")
@@ -99,7 +101,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     from rollhub.trainer.sft_job import run_sft_job
 
     config = load_run_config(args.config, args.overrides, None)
-    asyncio.run(run_sft_job(config, out_dir=args.out))
+    asyncio.run(run_sft_job(config, out_dir=args.out, progress=not args.no_progress))
     return 0
 
 
@@ -108,10 +110,16 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     from rollhub.trainer.evaluate import evaluate_model_dir
     from rollhub.trainer.model_source import resolve_model_path
+    from rollhub.trainer.progress import JobProgress, silence_library_progress
 
     config = load_run_config(args.config, args.overrides, None)
     model_dir = resolve_model_path(args.model, what="--model")  # a folder, or a hub id in the HF cache
-    result = asyncio.run(evaluate_model_dir(config, model_dir))
+    silence_library_progress()
+    with JobProgress(not args.no_progress) as display:
+        result = asyncio.run(evaluate_model_dir(config, model_dir, progress=display))
+    if result.all_infra_failed:  # no episode was scored: a 0% would blame the model
+        print(f"{config.eval.label}: {result.describe()}")
+        return 1
     print(
         f"success on {config.eval.label} (temperature {config.eval.temperature}): {100 * result.success_rate:.1f}%  "
         f"invalid actions {100 * result.invalid_action_rate:.1f}%  mean turns {result.mean_turns:.1f}"

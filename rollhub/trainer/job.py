@@ -48,6 +48,7 @@ from rollhub.trainer.config import RunConfig
 from rollhub.trainer.evaluate import EvalResult, evaluate_held_out
 from rollhub.trainer.learner import PolicyLearner
 from rollhub.trainer.logprob_check import version0_check
+from rollhub.trainer.progress import JobProgress, PhaseBar, silence_library_progress
 from rollhub.trainer.ranks.group import RankGroup
 from rollhub.trainer.report import TrainingSummary, greedy_metrics, report
 from rollhub.trainer.rl_loop import AfterStep, LoopState, rl_loop
@@ -67,7 +68,7 @@ async def run_training(
     *,
     resume: bool = False,
     overwrite: bool = False,
-    progress: bool = True,
+    progress: bool | JobProgress = True,
     print_fn: Callable[[str], None] = print,
     ranks: RankGroup | None = None,
 ) -> TrainingSummary:
@@ -75,6 +76,7 @@ async def run_training(
 
     The run folder is locked for the job's life (rollhub.trainer.run_lock): a second run on it is
     refused. `overwrite`: a fresh run may replace the files of an earlier run in the folder.
+    `progress`: bars for every long phase (rollhub.trainer.progress), or a display of the caller's.
     `ranks`: this process is rank 0 of a group of trainer ranks (rollhub.trainer.ranks);
     everything but the tensor work of the policy (updates, weight gathers, checkpoints) stays here.
     """
@@ -86,12 +88,14 @@ async def run_training(
         from rollhub.rollout.cluster.backend import import_ray
 
         import_ray()
-    with hold_run_dir(config.run_dir):
+    silence_library_progress()
+    display = progress if isinstance(progress, JobProgress) else JobProgress(progress)
+    with hold_run_dir(config.run_dir), display:
         return await _locked_job(
             config,
             resume=resume,
             overwrite=overwrite,
-            progress=progress,
+            progress=display,
             print_fn=print_fn,
             ranks=ranks,
             job_started=job_started,
@@ -103,7 +107,7 @@ async def _locked_job(
     *,
     resume: bool,
     overwrite: bool,
-    progress: bool,
+    progress: JobProgress,
     print_fn: Callable[[str], None],
     ranks: RankGroup | None,
     job_started: float,
@@ -113,7 +117,7 @@ async def _locked_job(
     run_dir = Path(config.run_dir)
     seed_everything(config.seed)
     t = time.perf_counter()
-    model_dir = ensure_model(config)
+    model_dir = ensure_model(config, progress=progress)
     sft_dir = run_dir / SFT_MODEL_DIR
     sft_done = config.sft.enabled and sft_model_ready(run_dir)  # a half-written sft_model/ is removed
     phases = {"prepare_s": time.perf_counter() - t}
@@ -123,7 +127,7 @@ async def _locked_job(
     sft_policy = None
     if checkpoint is None and config.sft.enabled and not sft_done:
         sft_policy = build_policy(config if ranks is None else unsharded_config(config), model_dir)
-        phases["sft_s"] = await warm_start(config, sft_policy, sft_dir, print_fn=print_fn)
+        phases["sft_s"] = await warm_start(config, sft_policy, sft_dir, print_fn=print_fn, progress=progress)
         sft_done = True
 
     # build, from the warm-start
@@ -131,6 +135,7 @@ async def _locked_job(
     policy = sft_policy if ranks is None else None
     run = build_run(config, sft_dir if sft_done else model_dir, policy=policy, ranks=ranks, started=job_started)
     run.phases = phases
+    run.progress = progress
     phases["prepare_s"] += time.perf_counter() - t
     if checkpoint is None:
         run.metrics_log.truncate_after(-1)  # a resume without a complete checkpoint starts over
@@ -151,7 +156,7 @@ async def _locked_job(
             if selector is not None:  # the warm-start is a candidate too: RL that only hurts hands it back
                 run.metrics_log.log(0, await validate(run, selector, 0, force=True))
             run.state.final_reserve_s = final_reserve_s(run.phases, select=selector is not None)
-        await reinforce(run, progress=progress, selector=selector)
+        await reinforce(run, selector=selector)
         # final evaluation on the same held-out seeds (of the policy eval.select picked, if on)
         final, last, selected_step = await finish(run, selector)
         # the engine holds the final policy's weights (the picked one's with eval.select)
@@ -185,8 +190,9 @@ async def _locked_job(
 # --- reinforce ----------------------------------------------------------------------------
 
 
-async def reinforce(run: Run, *, progress: bool, selector: CheckpointSelector | None = None) -> None:
-    """The RL phase: start the rollout source, run `rl_loop`, stop everything it started."""
+async def reinforce(run: Run, *, selector: CheckpointSelector | None = None) -> None:
+    """The RL phase: start the rollout source, run `rl_loop`, stop everything it started. A stop
+    before train.steps (a wall-clock cap) is written on the RL bar, with its reason."""
     config = run.config
     deadline = job_deadline(run)
     if deadline is not None and time.perf_counter() > deadline:  # before any rollout worker starts
@@ -212,9 +218,9 @@ async def reinforce(run: Run, *, progress: bool, selector: CheckpointSelector | 
     stop = asyncio.Event()
     producer = None if run.buffer is None else asyncio.ensure_future(rollout.run(stop))
     started = time.perf_counter()
-    with _progress(progress) as bar:
+    with run.progress.phase("RL", total=config.train.steps, completed=run.state.version) as bar:
         try:
-            await rl_loop(
+            stopped = await rl_loop(
                 learner,
                 rollout,
                 run.buffer,
@@ -225,6 +231,8 @@ async def reinforce(run: Run, *, progress: bool, selector: CheckpointSelector | 
                 max_wall_s=config.train.max_wall_s,
                 deadline=deadline,
             )
+            if stopped is not None:
+                bar.stop(stopped)
         finally:
             learner.close()
             stop.set()
@@ -237,11 +245,12 @@ async def reinforce(run: Run, *, progress: bool, selector: CheckpointSelector | 
         save(run, run.state)
 
 
-def _after_step(run: Run, rollout: RolloutSource, selector: CheckpointSelector | None, bar: Any) -> list[AfterStep]:
+def _after_step(
+    run: Run, rollout: RolloutSource, selector: CheckpointSelector | None, bar: PhaseBar
+) -> list[AfterStep]:
     """After each step, in order: the rollout's metrics, the periodic held-out reading (eval.every),
     the validation reading (eval.select), the log line and progress bar, the checkpoint."""
     config = run.config
-    task = bar.add_task("RL", total=config.train.steps, completed=run.state.version, info="") if bar else None
 
     async def describe_rollout(state: LoopState, record: dict[str, Any]) -> None:
         record.update(rollout_metrics(rollout, run.buffer))
@@ -257,9 +266,8 @@ def _after_step(run: Run, rollout: RolloutSource, selector: CheckpointSelector |
 
     async def log(state: LoopState, record: dict[str, Any]) -> None:
         run.metrics_log.log(state.version, record)
-        if bar is not None:
-            info = f"success {record.get('train/success_rate', 0):.2f}  idle {record['trainer/idle_fraction']:.2f}"
-            bar.update(task, completed=state.version, info=info)
+        info = f"success {record.get('train/success_rate', 0):.2f}  idle {record['trainer/idle_fraction']:.2f}"
+        bar.update(completed=state.version, info=info)
         logger.info("step %d: %s", state.version, {k: v for k, v in record.items() if isinstance(v, float)})
 
     async def checkpoint(state: LoopState, record: dict[str, Any]) -> None:
@@ -267,20 +275,6 @@ def _after_step(run: Run, rollout: RolloutSource, selector: CheckpointSelector |
             save(run, run.state)
 
     return [describe_rollout, periodic_eval, select, log, checkpoint]
-
-
-def _progress(enabled: bool):
-    if not enabled:
-        return contextlib.nullcontext(None)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[info]}"),
-    )
 
 
 RESERVE_MARGIN = 1.25  # the final readings' reserve over the warm-start's (see final_reserve_s)
@@ -320,7 +314,14 @@ async def evaluate(run: Run, label: str, *, greedy: bool = False, baseline: str 
         await run.engine.update_weights(run.policy.engine_state_dict(), run.state.version)
     async with trainer_players(run) as helpers:
         result = await evaluate_held_out(
-            run.engine, run.policy.tokenizer, run.config, greedy=greedy, baseline=baseline, helpers=helpers
+            run.engine,
+            run.policy.tokenizer,
+            run.config,
+            greedy=greedy,
+            baseline=baseline,
+            helpers=helpers,
+            progress=run.progress,
+            label=label,
         )
     key = f"eval_{label}_s"
     run.phases[key] = run.phases.get(key, 0.0) + time.perf_counter() - started
