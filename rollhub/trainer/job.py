@@ -196,11 +196,10 @@ async def reinforce(run: Run, *, selector: CheckpointSelector | None = None) -> 
     config = run.config
     deadline = job_deadline(run)
     if deadline is not None and time.perf_counter() > deadline:  # before any rollout worker starts
-        logger.warning(
-            "no RL: the warm-start used up train.max_job_wall_s=%s (%.0f s so far)",
-            config.train.max_job_wall_s,
-            run.wall_s(),
-        )
+        reason = f"no RL: the warm-start used up train.max_job_wall_s={config.train.max_job_wall_s}"
+        logger.warning("%s (%.0f s so far)", reason, run.wall_s())
+        with run.progress.phase("RL", total=config.train.steps, completed=run.state.version) as bar:
+            bar.stop(reason)
         return
     rollout = build_rollout(
         config,
@@ -360,7 +359,7 @@ async def validate(run: Run, selector: CheckpointSelector, step: int, *, force: 
     started = time.perf_counter()
     if run.engine.weight_version != run.state.version:
         await run.engine.update_weights(run.policy.engine_state_dict(), run.state.version)
-    result = await selector.score(run.engine, run.policy.tokenizer)
+    result = await selector.score(run.engine, run.policy.tokenizer, progress=run.progress)
     selector.consider(step, result, run.policy)
     run.phases["select_s"] = run.phases.get("select_s", 0.0) + time.perf_counter() - started
     return selector.metrics(result)
