@@ -4,8 +4,8 @@ Why: `rollhub train RECIPE --resume RUN` with a recipe of another model or batch
 overwrite RUN/config.json first and then fail on the checkpoint, leaving a run that no plain
 `--resume` could continue either. The check runs before anything in the run folder is
 written; a run may change only the knobs below, which decide how long it runs, how it is
-logged and checkpointed, how often it is evaluated and how many threads it takes, never what
-it learns from or how.
+logged and checkpointed, how often it is evaluated and how many threads and trainer ranks it
+takes, never what it learns from or how.
 """
 
 from __future__ import annotations
@@ -31,12 +31,18 @@ RESUMABLE_KEYS: tuple[str, ...] = (
     "model.threads",
     "engine.threads",
     "sft.threads",
+    # a checkpoint holds the full state, so a run resumes on any number of trainer ranks (docs/ray.md)
+    "trainer.world_size",
+    "trainer.backend",
+    "trainer.collective_timeout_s",
+    "trainer.ray_num_cpus",
+    "trainer.ray_num_gpus",
 )
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"train": {"steps": 5}} -> {"train.steps": 5}; mappings that are knob values (env.kwargs) stay whole
-    below their key only when empty, so a changed env argument is named by its own dotted key."""
+    """{"train": {"steps": 5}} -> {"train.steps": 5}; mappings of values (env.kwargs) are flattened too,
+    so a changed env argument is named by its own dotted key (an empty one stays a value: {})."""
     flat: dict[str, Any] = {}
     for key, value in tree.items():
         name = f"{prefix}{key}"

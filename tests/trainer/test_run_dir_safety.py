@@ -88,3 +88,13 @@ def test_a_stale_lock_is_taken_over_and_a_finished_run_needs_overwrite(tiny_mode
     assert "already holds a run" in err and "--overwrite" in err
     assert main(["train", str(recipe), "--no-progress", "--overwrite"]) == 0
     assert sum(1 for r in read_jsonl(run / "metrics.jsonl") if "eval/success_rate" in r) == 2  # one run's readings
+
+
+def test_every_resumable_key_is_a_knob_of_the_run():
+    """A renamed knob must not linger in RESUMABLE_KEYS (the resume check would never see it change)."""
+    from rollhub.core.config import config_to_dict
+    from rollhub.trainer.config import RunConfig
+    from rollhub.trainer.resume_config import RESUMABLE_KEYS, flatten
+
+    knobs = flatten(config_to_dict(RunConfig()))
+    assert [key for key in RESUMABLE_KEYS if key not in knobs] == []
