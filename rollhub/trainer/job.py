@@ -90,20 +90,28 @@ async def run_training(
         import_ray()
     silence_library_progress()
     display = progress if isinstance(progress, JobProgress) else JobProgress(progress)
-    with hold_run_dir(config.run_dir), display:
-        return await _locked_job(
-            config,
-            resume=resume,
-            overwrite=overwrite,
-            progress=display,
-            print_fn=print_fn,
-            ranks=ranks,
-            job_started=job_started,
-        )
+    with display:
+        seed_everything(config.seed)
+        t = time.perf_counter()
+        model_dir = ensure_model(config, progress=display)  # a model path that resolves to nothing: no run folder
+        prepare_s = time.perf_counter() - t
+        with hold_run_dir(config.run_dir):
+            return await _locked_job(
+                config,
+                model_dir,
+                resume=resume,
+                overwrite=overwrite,
+                progress=display,
+                print_fn=print_fn,
+                ranks=ranks,
+                job_started=job_started,
+                prepare_s=prepare_s,
+            )
 
 
 async def _locked_job(
     config: RunConfig,
+    model_dir: Path,
     *,
     resume: bool,
     overwrite: bool,
@@ -111,16 +119,15 @@ async def _locked_job(
     print_fn: Callable[[str], None],
     ranks: RankGroup | None,
     job_started: float,
+    prepare_s: float,
 ) -> TrainingSummary:
     """`run_training` from its run folder on, while this process holds the folder's lock."""
+    t = time.perf_counter()
     checkpoint = open_run_dir(config, resume=resume, overwrite=overwrite)
     run_dir = Path(config.run_dir)
-    seed_everything(config.seed)
-    t = time.perf_counter()
-    model_dir = ensure_model(config, progress=progress)
     sft_dir = run_dir / SFT_MODEL_DIR
     sft_done = config.sft.enabled and sft_model_ready(run_dir)  # a half-written sft_model/ is removed
-    phases = {"prepare_s": time.perf_counter() - t}
+    phases = {"prepare_s": prepare_s + time.perf_counter() - t}
 
     # SFT, unless done: the policy it trains is the one RL trains on (with ranks SFT runs on rank 0
     # alone, on an unsharded policy, and every rank then loads its shard of the SFT model)

@@ -41,7 +41,7 @@ def test_a_missing_model_folder_is_an_error_not_a_random_model(tmp_path, capsys,
     assert main(["train", str(recipe), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "does not exist" in err and "model.init_tiny: 5m" in err and "Traceback" not in err
-    assert not typo.exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
+    assert not typo.exists() and not (tmp_path / "run").exists()  # no model, no run folder
 
 
 def test_a_hub_id_never_builds_a_random_model_in_the_checkout(tmp_path, capsys, monkeypatch, empty_offline_hub):
