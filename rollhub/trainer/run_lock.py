@@ -65,6 +65,10 @@ class RunDirLock:
                 f"{self.run_dir} is in use by another run ({_describe(holder)}); wait for it to end, "
                 "or give this run another run_dir (--set run_dir=...)"
             ) from None
+        except OSError as exc:  # a filesystem without locks (some network mounts): run, but say so
+            os.close(fd)
+            logger.warning("%s cannot be locked (%s): nothing stops a second run on this folder", self.path, exc)
+            return
         stale = _read_holder(fd)
         if stale:
             logger.warning(
