@@ -1,9 +1,9 @@
 """The training job, phase by phase: prepare -> SFT -> build -> restore -> evaluate -> reinforce
 -> finish -> report.
 
-  prepare    lock the run folder, refuse to overwrite another run or resume with a changed config,
-             find the checkpoint to resume (rollhub.trainer.run_dir), the model dir
-             (rollhub.trainer.model_source)
+  prepare    the model dir (rollhub.trainer.model_source), then lock the run folder
+             (rollhub.trainer.run_lock), refuse to overwrite another run or to resume with a
+             changed config, find the checkpoint to resume (rollhub.trainer.run_dir)
   SFT        the warm-start on scripted-expert demonstrations, if enabled and not done yet
              (rollhub.trainer.sft_job)
   build      everything the job trains with, once (`rollhub.trainer.build.build_run`)
