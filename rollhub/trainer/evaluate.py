@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from rollhub.inference.engines.sglang import SGLangError
 from rollhub.rollout.agent import AgentConfig, run_episode
 from rollhub.rollout.types import Trajectory, TrajectoryStatus
+from rollhub.trainer.progress import NO_PROGRESS, JobProgress, PhaseBar
 
 if TYPE_CHECKING:
     from rollhub.trainer.config import RunConfig
@@ -43,10 +44,28 @@ class EvalResult:
     trajectories: list[Trajectory] = field(default_factory=list, repr=False)
 
     def metrics(self, prefix: str = "eval/") -> dict[str, float]:
-        return {f"{prefix}{k}": v for k, v in dataclasses.asdict(self).items() if k != "trajectories" and v is not None}
+        return {
+            f"{prefix}{k}": v
+            for k, v in dataclasses.asdict(self).items()
+            if k not in ("trajectories", "infra_reason") and v is not None
+        }
+
+    @property
+    def all_infra_failed(self) -> bool:
+        """No episode was scored because the machinery failed on every one: the rates say nothing."""
+        return self.infra_failures > 0 and not any(t.scored for t in self.trajectories)
+
+    @property
+    def infra_reason(self) -> str:
+        """The first infra failure's reason ('' without one)."""
+        return next((t.infra_error or "" for t in self.trajectories if not t.scored and t.infra_error), "")
 
     def describe(self) -> str:
-        """One line: success, and for a tool env the call rates and mean turns."""
+        """One line: success, and for a tool env the call rates and mean turns; a reading whose every
+        episode failed on infrastructure says so, never 0%."""
+        if self.all_infra_failed:
+            reason = self.infra_reason or "no reason recorded"
+            return f"all {self.infra_failures} episodes failed for infra reasons: {reason}"
         text = f"{100 * self.success_rate:.1f}%"
         if self.tool_call_rate is not None:
             valid = 0.0 if self.valid_call_rate is None else self.valid_call_rate
@@ -77,12 +96,13 @@ async def evaluate_policy(
     temperature: float = 0.0,
     max_concurrent: int = 64,
     env_id: str = "",
-    on_done: Callable[[], None] | None = None,
+    on_done: Callable[[Trajectory], None] | None = None,
     samples_per_seed: int = 1,
     helpers: Sequence[Any] = (),
 ) -> EvalResult:
     """Play `samples_per_seed` episodes per seed (at `temperature`, 0 = greedy) and summarise.
 
+    `on_done`: called with each episode as it ends (a progress bar's count).
     `helpers`: more engines with the same weights; every engine plays up to `max_concurrent`
     episodes at once and an engine with a free slot takes the next episode, so a faster engine
     plays more of them.
@@ -113,8 +133,6 @@ async def evaluate_policy(
             return failed
         finally:
             await env.close()
-            if on_done is not None:
-                on_done()
 
     episodes = [(seed, sample) for seed in seeds for sample in range(samples_per_seed)]
     engines = [engine, *helpers]
@@ -125,6 +143,8 @@ async def evaluate_policy(
     async def worker(player: Any) -> None:
         for index, (seed, sample) in pending:
             played[index] = await one(player, seed, sample)
+            if on_done is not None:
+                on_done(played[index])
 
     await asyncio.gather(*(worker(player) for player in engines for _ in range(slots)))
     trajectories = [t for t in played if t is not None]
@@ -149,7 +169,7 @@ async def evaluate_policy(
     )
 
 
-async def evaluate_model_dir(config: RunConfig, model_dir: Path) -> EvalResult:
+async def evaluate_model_dir(config: RunConfig, model_dir: Path, *, progress: JobProgress = NO_PROGRESS) -> EvalResult:
     """Evaluate an HF checkpoint dir with a RunConfig's engine, env, agent and eval settings."""
     import torch
 
@@ -164,7 +184,7 @@ async def evaluate_model_dir(config: RunConfig, model_dir: Path) -> EvalResult:
     engine = build_engine(config, model_dir)  # model.device and engine.backend, as in training
     try:
         await start_engine(engine)
-        return await evaluate_held_out(engine, engine.tokenizer, config)
+        return await evaluate_held_out(engine, engine.tokenizer, config, progress=progress)
     finally:
         await engine.close()
 
@@ -177,22 +197,48 @@ async def evaluate_held_out(
     greedy: bool = False,
     baseline: str | None = None,
     helpers: Sequence[Any] = (),
+    progress: JobProgress = NO_PROGRESS,
+    label: str = "held-out",
 ) -> EvalResult:
     """A RunConfig's held-out evaluation (`eval.env`, by default its env; agent; `eval:`) with `engine`.
 
     greedy: one episode per seed at temperature 0 instead of eval.temperature x samples_per_seed.
-    baseline: the same seeds with the env of reading `eval.baselines.<baseline>`."""
+    baseline: the same seeds with the env of reading `eval.baselines.<baseline>`.
+    progress: a bar `eval <label>` counts the episodes played and the success so far."""
     from rollhub.trainer.build import make_baseline_env_factory, make_eval_env_factory
 
-    return await evaluate_policy(
-        engine,
-        tokenizer,
-        make_eval_env_factory(config) if baseline is None else make_baseline_env_factory(config, baseline),
-        config.agent,
-        config.eval.seeds,
-        temperature=0.0 if greedy else config.eval.temperature,
-        max_concurrent=config.env.max_concurrent,
-        env_id=config.eval_env_id,
-        samples_per_seed=1 if greedy else config.eval.samples_per_seed,
-        helpers=helpers,
-    )
+    samples = 1 if greedy else config.eval.samples_per_seed
+    with progress.phase(f"eval {label}", total=len(config.eval.seeds) * samples) as bar:
+        return await evaluate_policy(
+            engine,
+            tokenizer,
+            make_eval_env_factory(config) if baseline is None else make_baseline_env_factory(config, baseline),
+            config.agent,
+            config.eval.seeds,
+            temperature=0.0 if greedy else config.eval.temperature,
+            max_concurrent=config.env.max_concurrent,
+            env_id=config.eval_env_id,
+            samples_per_seed=samples,
+            helpers=helpers,
+            on_done=ReadingTally(bar),
+        )
+
+
+class ReadingTally:
+    """A reading's running count on its bar: episodes done, success among the scored ones, infra failures."""
+
+    def __init__(self, bar: PhaseBar):
+        self.bar = bar
+        self.scored = self.successes = self.infra_failed = 0
+
+    def __call__(self, trajectory: Trajectory) -> None:
+        if trajectory.scored:
+            self.scored += 1
+            self.successes += bool(trajectory.success)
+        else:
+            self.infra_failed += 1
+        self.bar.advance(1, info=self.info())
+
+    def info(self) -> str:
+        text = f"success {self.successes}/{self.scored}" if self.scored else "success -"
+        return text + (f"  infra failures {self.infra_failed}" if self.infra_failed else "")

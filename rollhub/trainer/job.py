@@ -1,8 +1,9 @@
 """The training job, phase by phase: prepare -> SFT -> build -> restore -> evaluate -> reinforce
 -> finish -> report.
 
-  prepare    refuse to overwrite another run, find the checkpoint to resume (rollhub.trainer.run_dir),
-             the model dir (a tiny model is built if missing)
+  prepare    the model dir (rollhub.trainer.model_source), then lock the run folder
+             (rollhub.trainer.run_lock), refuse to overwrite another run or to resume with a
+             changed config, find the checkpoint to resume (rollhub.trainer.run_dir)
   SFT        the warm-start on scripted-expert demonstrations, if enabled and not done yet
              (rollhub.trainer.sft_job)
   build      everything the job trains with, once (`rollhub.trainer.build.build_run`)
@@ -48,11 +49,13 @@ from rollhub.trainer.evaluate import EvalResult, evaluate_held_out
 from rollhub.trainer.learner import PolicyLearner
 from rollhub.trainer.logprob_check import version0_check
 from rollhub.trainer.memory_plan import check_run_memory
+from rollhub.trainer.progress import JobProgress, PhaseBar, silence_library_progress
 from rollhub.trainer.ranks.group import RankGroup
 from rollhub.trainer.report import TrainingSummary, greedy_metrics, report
 from rollhub.trainer.rl_loop import AfterStep, LoopState, rl_loop
 from rollhub.trainer.run import Run
 from rollhub.trainer.run_dir import SFT_MODEL_DIR, WARMSTART_FILE, open_run_dir, restore, save, sft_model_ready
+from rollhub.trainer.run_lock import hold_run_dir
 from rollhub.trainer.selection import CheckpointSelector
 from rollhub.trainer.sft_job import warm_start
 from rollhub.trainer.step_metrics import rollout_metrics
@@ -65,12 +68,16 @@ async def run_training(
     config: RunConfig,
     *,
     resume: bool = False,
-    progress: bool = True,
+    overwrite: bool = False,
+    progress: bool | JobProgress = True,
     print_fn: Callable[[str], None] = print,
     ranks: RankGroup | None = None,
 ) -> TrainingSummary:
     """The whole job (see module docstring). Returns warm-start and final evaluations.
 
+    The run folder is locked for the job's life (rollhub.trainer.run_lock): a second run on it is
+    refused. `overwrite`: a fresh run may replace the files of an earlier run in the folder.
+    `progress`: bars for every long phase (rollhub.trainer.progress), or a display of the caller's.
     `ranks`: this process is rank 0 of a group of trainer ranks (rollhub.trainer.ranks);
     everything but the tensor work of the policy (updates, weight gathers, checkpoints) stays here.
     """
@@ -82,22 +89,54 @@ async def run_training(
         from rollhub.rollout.cluster.backend import import_ray
 
         import_ray()
-    check_run_memory(config, print_fn=print_fn)  # a GPU run that cannot fit stops here, with the knobs named
-    checkpoint = open_run_dir(config, resume=resume)
-    run_dir = Path(config.run_dir)
-    seed_everything(config.seed)
+    silence_library_progress()
+    display = progress if isinstance(progress, JobProgress) else JobProgress(progress)
+    with display:
+        seed_everything(config.seed)
+        t = time.perf_counter()
+        model_dir = ensure_model(config, progress=display)  # a model path that resolves to nothing: no run folder
+        check_run_memory(config, model_dir, print_fn=print_fn)  # a GPU run that cannot fit stops here, knobs named
+        prepare_s = time.perf_counter() - t
+        with hold_run_dir(config.run_dir):
+            return await _locked_job(
+                config,
+                model_dir,
+                resume=resume,
+                overwrite=overwrite,
+                progress=display,
+                print_fn=print_fn,
+                ranks=ranks,
+                job_started=job_started,
+                prepare_s=prepare_s,
+            )
+
+
+async def _locked_job(
+    config: RunConfig,
+    model_dir: Path,
+    *,
+    resume: bool,
+    overwrite: bool,
+    progress: JobProgress,
+    print_fn: Callable[[str], None],
+    ranks: RankGroup | None,
+    job_started: float,
+    prepare_s: float,
+) -> TrainingSummary:
+    """`run_training` from its run folder on, while this process holds the folder's lock."""
     t = time.perf_counter()
-    model_dir = ensure_model(config)
+    checkpoint = open_run_dir(config, resume=resume, overwrite=overwrite)
+    run_dir = Path(config.run_dir)
     sft_dir = run_dir / SFT_MODEL_DIR
     sft_done = config.sft.enabled and sft_model_ready(run_dir)  # a half-written sft_model/ is removed
-    phases = {"prepare_s": time.perf_counter() - t}
+    phases = {"prepare_s": prepare_s + time.perf_counter() - t}
 
     # SFT, unless done: the policy it trains is the one RL trains on (with ranks SFT runs on rank 0
     # alone, on an unsharded policy, and every rank then loads its shard of the SFT model)
     sft_policy = None
     if checkpoint is None and config.sft.enabled and not sft_done:
         sft_policy = build_policy(config if ranks is None else unsharded_config(config), model_dir)
-        phases["sft_s"] = await warm_start(config, sft_policy, sft_dir, print_fn=print_fn)
+        phases["sft_s"] = await warm_start(config, sft_policy, sft_dir, print_fn=print_fn, progress=progress)
         sft_done = True
 
     # build, from the warm-start
@@ -105,6 +144,7 @@ async def run_training(
     policy = sft_policy if ranks is None else None
     run = build_run(config, sft_dir if sft_done else model_dir, policy=policy, ranks=ranks, started=job_started)
     run.phases = phases
+    run.progress = progress
     phases["prepare_s"] += time.perf_counter() - t
     if checkpoint is None:
         run.metrics_log.truncate_after(-1)  # a resume without a complete checkpoint starts over
@@ -125,7 +165,7 @@ async def run_training(
             if selector is not None:  # the warm-start is a candidate too: RL that only hurts hands it back
                 run.metrics_log.log(0, await validate(run, selector, 0, force=True))
             run.state.final_reserve_s = final_reserve_s(run.phases, select=selector is not None)
-        await reinforce(run, progress=progress, selector=selector)
+        await reinforce(run, selector=selector)
         # final evaluation on the same held-out seeds (of the policy eval.select picked, if on)
         final, last, selected_step = await finish(run, selector)
         # the engine holds the final policy's weights (the picked one's with eval.select)
@@ -159,16 +199,16 @@ async def run_training(
 # --- reinforce ----------------------------------------------------------------------------
 
 
-async def reinforce(run: Run, *, progress: bool, selector: CheckpointSelector | None = None) -> None:
-    """The RL phase: start the rollout source, run `rl_loop`, stop everything it started."""
+async def reinforce(run: Run, *, selector: CheckpointSelector | None = None) -> None:
+    """The RL phase: start the rollout source, run `rl_loop`, stop everything it started. A stop
+    before train.steps (a wall-clock cap) is written on the RL bar, with its reason."""
     config = run.config
     deadline = job_deadline(run)
     if deadline is not None and time.perf_counter() > deadline:  # before any rollout worker starts
-        logger.warning(
-            "no RL: the warm-start used up train.max_job_wall_s=%s (%.0f s so far)",
-            config.train.max_job_wall_s,
-            run.wall_s(),
-        )
+        reason = f"no RL: the warm-start used up train.max_job_wall_s={config.train.max_job_wall_s}"
+        logger.warning("%s (%.0f s so far)", reason, run.wall_s())
+        with run.progress.phase("RL", total=config.train.steps, completed=run.state.version) as bar:
+            bar.stop(reason)
         return
     rollout = build_rollout(
         config,
@@ -186,9 +226,9 @@ async def reinforce(run: Run, *, progress: bool, selector: CheckpointSelector | 
     stop = asyncio.Event()
     producer = None if run.buffer is None else asyncio.ensure_future(rollout.run(stop))
     started = time.perf_counter()
-    with _progress(progress) as bar:
+    with run.progress.phase("RL", total=config.train.steps, completed=run.state.version) as bar:
         try:
-            await rl_loop(
+            stopped = await rl_loop(
                 learner,
                 rollout,
                 run.buffer,
@@ -199,6 +239,8 @@ async def reinforce(run: Run, *, progress: bool, selector: CheckpointSelector | 
                 max_wall_s=config.train.max_wall_s,
                 deadline=deadline,
             )
+            if stopped is not None:
+                bar.stop(stopped)
         finally:
             learner.close()
             stop.set()
@@ -211,11 +253,12 @@ async def reinforce(run: Run, *, progress: bool, selector: CheckpointSelector | 
         save(run, run.state)
 
 
-def _after_step(run: Run, rollout: RolloutSource, selector: CheckpointSelector | None, bar: Any) -> list[AfterStep]:
+def _after_step(
+    run: Run, rollout: RolloutSource, selector: CheckpointSelector | None, bar: PhaseBar
+) -> list[AfterStep]:
     """After each step, in order: the rollout's metrics, the periodic held-out reading (eval.every),
     the validation reading (eval.select), the log line and progress bar, the checkpoint."""
     config = run.config
-    task = bar.add_task("RL", total=config.train.steps, completed=run.state.version, info="") if bar else None
 
     async def describe_rollout(state: LoopState, record: dict[str, Any]) -> None:
         record.update(rollout_metrics(rollout, run.buffer))
@@ -231,9 +274,8 @@ def _after_step(run: Run, rollout: RolloutSource, selector: CheckpointSelector |
 
     async def log(state: LoopState, record: dict[str, Any]) -> None:
         run.metrics_log.log(state.version, record)
-        if bar is not None:
-            info = f"success {record.get('train/success_rate', 0):.2f}  idle {record['trainer/idle_fraction']:.2f}"
-            bar.update(task, completed=state.version, info=info)
+        info = f"success {record.get('train/success_rate', 0):.2f}  idle {record['trainer/idle_fraction']:.2f}"
+        bar.update(completed=state.version, info=info)
         logger.info("step %d: %s", state.version, {k: v for k, v in record.items() if isinstance(v, float)})
 
     async def checkpoint(state: LoopState, record: dict[str, Any]) -> None:
@@ -241,20 +283,6 @@ def _after_step(run: Run, rollout: RolloutSource, selector: CheckpointSelector |
             save(run, run.state)
 
     return [describe_rollout, periodic_eval, select, log, checkpoint]
-
-
-def _progress(enabled: bool):
-    if not enabled:
-        return contextlib.nullcontext(None)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[info]}"),
-    )
 
 
 RESERVE_MARGIN = 1.25  # the final readings' reserve over the warm-start's (see final_reserve_s)
@@ -294,7 +322,14 @@ async def evaluate(run: Run, label: str, *, greedy: bool = False, baseline: str 
         await run.engine.update_weights(run.policy.engine_state_dict(), run.state.version)
     async with trainer_players(run) as helpers:
         result = await evaluate_held_out(
-            run.engine, run.policy.tokenizer, run.config, greedy=greedy, baseline=baseline, helpers=helpers
+            run.engine,
+            run.policy.tokenizer,
+            run.config,
+            greedy=greedy,
+            baseline=baseline,
+            helpers=helpers,
+            progress=run.progress,
+            label=label,
         )
     key = f"eval_{label}_s"
     run.phases[key] = run.phases.get(key, 0.0) + time.perf_counter() - started
@@ -333,7 +368,7 @@ async def validate(run: Run, selector: CheckpointSelector, step: int, *, force: 
     started = time.perf_counter()
     if run.engine.weight_version != run.state.version:
         await run.engine.update_weights(run.policy.engine_state_dict(), run.state.version)
-    result = await selector.score(run.engine, run.policy.tokenizer)
+    result = await selector.score(run.engine, run.policy.tokenizer, progress=run.progress)
     selector.consider(step, result, run.policy)
     run.phases["select_s"] = run.phases.get("select_s", 0.0) + time.perf_counter() - started
     return selector.metrics(result)

@@ -321,18 +321,20 @@ def memory_plan_inputs(config: Any, shape: ModelShape, gpu_bytes: int) -> PlanIn
     )
 
 
-def check_run_memory(config: Any, *, print_fn: Callable[[str], None] = print) -> MemoryPlan | None:
-    """Print the plan of a GPU run whose model config is on disk, and refuse one that cannot fit.
+def check_run_memory(
+    config: Any, model_dir: str | Path | None = None, *, print_fn: Callable[[str], None] = print
+) -> MemoryPlan | None:
+    """Print the plan of a GPU run, and refuse one that cannot fit.
 
-    Runs before the run directory, the model or the engine is touched. CPU runs and models
-    not yet built (a tiny init, an export) have no plan."""
+    Runs once the model folder is known (`model_dir`, default `model.path`) and before the run
+    folder, the weights or the engine are touched. CPU runs have no plan."""
     if not run_targets_gpu(config.model.device):
         return None
-    model_config = Path(config.model.path) / "config.json"
-    if not model_config.is_file():
+    folder = Path(model_dir if model_dir is not None else config.model.path)
+    if not (folder / "config.json").is_file():
         return None
     gpu_bytes, source = gpu_memory_bytes(config.model.device, config.trainer.gpu_memory_gib)
-    plan = plan_memory(memory_plan_inputs(config, ModelShape.read(config.model.path), gpu_bytes))
+    plan = plan_memory(memory_plan_inputs(config, ModelShape.read(folder), gpu_bytes))
     refuse_unless_fits(plan)
     if plan.inputs.engine == "sglang_shared" and gpu_bytes and source.startswith("cuda"):
         # the server's static share is taken when it starts, after the policy loaded: the trainer's

@@ -74,7 +74,13 @@ def report(
         "phases_s": run.phases,
     }
     (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    if before is not None:
+    readings = (("warm-start", warmstart), ("final", final))
+    failed = [(when, reading) for when, reading in readings if reading is not None and reading.all_infra_failed]
+    for when, reading in failed:  # its 0% would blame the policy for what the machinery did
+        print_fn(f"{when} reading on {config.eval.label}: {reading.describe()}")
+    if failed:
+        print_fn(f"no success rate to compare ({state.version} RL steps, {wall / 60:.1f} min)")
+    elif before is not None:
         print_fn(
             f"warm-start success: {100 * before:.1f}%  ->  final success: {100 * final.success_rate:.1f}%  "
             f"({final.success_rate - before:+.1%} on {config.eval.label}, "

@@ -59,9 +59,10 @@ async def rl_loop(
     after_step: Sequence[AfterStep] = (),
     max_wall_s: float | None = None,
     deadline: float | None = None,
-) -> None:
+) -> str | None:
     """Steps from `state.version` to `steps`; stops early past `max_wall_s` of its own, or when
-    another step as long as the last would end past `deadline` (a `time.perf_counter()` reading)."""
+    another step as long as the last would end past `deadline` (a `time.perf_counter()` reading).
+    Returns why it stopped early (for the progress bar and the log), None when it ran every step."""
     started = step_started = time.perf_counter()
     while state.version < steps:
         wait_started = time.perf_counter()
@@ -93,13 +94,16 @@ async def rl_loop(
             await hook(state, record)
 
         if max_wall_s is not None and now - started > max_wall_s:
-            logger.warning("stopping RL after %d steps: train.max_wall_s=%s reached", state.version, max_wall_s)
-            return
+            reason = f"train.max_wall_s={max_wall_s} reached after {state.version} of {steps} steps"
+            logger.warning("stopping RL: %s", reason)
+            return reason
         if deadline is not None and time.perf_counter() + step_wall > deadline:
-            logger.warning(
-                "stopping RL after %d steps: what is left of train.max_job_wall_s is the final readings'", state.version
+            reason = (
+                f"train.max_job_wall_s: what is left is the final readings' (after {state.version} of {steps} steps)"
             )
-            return
+            logger.warning("stopping RL: %s", reason)
+            return reason
+    return None
 
 
 async def next_batch(rollout: RolloutSource, buffer: GroupBuffer | None, size: int, version: int) -> list[Group]:

@@ -15,6 +15,7 @@ from rollhub.rollout.seed_sources import SeedSource
 from rollhub.trainer.config import RunConfig
 from rollhub.trainer.metrics import MetricsLog
 from rollhub.trainer.policy import Policy
+from rollhub.trainer.progress import NO_PROGRESS, JobProgress
 from rollhub.trainer.ranks.group import RankGroup
 from rollhub.trainer.rl_loop import LoopState
 
@@ -50,6 +51,7 @@ class Run:
     started: float = field(default_factory=time.perf_counter)
     prior_wall_s: float = 0.0  # wall time of earlier processes of a resumed run
     ranks: RankGroup | None = None  # trainer ranks this process leads (rollhub.trainer.ranks)
+    progress: JobProgress = NO_PROGRESS  # the job's bars (rollhub.trainer.progress); none by default
 
     def wall_s(self) -> float:
         return self.prior_wall_s + time.perf_counter() - self.started

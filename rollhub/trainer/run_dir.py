@@ -1,7 +1,8 @@
 """A run's folder: who may write it, the SFT model's completion marker, checkpoints and resume.
 
-Layout: config.json (what `--resume` reads back), metrics.jsonl, trajectories.jsonl,
-sft_model/ + sft_done.json, warmstart.json, checkpoints/, final_model/, summary.json.
+Layout: run.lock (rollhub.trainer.run_lock), config.json (what `--resume` reads back),
+metrics.jsonl, trajectories.jsonl, sft_model/ + sft_done.json, warmstart.json, checkpoints/,
+final_model/, summary.json.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from rollhub.trainer.checkpoint import (
     set_rng_state,
 )
 from rollhub.trainer.config import RunConfig
+from rollhub.trainer.resume_config import check_resume_config
 from rollhub.trainer.run import JobState, Run
 
 logger = logging.getLogger(__name__)
@@ -35,9 +37,49 @@ SFT_MODEL_DIR = "sft_model"
 SFT_DONE_FILE = "sft_done.json"  # written after sft_model/ is complete: the only proof that it is
 
 
-def open_run_dir(config: RunConfig, *, resume: bool) -> Path | None:
-    """Create the run folder, refuse to overwrite another run, and return the checkpoint to resume (if any).
+#: what a run writes in its folder (`--overwrite` removes these, and nothing else of the folder)
+RUN_FILES = (
+    "config.json",
+    "metrics.jsonl",
+    "trajectories.jsonl",
+    "trajectories.html",
+    "summary.json",
+    "learning_curve.png",
+    WARMSTART_FILE,
+    SFT_DONE_FILE,
+    "sft_metrics.jsonl",
+    SFT_MODEL_DIR,
+    CHECKPOINT_DIR,
+    "final_model",
+    "best_model",
+    "tensorboard",
+)
 
+
+def earlier_run_files(run_dir: Path) -> list[str]:
+    """The files that show an earlier run trained in `run_dir` (its log, checkpoints or results)."""
+    found = [name for name in ("metrics.jsonl", "summary.json", "final_model") if (run_dir / name).exists()]
+    checkpoints = run_dir / CHECKPOINT_DIR
+    if checkpoints.is_dir() and any(checkpoints.iterdir()):
+        found.append(CHECKPOINT_DIR)
+    return found
+
+
+def remove_run_files(run_dir: Path) -> None:
+    """Remove what a run wrote in `run_dir` (RUN_FILES), leaving anything else in the folder."""
+    for name in RUN_FILES:
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+
+
+def open_run_dir(config: RunConfig, *, resume: bool, overwrite: bool = False) -> Path | None:
+    """Refuse to overwrite another run or to resume with a changed config, and return the
+    checkpoint to resume (if any). The caller holds the folder's lock (rollhub.trainer.run_lock).
+
+    Nothing is written before those checks pass: a refused resume leaves the run as it was.
     config.json is replaced atomically: `rollhub train --resume` reads it back, so a torn one
     would make the run unresumable. A run that starts from step 0 drops any trajectory log of
     an earlier attempt, as `run_training` does with the metrics, so no group is logged twice.
@@ -45,16 +87,24 @@ def open_run_dir(config: RunConfig, *, resume: bool) -> Path | None:
     rotating its last checkpoint saves nothing more when resumed, so nothing else would.
     """
     run_dir = Path(config.run_dir)
+    if resume and overwrite:
+        raise UserError("--resume continues a run and --overwrite replaces it; give one of them")
+    if resume:
+        check_resume_config(run_dir, config)
+    elif earlier := earlier_run_files(run_dir):
+        if not overwrite:
+            raise UserError(
+                f"{run_dir} already holds a run ({', '.join(earlier)}); pass --resume {run_dir} to continue it, "
+                "--overwrite to replace it, or choose another run_dir"
+            )
+        logger.warning("--overwrite: removing the earlier run's files in %s", run_dir)
+        remove_run_files(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if resume:
         clear_leftovers(run_dir / CHECKPOINT_DIR)
     checkpoint = latest_checkpoint(run_dir) if resume else None
     if resume and checkpoint is None and (run_dir / "metrics.jsonl").exists():
         logger.warning("no complete checkpoint in %s; starting the run over", run_dir)
-    if not resume and (run_dir / "metrics.jsonl").exists():
-        raise UserError(
-            f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, or choose another run_dir"
-        )
     atomic_write_text(run_dir / "config.json", json.dumps(config_to_dict(config), indent=2))
     if checkpoint is None:
         truncate_log(run_dir / RUN_TRAJECTORY_LOG, 0)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rollhub.trainer.evaluate import EvalResult, evaluate_held_out
+from rollhub.trainer.progress import NO_PROGRESS, JobProgress
 
 if TYPE_CHECKING:
     from rollhub.trainer.config import RunConfig
@@ -78,9 +79,9 @@ class CheckpointSelector:
         every = self.config.eval.select.every
         return step % every == 0 and step < self.config.train.steps
 
-    async def score(self, engine: Any, tokenizer: Any) -> EvalResult:
-        """Success on the validation seeds with the engine's current weights."""
-        return await evaluate_held_out(engine, tokenizer, self.validation)
+    async def score(self, engine: Any, tokenizer: Any, *, progress: JobProgress = NO_PROGRESS) -> EvalResult:
+        """Success on the validation seeds with the engine's current weights (a `validation` bar on `progress`)."""
+        return await evaluate_held_out(engine, tokenizer, self.validation, progress=progress, label="validation")
 
     def consider(self, step: int, result: EvalResult, policy: Policy) -> bool:
         """Keep `policy` as the best if it scores at least the best so far (ties: the later

@@ -93,6 +93,17 @@ def _label_sequences(trajectory: Any) -> list[Any]:
     return kept
 
 
+def sft_sequence_count(trajectories: Sequence[Any]) -> int:
+    """The labelled sequences `sft_epochs` trains on (one per demo turn)."""
+    return sum(len(_label_sequences(t)) for t in trajectories)
+
+
+def sft_step_count(sequences: int, epochs: float, batch_size: int) -> int:
+    """The optimizer steps of `sft_epochs`: whole batches only (a final partial batch would weigh its
+    few sequences like a full batch), at least one."""
+    return max(1, int(round(sequences * epochs)) // batch_size)
+
+
 def sft_epochs(
     policy: Policy,
     trajectories: Sequence[Any],
@@ -119,8 +130,7 @@ def sft_epochs(
         raise ValueError("no demonstration sequences to train on")
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=lr, weight_decay=weight_decay)
     rng = random.Random(seed)
-    # whole batches only: a final partial batch weighs its few sequences like a full batch
-    total = max(batch_size, int(round(len(sequences) * epochs)) // batch_size * batch_size)
+    total = sft_step_count(len(sequences), epochs, batch_size) * batch_size
     order: list[int] = []
     while len(order) < total:
         chunk = list(range(len(sequences)))

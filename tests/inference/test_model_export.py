@@ -158,4 +158,4 @@ def test_a_run_exports_smollm2_to_its_missing_model_path_and_refuses_two_builder
     assert calls == [tmp_path / "smol"]
 
     with pytest.raises((ValueError, UserError), match="model.export and model.init_tiny"):
-        load_config(RunConfig, None, ["model.export=smollm2"]).validate()  # init_tiny defaults to 5m
+        load_config(RunConfig, None, ["model.export=smollm2", "model.init_tiny=5m"]).validate()

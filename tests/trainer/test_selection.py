@@ -86,8 +86,8 @@ def test_an_earlier_pick_is_what_the_final_evaluation_plays(tiny_model_dir, tmp_
     readings = iter(values)
     real_score = CheckpointSelector.score
 
-    async def forced(self, engine, tokenizer):
-        result = await real_score(self, engine, tokenizer)  # the real validation episodes run
+    async def forced(self, engine, tokenizer, **kwargs):
+        result = await real_score(self, engine, tokenizer, **kwargs)  # the real validation episodes run
         result.success_rate = next(readings)
         return result
 
