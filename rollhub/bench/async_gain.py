@@ -1,0 +1,90 @@
+"""How much env-level asynchrony can gain for an env, from its step latencies and the model's pace.
+
+Env-level asynchrony only removes waiting on envs: in lockstep every turn of a batch waits for
+the batch's slowest env step, while with one coroutine per trajectory each env steps as soon as
+its own generation returns and the batch waits only for its slowest trajectory. Generation is
+not removed by either schedule, so the gain is bounded by how much of a lockstep batch is env
+time at all (Amdahl's law): an env whose steps take 0.04 ms against 100 ms of generation per
+turn cannot gain more than 1.0004x, however spread out its latencies are. Counting env time
+alone (the old card) divides one tiny number by another and predicts gains that never appear.
+
+For a batch of episodes, each a list `[reset_s, step_1_s, ..., step_T_s]`, and a generation
+time `g` per turn (one generation call of one trajectory while the batch decodes together):
+
+    lockstep = max_i reset_i + sum_t (g + max_{i still running at t} step_{i,t})
+    env-async = max_i (reset_i + sum_t (g + step_{i,t}))
+    predicted gain = lockstep / env-async                    (mean over batches drawn)
+    Amdahl bound   = lockstep / (g * longest episode's turns) = 1 + lockstep env time / generation time
+
+The prediction assumes the engine batches concurrent requests, so a request's latency does not
+depend on how many others run with it (true to within the batch-size slope on a GPU engine and
+on our CPU HFEngine for small batches), and that env steps of different trajectories overlap
+(envs that wait on containers, workers or sleeps; a pure-Python step holds the event loop, but
+such steps are the negligible ones). `rollhub bench async ENV` measures the real rollout path
+and prints this prediction beside the measured ratio.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+#: the latency-model engine's timing of our CPU HFEngine on the tiny-5m model, 1 thread
+#: (`rollhub bench fit-latency`, benchmarks/results/fit-latency.json): decode iteration seconds
+#: by batch size, and prefill seconds per prompt token; the default model pace of `bench env`
+FIT_TINY_CPU_ITERATION_S = ((1, 0.00683), (2, 0.00820), (4, 0.00960), (8, 0.01131), (16, 0.01554))
+FIT_TINY_CPU_PREFILL_PER_TOKEN_S = 0.000118
+
+
+def tiny_cpu_generation_s(batch: int, new_tokens: int, prompt_tokens: int = 0) -> float:
+    """Seconds one turn of generation takes for `batch` concurrent requests of `new_tokens` tokens on
+    the tiny CPU model, from the latency model's fit (labelled as such wherever it is used):
+    the batch's prefills (they run one at a time) then `new_tokens` decode iterations."""
+    from rollhub.bench.sim.latency_model import LatencyParams
+
+    params = LatencyParams(
+        prefill_per_token_s=FIT_TINY_CPU_PREFILL_PER_TOKEN_S,
+        prefill_base_s=0.0,
+        decode_per_request_s=0.000548,
+        iteration_table=FIT_TINY_CPU_ITERATION_S,
+        source="fit: HFEngine tiny-5m, 1 thread",
+    )
+    return batch * params.prefill_s(prompt_tokens) + new_tokens * params.iteration_s(batch)
+
+
+def batch_times(episodes: list[list[float]], generation_s_per_turn: float) -> tuple[float, float, float]:
+    """(lockstep, env-async, generation-only) seconds of one batch of episodes (see the module docstring)."""
+    g = generation_s_per_turn
+    steps = [e[1:] for e in episodes]
+    turns = max((len(s) for s in steps), default=0)
+    lockstep = max(e[0] for e in episodes) + sum(g + max(s[t] for s in steps if t < len(s)) for t in range(turns))
+    env_async = max(e[0] + sum(g + x for x in e[1:]) for e in episodes)
+    return lockstep, env_async, g * turns
+
+
+def predicted_gain(
+    episodes: list[list[float]], generation_s_per_turn: float, batch: int, *, seed: int = 0, draws: int = 200
+) -> dict[str, Any]:
+    """Predicted env-level async gain for batches of `batch` episodes drawn from the measured ones.
+
+    Returns the mean predicted lockstep / env-async ratio, the Amdahl bound, and the mean share of a
+    lockstep batch spent waiting on envs; with no episodes, 1.0 (nothing to overlap)."""
+    if generation_s_per_turn < 0:
+        raise ValueError(f"generation_s_per_turn must be >= 0, got {generation_s_per_turn}")
+    episodes = [e for e in episodes if e]
+    if not episodes:
+        return {"predicted_gain": 1.0, "amdahl_bound": 1.0, "env_share_lockstep": 0.0}
+    rng = np.random.default_rng(seed)
+    gains, bounds, shares = [], [], []
+    for _ in range(draws):
+        chosen = [episodes[i] for i in rng.integers(len(episodes), size=batch)]
+        lockstep, env_async, generation = batch_times(chosen, generation_s_per_turn)
+        gains.append(lockstep / env_async if env_async > 0 else 1.0)
+        bounds.append(lockstep / generation if generation > 0 else float("inf"))
+        shares.append((lockstep - generation) / lockstep if lockstep > 0 else 0.0)
+    return {
+        "predicted_gain": float(np.mean(gains)),
+        "amdahl_bound": float(np.mean(bounds)),
+        "env_share_lockstep": float(np.mean(shares)),
+    }
