@@ -20,8 +20,9 @@ The model is the real tiny Qwen3 (random init) on the in-process HFEngine (`engi
 the latency-model engine (`engine=latency-model`, SIMULATED timing fit to that engine: no
 text, so the env sees unparseable replies; labelled in the output). Beside the measured ratio
 the prediction of rollhub.bench.async_gain is printed, fed with this run's own env latencies
-and generation time per turn, so `rollhub bench env ID` (which predicts from the env alone)
-can be checked against a measurement.
+and each turn's generation time (its reply's tokens at the measured pace): `predicted_gain`.
+`predicted_env_only` gives every turn the mean pace, as `rollhub bench env ID` does without a
+model; the two differ by the barrier of unequal reply lengths, which lockstep also pays.
 """
 
 from __future__ import annotations
@@ -71,16 +72,18 @@ class AsyncEnvConfig:
 QUICK = ["groups=2", "group_size=2", "repeats=1", "max_new_tokens=8", "max_turns=2"]
 
 
-def episode_latencies(groups: list[Any]) -> tuple[list[list[float]], list[float]]:
-    """Per trajectory [reset_s, env step seconds...], and its mean generation seconds per turn."""
-    episodes, generations = [], []
+def episode_latencies(groups: list[Any]) -> tuple[list[list[float]], list[list[int]], list[float]]:
+    """Per trajectory: [reset_s, env step seconds...], its reply tokens per turn, and its generation
+    seconds per generated token (the agent times each generation call)."""
+    episodes, tokens, pace = [], [], []
     for group in groups:
         for trajectory in group.trajectories:
-            steps = [t.timings_s["env_step"] for t in trajectory.turns if "env_step" in t.timings_s]
-            episodes.append([float(trajectory.timings_s.get("reset", 0.0)), *steps])
-            if trajectory.turns:  # the agent times each generation call; per turn on average
-                generations.append(float(trajectory.timings_s.get("generate", 0.0)) / len(trajectory.turns))
-    return episodes, generations
+            turns = [t for t in trajectory.turns if "env_step" in t.timings_s]
+            episodes.append([float(trajectory.timings_s.get("reset", 0.0)), *(t.timings_s["env_step"] for t in turns)])
+            tokens.append([len(t.response_ids) for t in turns])
+            if sum(tokens[-1]):
+                pace.append(float(trajectory.timings_s.get("generate", 0.0)) / sum(tokens[-1]))
+    return episodes, tokens, pace
 
 
 async def collect_once(engine: Any, tokenizer: Any, env_id: str, cfg: AsyncEnvConfig, mode: str) -> dict[str, Any]:
@@ -108,8 +111,8 @@ async def collect_once(engine: Any, tokenizer: Any, env_id: str, cfg: AsyncEnvCo
         elapsed = time.perf_counter() - started
     finally:
         await manager.close()
-    episodes, generations = episode_latencies(groups)
-    return {"mode": mode, "batch_s": elapsed, "episodes": episodes, "generations": generations}
+    episodes, tokens, pace = episode_latencies(groups)
+    return {"mode": mode, "batch_s": elapsed, "episodes": episodes, "tokens": tokens, "s_per_token": pace}
 
 
 def _engine(cfg: AsyncEnvConfig, folder: Path) -> tuple[Any, Any, str]:
@@ -163,11 +166,16 @@ async def measure(env_id: str, cfg: AsyncEnvConfig) -> dict[str, Any]:
     async_s = statistics.median(r["batch_s"] for r in runs["env-async"])
     # each repeat's two batches ran back to back: their ratio cancels slower drifts of a shared machine
     paired = [a["batch_s"] / b["batch_s"] for a, b in zip(runs["lockstep"], runs["env-async"]) if b["batch_s"] > 0]
-    # the prediction's inputs, from this run: env latencies of every episode played, and the
-    # generation time of one turn while the batch decodes together (lockstep's turns)
+    # the prediction's inputs, from this run: env latencies of every episode played, and each turn's
+    # generation time: its reply's tokens at the pace a request decodes while the batch decodes
+    # together (lockstep's requests)
     episodes = [e for mode in MODES for r in runs[mode] for e in r["episodes"]]
-    generation_s = statistics.median(g for r in runs["lockstep"] for g in r["generations"] or [0.0])
-    prediction = predicted_gain(episodes, generation_s, cfg.groups * cfg.group_size, seed=cfg.seed)
+    tokens = [t for mode in MODES for r in runs[mode] for t in r["tokens"]]
+    s_per_token = statistics.median([p for r in runs["lockstep"] for p in r["s_per_token"]] or [0.0])
+    generations = [[s_per_token * n for n in turn_tokens] for turn_tokens in tokens]
+    generation_s = statistics.fmean([g for turns in generations for g in turns] or [0.0])
+    batch = cfg.groups * cfg.group_size
+    prediction = predicted_gain(episodes, generation_s, batch, generations=generations, seed=cfg.seed)
     steps = [s for e in episodes for s in e[1:]]
     return {
         "benchmark": "async",
@@ -179,6 +187,8 @@ async def measure(env_id: str, cfg: AsyncEnvConfig) -> dict[str, Any]:
         "measured_gain": statistics.median(paired) if paired else float("nan"),
         "ratio_of_medians": lockstep_s / async_s if async_s > 0 else float("nan"),
         "predicted_gain": prediction["predicted_gain"],
+        # what `bench env` predicts: the same env latencies with every reply at the mean pace
+        "predicted_gain_env_only": predicted_gain(episodes, generation_s, batch, seed=cfg.seed)["predicted_gain"],
         "amdahl_bound": prediction["amdahl_bound"],
         "env_share_lockstep": prediction["env_share_lockstep"],
         "generation_s_per_turn": generation_s,
@@ -218,6 +228,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "env_async_s": result["env_async_batch_s"],
                 "measured_gain": result["measured_gain"],
                 "predicted_gain": result["predicted_gain"],
+                "predicted_env_only": result["predicted_gain_env_only"],
                 "amdahl_bound": result["amdahl_bound"],
                 "gen_s_per_turn": result["generation_s_per_turn"],
                 "env_step_p50_ms": 1e3 * result["env_step_p50_s"],

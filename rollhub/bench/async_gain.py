@@ -16,6 +16,10 @@ time `g` per turn (one generation call of one trajectory while the batch decodes
     predicted gain = lockstep / env-async                    (mean over batches drawn)
     Amdahl bound   = lockstep / (g * longest episode's turns) = 1 + lockstep env time / generation time
 
+When each turn's own generation time g_{i,t} is known (its reply's length, as `bench async`
+measures), it replaces g: a lockstep turn then also waits for the batch's longest reply, a
+barrier env-level asynchrony removes as well.
+
 The prediction assumes the engine batches concurrent requests, so a request's latency does not
 depend on how many others run with it (true to within the batch-size slope on a GPU engine and
 on our CPU HFEngine for small batches), and that env steps of different trajectories overlap
@@ -53,33 +57,52 @@ def tiny_cpu_generation_s(batch: int, new_tokens: int, prompt_tokens: int = 0) -
     return batch * params.prefill_s(prompt_tokens) + new_tokens * params.iteration_s(batch)
 
 
-def batch_times(episodes: list[list[float]], generation_s_per_turn: float) -> tuple[float, float, float]:
-    """(lockstep, env-async, generation-only) seconds of one batch of episodes (see the module docstring)."""
-    g = generation_s_per_turn
+def batch_times(
+    episodes: list[list[float]], generation_s_per_turn: float, generations: list[list[float]] | None = None
+) -> tuple[float, float, float]:
+    """(lockstep, env-async, longest generation chain) seconds of one batch of episodes (see the
+    module docstring). `generations`: each episode's own generation seconds per turn, instead of
+    `generation_s_per_turn` for every turn; replies of unequal length then add a barrier of their
+    own, since a lockstep turn also waits for the batch's longest reply."""
     steps = [e[1:] for e in episodes]
+    gens = generations if generations is not None else [[generation_s_per_turn] * len(s) for s in steps]
     turns = max((len(s) for s in steps), default=0)
-    lockstep = max(e[0] for e in episodes) + sum(g + max(s[t] for s in steps if t < len(s)) for t in range(turns))
-    env_async = max(e[0] + sum(g + x for x in e[1:]) for e in episodes)
-    return lockstep, env_async, g * turns
+    lockstep = max(e[0] for e in episodes) + sum(
+        max(g[t] for g, s in zip(gens, steps) if t < len(s)) + max(s[t] for s in steps if t < len(s))
+        for t in range(turns)
+    )
+    env_async = max(e[0] + sum(g[: len(e) - 1]) + sum(e[1:]) for e, g in zip(episodes, gens))
+    return lockstep, env_async, max(sum(g[: len(s)]) for g, s in zip(gens, steps))
 
 
 def predicted_gain(
-    episodes: list[list[float]], generation_s_per_turn: float, batch: int, *, seed: int = 0, draws: int = 200
+    episodes: list[list[float]],
+    generation_s_per_turn: float,
+    batch: int,
+    *,
+    generations: list[list[float]] | None = None,
+    seed: int = 0,
+    draws: int = 200,
 ) -> dict[str, Any]:
-    """Predicted env-level async gain for batches of `batch` episodes drawn from the measured ones.
+    """Predicted env-level async gain for batches of `batch` episodes drawn from the measured ones
+    (with their own per-turn `generations` when given, see `batch_times`).
 
-    Returns the mean predicted lockstep / env-async ratio, the Amdahl bound, and the mean share of a
-    lockstep batch spent waiting on envs; with no episodes, 1.0 (nothing to overlap)."""
+    Returns the mean predicted lockstep / env-async ratio, the Amdahl bound (lockstep / the longest
+    generation chain, which no schedule shortens), and the mean share of a lockstep batch that is
+    not generation; with no episodes, 1.0 (nothing to overlap)."""
     if generation_s_per_turn < 0:
         raise ValueError(f"generation_s_per_turn must be >= 0, got {generation_s_per_turn}")
-    episodes = [e for e in episodes if e]
-    if not episodes:
+    if generations is not None and len(generations) != len(episodes):
+        raise ValueError("generations must list one episode's generation seconds per episode")
+    pairs = [(e, generations[i] if generations is not None else None) for i, e in enumerate(episodes) if e]
+    if not pairs:
         return {"predicted_gain": 1.0, "amdahl_bound": 1.0, "env_share_lockstep": 0.0}
     rng = np.random.default_rng(seed)
     gains, bounds, shares = [], [], []
     for _ in range(draws):
-        chosen = [episodes[i] for i in rng.integers(len(episodes), size=batch)]
-        lockstep, env_async, generation = batch_times(chosen, generation_s_per_turn)
+        chosen = [pairs[i] for i in rng.integers(len(pairs), size=batch)]
+        gens = [g for _, g in chosen] if generations is not None else None
+        lockstep, env_async, generation = batch_times([e for e, _ in chosen], generation_s_per_turn, gens)
         gains.append(lockstep / env_async if env_async > 0 else 1.0)
         bounds.append(lockstep / generation if generation > 0 else float("inf"))
         shares.append((lockstep - generation) / lockstep if lockstep > 0 else 0.0)
