@@ -224,17 +224,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         f"{cfg.max_new_tokens} new tokens/turn, median of {cfg.repeats} interleaved batches",
         [
             {
-                "lockstep_s": result["lockstep_batch_s"],
-                "env_async_s": result["env_async_batch_s"],
-                "measured_gain": result["measured_gain"],
-                "predicted_gain": result["predicted_gain"],
-                "predicted_env_only": result["predicted_gain_env_only"],
-                "amdahl_bound": result["amdahl_bound"],
-                "gen_s_per_turn": result["generation_s_per_turn"],
-                "env_step_p50_ms": 1e3 * result["env_step_p50_s"],
+                "lockstep s": result["lockstep_batch_s"],
+                "async s": result["env_async_batch_s"],
+                "measured": result["measured_gain"],
+                "predicted": result["predicted_gain"],
+                "env only": result["predicted_gain_env_only"],
+                "bound": result["amdahl_bound"],
+                "gen s/turn": result["generation_s_per_turn"],
+                "step p50 ms": 1e3 * result["env_step_p50_s"],
                 "turns": result["turns_per_episode"],
             }
         ],
+    )
+    print(
+        f"{env_id}: measured gain {result['measured_gain']:.2f}x (lockstep / env-async, median of {cfg.repeats} "
+        f"back-to-back pairs), predicted {result['predicted_gain']:.2f}x, Amdahl bound {result['amdahl_bound']:.2f}x"
     )
     out = Path(args.out)
     path = out if out.suffix == ".json" else out / "result.json"
