@@ -120,17 +120,11 @@ def _engine(cfg: AsyncEnvConfig, folder: Path) -> tuple[Any, Any, str]:
     from rollhub.inference.models import build_tokenizer, init_tiny_model
 
     if cfg.engine == "latency-model":
-        from rollhub.bench.async_gain import FIT_TINY_CPU_ITERATION_S, FIT_TINY_CPU_PREFILL_PER_TOKEN_S
-        from rollhub.bench.sim.latency_model import LatencyModelEngine, LatencyParams, OutputLengths
+        from rollhub.bench.async_gain import tiny_cpu_latency_params
+        from rollhub.bench.sim.latency_model import LatencyModelEngine, OutputLengths
 
         tokenizer = build_tokenizer()
-        params = LatencyParams(
-            prefill_base_s=0.0,
-            prefill_per_token_s=FIT_TINY_CPU_PREFILL_PER_TOKEN_S,
-            iteration_table=FIT_TINY_CPU_ITERATION_S,
-            decode_per_request_s=0.000548,
-            source="fit: HFEngine tiny-5m, 1 thread",
-        )
+        params = tiny_cpu_latency_params()
         engine = LatencyModelEngine(
             params,
             output_lengths=OutputLengths(kind="fixed", mean_tokens=cfg.max_new_tokens),

@@ -39,21 +39,27 @@ import numpy as np
 #: by batch size, and prefill seconds per prompt token; the default model pace of `bench env`
 FIT_TINY_CPU_ITERATION_S = ((1, 0.00683), (2, 0.00820), (4, 0.00960), (8, 0.01131), (16, 0.01554))
 FIT_TINY_CPU_PREFILL_PER_TOKEN_S = 0.000118
+FIT_TINY_CPU_DECODE_PER_REQUEST_S = 0.000548  # slope past the table's last batch size
+
+
+def tiny_cpu_latency_params() -> Any:
+    """The latency model's `LatencyParams` of our CPU HFEngine on the tiny-5m model, 1 thread."""
+    from rollhub.bench.sim.latency_model import LatencyParams
+
+    return LatencyParams(
+        prefill_base_s=0.0,
+        prefill_per_token_s=FIT_TINY_CPU_PREFILL_PER_TOKEN_S,
+        decode_per_request_s=FIT_TINY_CPU_DECODE_PER_REQUEST_S,
+        iteration_table=FIT_TINY_CPU_ITERATION_S,
+        source="fit: HFEngine tiny-5m, 1 thread",
+    )
 
 
 def tiny_cpu_generation_s(batch: int, new_tokens: int, prompt_tokens: int = 0) -> float:
     """Seconds one turn of generation takes for `batch` concurrent requests of `new_tokens` tokens on
     the tiny CPU model, from the latency model's fit (labelled as such wherever it is used):
     the batch's prefills (they run one at a time) then `new_tokens` decode iterations."""
-    from rollhub.bench.sim.latency_model import LatencyParams
-
-    params = LatencyParams(
-        prefill_per_token_s=FIT_TINY_CPU_PREFILL_PER_TOKEN_S,
-        prefill_base_s=0.0,
-        decode_per_request_s=0.000548,
-        iteration_table=FIT_TINY_CPU_ITERATION_S,
-        source="fit: HFEngine tiny-5m, 1 thread",
-    )
+    params = tiny_cpu_latency_params()
     return batch * params.prefill_s(prompt_tokens) + new_tokens * params.iteration_s(batch)
 
 
