@@ -81,3 +81,21 @@ def test_tracker_choices_are_checked_before_the_run(monkeypatch):
     ):
         load_config(RunConfig, None, ["log.trackers=[tensorboard, wandb]"])
     assert load_config(RunConfig, None, []).log.trackers == ["tensorboard"]
+
+
+def test_a_resumed_run_continues_the_same_tracker_run(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    first = trackers.build_trackers(tmp_path, ["mlflow"], project="resume-test", config={"seed": 3})
+    first[0].log(1, {"train/loss": 0.5})
+    first[0].close()
+    again = trackers.build_trackers(tmp_path, ["mlflow"], project="resume-test")
+    again[0].log(2, {"train/loss": 0.25})
+    again[0].close()
+    assert again[0].run_id == first[0].run_id == json.loads((tmp_path / "trackers.json").read_text())["mlflow"]
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=(tmp_path / "mlruns").resolve().as_uri())
+    history = client.get_metric_history(first[0].run_id, "train/loss")
+    assert {m.step: m.value for m in history} == {1: 0.5, 2: 0.25}
