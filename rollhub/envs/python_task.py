@@ -75,7 +75,8 @@ def load_function(target: str) -> tuple[Callable[..., Any], Path]:
             loader_spec.loader.exec_module(module)  # type: ignore[union-attr]
         except Exception as exc:
             sys.modules.pop(module_name, None)
-            raise UserError(f"python env: importing {path} failed: {type(exc).__name__}: {exc}") from None
+            first_line = (str(exc).strip().splitlines() or [""])[0]  # the error stays one line
+            raise UserError(f"python env: importing {path} failed: {type(exc).__name__}: {first_line}") from None
         _modules[path] = module
     function = getattr(module, name, None)
     if not callable(function):

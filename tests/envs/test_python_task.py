@@ -75,12 +75,14 @@ def test_the_examples_pass_the_env_checker():
             "takes (completion, row, extra); a reward function",
         ),
         ("python:{dir}/broken.py:reward", {"dataset": "data.jsonl"}, "importing"),
+        ("python:{dir}/syntax.py:reward", {"dataset": "data.jsonl"}, "failed: SyntaxError"),
     ],
 )
 def test_user_mistakes_are_one_line_errors(tmp_path, env_id, kwargs, message):
     _write(tmp_path, "def reward(completion, row):\n    return 0.0\n")
     (tmp_path / "three.py").write_text("def reward(completion, row, extra):\n    return 0.0\n")
     (tmp_path / "broken.py").write_text("import not_a_module_anywhere\n")
+    (tmp_path / "syntax.py").write_text("def reward(completion:\n    return 0\n")
     (tmp_path / "bad.jsonl").write_text('{"question": "no prompt"}\n')
     with pytest.raises(UserError) as error:
         make(env_id.format(dir=tmp_path), **kwargs)
