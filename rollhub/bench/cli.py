@@ -27,6 +27,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "rollhub.bench.env_throughput:run",
         "reset latency, steps/s, memory per env for every registered env; Sokoban rooms/s",
     ),
+    "async": (
+        "rollhub.bench.async_env:run",
+        "any env id: real rollout path, lockstep vs env-async batches interleaved, measured vs predicted gain",
+    ),
     "async-agentic": (
         "rollhub.bench.async_agentic:run",
         "SIMULATED agentic RL: lockstep vs env-level async vs async training vs redundancy",
@@ -94,7 +98,9 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("bench", help="run a reproducible benchmark (rollhub bench --list)")
     parser.add_argument("name", nargs="?", help="benchmark name")
-    parser.add_argument("target", nargs="?", help="what it measures, where it takes one (bench env: an env id)")
+    parser.add_argument(
+        "target", nargs="?", help="what it measures, where it takes one (bench env, bench async: an env id)"
+    )
     parser.add_argument("--list", action="store_true", help="list benchmarks")
     parser.add_argument("--out", default=None, help="output folder (default runs/bench/NAME)")
     parser.add_argument("--quick", action="store_true", help="smallest sizes (smoke test)")

@@ -18,8 +18,12 @@ unparseable reply when it has none; `expert`: its scripted expert) and writes on
   slowest episode), and Prop. 2's bound (rollhub.bench.theory.speedup_bound_from_ratio) with
   the batch's episode-time tail as rho: what overlapping that tail with the rest can give.
 
-Both predictions count env time only (no model): they say how much the env's own latency
-spread leaves for env-level asynchrony to take.
+Both predictions add `generation_s_per_turn` of model time before every step, which no schedule
+removes, so an env whose steps are negligible against generation is predicted ~1x (Amdahl; the
+card's `amdahl_bound`, rollhub.bench.async_gain). The default pace is the latency-model engine's
+fit of our tiny CPU model (`new_tokens` per turn, `batch` at once), labelled in the card's
+`generation_source`; `--set generation_s_per_turn=S` sets your model's pace, and `rollhub bench
+async ENV` measures the gain on the real rollout path.
 """
 
 from __future__ import annotations
@@ -84,25 +88,32 @@ def _tokenizer(path: str | None) -> Any:
     return build_tokenizer()
 
 
-def predicted_speedups(episodes: list[list[float]], batch: int, seed: int = 0, draws: int = 200) -> dict[str, float]:
+def predicted_speedups(
+    episodes: list[list[float]], batch: int, seed: int = 0, draws: int = 200, generation_s_per_turn: float = 0.0
+) -> dict[str, float]:
     """Env-level asynchrony speed-ups for batches drawn from measured episodes (lists of step
-    latencies, the reset first): lockstep / own-pace, and Prop. 2's bound with rho from the tail."""
+    latencies, the reset first) with `generation_s_per_turn` of model time before each step:
+    lockstep / own-pace, its Amdahl bound, and Prop. 2's bound with rho from the tail."""
+    from rollhub.bench.async_gain import batch_times, predicted_gain
+
     episodes = [e for e in episodes if e]
     if not episodes:
-        return {"lockstep_over_env_async": 1.0, "prop2_bound_alpha1": 1.0, "prop2_bound_inf": 1.0}
+        return {"lockstep_over_env_async": 1.0, "amdahl_bound": 1.0, "prop2_bound_alpha1": 1.0, "prop2_bound_inf": 1.0}
+    gain = predicted_gain(episodes, generation_s_per_turn, batch, seed=seed, draws=draws)
     rng = np.random.default_rng(seed)
     ratios, rhos = [], []
     for _ in range(draws):
         chosen = [episodes[i] for i in rng.integers(len(episodes), size=batch)]
-        turns = max(len(e) for e in chosen)
-        lockstep = sum(max(e[t] for e in chosen if t < len(e)) for t in range(turns))
-        totals = [sum(e) for e in chosen]
-        ratios.append(lockstep / max(totals))
+        lockstep, env_async, _ = batch_times(chosen, generation_s_per_turn)
+        totals = [e[0] + sum(generation_s_per_turn + x for x in e[1:]) for e in chosen]
+        ratios.append(lockstep / env_async if env_async > 0 else 1.0)
         mean = float(np.mean(totals))
         rhos.append(max(totals) / mean if mean > 0 else 0.0)
     rho = float(np.mean(rhos))
     return {
         "lockstep_over_env_async": float(np.mean(ratios)),
+        "amdahl_bound": gain["amdahl_bound"],
+        "env_share_lockstep": gain["env_share_lockstep"],
         "tail_ratio_rho": rho,
         "prop2_bound_alpha1": theory.speedup_bound_from_ratio(rho, 1.0),
         "prop2_bound_inf": theory.speedup_bound_from_ratio(rho, float("inf")),
@@ -118,8 +129,11 @@ async def measure(
     env_kwargs: dict[str, Any] | None = None,
     batch: int = 32,
     tokenizer: str | None = None,
+    generation_s_per_turn: float | None = None,
+    new_tokens: int = 32,
 ) -> dict[str, Any]:
-    """Play the episodes and return the card (see the module docstring)."""
+    """Play the episodes and return the card (see the module docstring). `generation_s_per_turn`:
+    the model's time per turn; None = the latency model's tiny CPU fit for `new_tokens` tokens."""
     from rollhub.envs.registry import make, source_of, spec
 
     env_spec = spec(env_id)
@@ -175,7 +189,7 @@ async def measure(
     finally:
         await env.close()
         containers.sample()
-    return {
+    card = {
         "env": env_id,
         "source": source_of(env_id),
         "policy": policy,
@@ -196,7 +210,25 @@ async def measure(
         "tokens_per_episode": float(np.mean(tokens)) if tokens else 0.0,
         "tokenizer": tokenizer or "tiny-bpe",
         "batch": batch,
-        **predicted_speedups(per_episode, batch, seed),
+        **_generation_pace(generation_s_per_turn, batch, new_tokens, tokens, lengths),
+    }
+    return {**card, **predicted_speedups(per_episode, batch, seed, generation_s_per_turn=card["generation_s_per_turn"])}
+
+
+def _generation_pace(
+    given_s: float | None, batch: int, new_tokens: int, tokens: list[int], lengths: list[int]
+) -> dict[str, Any]:
+    """The model time per turn the prediction adds: the given one, or the latency model's fit of the
+    tiny CPU model for `batch` requests of `new_tokens` (prefilling each turn's new env tokens)."""
+    if given_s is not None:
+        return {"generation_s_per_turn": given_s, "generation_source": "given"}
+    from rollhub.bench.async_gain import tiny_cpu_generation_s
+
+    turns = sum(length + 1 for length in lengths)
+    prompt_tokens = int(sum(tokens) / turns) if turns else 0
+    return {
+        "generation_s_per_turn": tiny_cpu_generation_s(batch, new_tokens, prompt_tokens),
+        "generation_source": f"latency model (fit: HFEngine tiny-5m CPU), {new_tokens} new tokens x {batch}",
     }
 
 
@@ -216,7 +248,8 @@ def _overrides(items: list[str]) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep:
-            raise UserError(f"--set {item}: expected KEY=VALUE (episodes, seed, policy, batch, kwargs, tokenizer)")
+            options = "episodes, seed, policy, batch, kwargs, tokenizer, generation_s_per_turn, new_tokens"
+            raise UserError(f"--set {item}: expected KEY=VALUE ({options})")
         out[key.strip()] = value
     return out
 
@@ -241,6 +274,10 @@ def run(args: Any) -> dict[str, Any]:
             env_kwargs=json.loads(options["kwargs"]) if "kwargs" in options else None,
             batch=int(options.get("batch", 32)),
             tokenizer=options.get("tokenizer"),
+            generation_s_per_turn=float(options["generation_s_per_turn"])
+            if "generation_s_per_turn" in options
+            else None,
+            new_tokens=int(options.get("new_tokens", 32)),
         )
     )
     out = Path(args.out if args.out != "runs/bench/env" else f"runs/bench/env/{_file_name(env_id)}")
@@ -281,6 +318,7 @@ COLUMNS = (
     ("container-s/ep", lambda c: f"{c['container_s_per_episode']:.1f}"),
     ("tokens/ep", lambda c: f"{c['tokens_per_episode']:.0f}"),
     ("lockstep/async", lambda c: f"{c['lockstep_over_env_async']:.2f}"),
+    ("Amdahl bound", lambda c: f"{c.get('amdahl_bound', float('nan')):.2f}"),
     ("Prop.2 S(1)/S(inf)", lambda c: f"{c['prop2_bound_alpha1']:.2f} / {c['prop2_bound_inf']:.2f}"),
 )
 

@@ -8,6 +8,7 @@ optional extra is missing still shows in `rollhub envs list`.
 """
 
 from rollhub.envs.base import Env, Message, Observation, extract_action, wrap_action
+from rollhub.envs.python_task import from_function
 from rollhub.envs.registry import EnvSpec, all_specs, make, register, spec
 from rollhub.envs.wrappers import EnvWrapper
 
@@ -19,6 +20,7 @@ __all__ = [
     "Observation",
     "all_specs",
     "extract_action",
+    "from_function",
     "make",
     "register",
     "spec",

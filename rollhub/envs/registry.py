@@ -146,6 +146,8 @@ SOURCES: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         ("verifiers:rollhub.envs.adapters.samples_verifiers:load_environment",),
     ),
     "harbor": ("rollhub.envs.adapters.harbor:make_harbor_env", "harbor", "a Harbor task directory", ()),
+    # your own task as plain Python (rollhub.envs.python_task): no extra needed
+    "python": ("rollhub.envs.python_task:PythonFileEnv", "", "a reward or step function (PATH.py:FUNCTION)", ()),
 }
 
 

@@ -62,7 +62,7 @@ def build_run(
     rank's shard, loaded from `model_dir`, and the other ranks build theirs now."""
     if policy is None:
         policy = build_policy(config if ranks is None else sharded_config(config), model_dir)
-    metrics_log = MetricsLog(config.run_dir)
+    metrics_log = build_metrics_log(config)
     engine = build_engine(config, model_dir)
     optimizer = build_optimizer(policy, config)
     reference = build_reference(config if ranks is None else sharded_config(config), model_dir, policy)  # KL anchor
@@ -339,3 +339,17 @@ def build_program_rollout(
         config=gateway_config,
         jsonl_path=jsonl_path,
     )
+
+
+def build_metrics_log(config: RunConfig) -> MetricsLog:
+    """The run's metrics log: metrics.jsonl, plus the trackers `log.trackers` names."""
+    from rollhub.trainer.trackers import build_trackers
+
+    trackers = build_trackers(
+        config.run_dir,
+        config.log.trackers,
+        project=config.log.project,
+        run_name=config.log.run_name,
+        config=dataclasses.asdict(config),
+    )
+    return MetricsLog(config.run_dir, tensorboard="tensorboard" in config.log.trackers, trackers=trackers)

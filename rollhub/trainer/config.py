@@ -183,6 +183,22 @@ class TrainConfig:
 
 
 @dataclass
+class LogConfig:
+    # where step metrics go beside metrics.jsonl: tensorboard, wandb, mlflow (rollhub.trainer.trackers)
+    trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
+    project: str = "rollhub"  # W&B project / MLflow experiment
+    run_name: str = ""  # the tracker run's name; empty = the run folder's name
+
+    def validate(self) -> None:
+        from rollhub.trainer.trackers import TRACKERS, check_installed
+
+        unknown = [t for t in self.trackers if t not in TRACKERS]
+        if unknown or len(set(self.trackers)) != len(self.trackers):
+            raise ValueError(f"log.trackers must be distinct names among {list(TRACKERS)}, got {self.trackers}")
+        check_installed(self.trackers)
+
+
+@dataclass
 class SftConfig:
     enabled: bool = False  # warm-start on the env's scripted expert demos before RL
     episodes: int = 200  # expert demonstrations (seeds disjoint from evaluation)
@@ -371,6 +387,7 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)  # backend: local | ray (docs/ray.md)
     check: CheckConfig = field(default_factory=CheckConfig)  # the version-0 engine/trainer log-prob check
+    log: LogConfig = field(default_factory=LogConfig)  # trackers beside metrics.jsonl: tensorboard, wandb, mlflow
 
     def validate(self) -> None:
         if not 0 <= self.seed < 2**32:  # numpy's global seed range

@@ -24,8 +24,17 @@ logger = logging.getLogger(__name__)
 
 
 class MetricsLog:
-    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, filename: str = "metrics.jsonl"):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        tensorboard: bool = True,
+        filename: str = "metrics.jsonl",
+        trackers: list[Any] | None = None,
+    ):
+        """`trackers`: further sinks of the step scalars (rollhub.trainer.trackers), closed with the log."""
         self.run_dir = Path(run_dir)
+        self.trackers = list(trackers or [])
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / filename
         drop_torn_tail(self.path)  # a kill mid-write must not cost the next record too
@@ -44,16 +53,20 @@ class MetricsLog:
             handle.write(json.dumps(record) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
+        scalars = {
+            key: value
+            for key, value in record.items()
+            if key != "step"
+            and isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+        }
         if self._writer is not None:
-            for key, value in record.items():
-                if (
-                    key != "step"
-                    and isinstance(value, (int, float))
-                    and not isinstance(value, bool)
-                    and math.isfinite(value)
-                ):
-                    self._writer.add_scalar(key, value, step)
+            for key, value in scalars.items():
+                self._writer.add_scalar(key, value, step)
             self._writer.flush()
+        for tracker in self.trackers:
+            tracker.log(step, scalars)
 
     def truncate_after(self, step: int) -> None:
         """Drop records of steps > `step` (they will be redone after a resume)."""
@@ -73,6 +86,9 @@ class MetricsLog:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        trackers, self.trackers = self.trackers, []
+        for tracker in trackers:
+            tracker.close()
 
 
 def _plain(value: Any) -> Any:

@@ -300,9 +300,9 @@ def update_backend(requested: str, *, shared_gpu: bool, server_python: str | Non
     import os
     import sys
 
-    from rollhub.inference.weight_sync import choose_update_backend, local_nccl_version, nccl_version_of
-
     import torch
+
+    from rollhub.inference.weight_sync import choose_update_backend, local_nccl_version, nccl_version_of
 
     trainer = local_nccl_version()
     if requested == "auto" and not shared_gpu and (trainer is None or not torch.cuda.is_available()):
