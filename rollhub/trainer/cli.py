@@ -1,4 +1,4 @@
-"""`rollhub train`, `rollhub sft`, `rollhub view` (import-light: torch loads in the handlers)."""
+"""`rollhub train`, `rollhub sft`, `rollhub eval`, `rollhub view` (import-light: torch loads in the handlers)."""
 
 from __future__ import annotations
 
@@ -31,12 +31,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sft.add_argument("--out", default=None, help="where to write the fine-tuned model (default RUN_DIR/sft_model)")
     sft.set_defaults(func=_cmd_sft)
 
-    evaluate = subparsers.add_parser("eval", help="success rate of a model dir on a recipe's held-out seeds")
-    evaluate.add_argument("config", help="recipe YAML (env, agent and eval sections are used)")
-    evaluate.add_argument("--model", required=True, help="HF checkpoint dir, e.g. RUN/final_model or RUN/sft_model")
-    evaluate.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="e.g. eval.temperature=1.0"
+    evaluate = subparsers.add_parser(
+        "eval", help="success rate of a model on a recipe's held-out seeds, or on an env (ID) with its 95% interval"
     )
+    evaluate.add_argument(
+        "config",
+        metavar="RECIPE_OR_ENV",
+        help="recipe YAML (env, agent and eval sections are used), or an env id such as rollhub/Math-v0",
+    )
+    evaluate.add_argument(
+        "--model",
+        required=True,
+        help="HF checkpoint dir (RUN/final_model); with an env id also an OpenAI-compatible URL",
+    )
+    evaluate.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="recipe: e.g. eval.temperature=1.0; env id: an env argument, e.g. difficulty=2",
+    )
+    env_only = evaluate.add_argument_group("with an env id")
+    env_only.add_argument("--episodes", type=int, default=20, help="episodes, one per seed (default 20)")
+    env_only.add_argument("--split", choices=("test", "train"), default="test", help="seeds (and env split) to play")
+    env_only.add_argument("--model-name", default=None, help="the endpoint's model name (default: its first)")
+    env_only.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    env_only.add_argument("--json", action="store_true", help="print one JSON object")
     evaluate.set_defaults(func=_cmd_eval)
 
     view = subparsers.add_parser("view", help="read a run's trajectories: static HTML (default) or text")
@@ -99,6 +120,12 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     import asyncio
 
+    from rollhub.rollout.evaluate_env import looks_like_env_id, run_env_eval
+
+    if looks_like_env_id(args.config):
+        from rollhub.trainer.config import EvalConfig
+
+        return run_env_eval(args, held_out_seed_offset=EvalConfig().seed_offset)
     from rollhub.trainer.evaluate import evaluate_model_dir
 
     config = load_run_config(args.config, args.overrides, None)
