@@ -66,6 +66,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     view.add_argument("--text", action="store_true", help="print transcripts to the terminal instead")
     view.add_argument("--limit", type=int, default=200, help="most recent trajectories to show")
     view.add_argument("--only", choices=["success", "failure"], default=None, help="filter by outcome")
+    view.add_argument(
+        "--tokenizer", default=None, metavar="DIR", help="decode prompts with this tokenizer (default: the run's own)"
+    )
     view.set_defaults(func=_cmd_view)
 
 
@@ -145,13 +148,14 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_view(args: argparse.Namespace) -> int:
-    from rollhub.trainer.view import find_trajectory_file, render_html, render_text
+    from rollhub.trainer.view import find_tokenizer_dir, find_trajectory_file, load_tokenizer, render_html, render_text
 
     source = find_trajectory_file(Path(args.run))
+    tokenizer = load_tokenizer(find_tokenizer_dir(source, Path(args.tokenizer) if args.tokenizer else None))
     if args.text:
-        print(render_text(source, limit=args.limit, only=args.only))
+        print(render_text(source, limit=args.limit, only=args.only, tokenizer=tokenizer))
         return 0
     out = Path(args.out) if args.out else (source.parent / "trajectories.html")
-    count = render_html(source, out, limit=args.limit, only=args.only)
+    count = render_html(source, out, limit=args.limit, only=args.only, tokenizer=tokenizer)
     print(f"wrote {count} trajectories to {out}")
     return 0

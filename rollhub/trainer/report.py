@@ -47,7 +47,13 @@ def report(
     before = state.warmstart_success if warmstart is None else warmstart.success_rate
     records = read_jsonl(run.run_dir / "metrics.jsonl")
     title = f"{config.env.id}: {config.algorithm.estimator}, alpha={config.rollout.async_ratio}"
-    plot_learning_curve(records, run.run_dir / "learning_curve.png", title=title)
+    plot_learning_curve(
+        records,
+        run.run_dir / "learning_curve.png",
+        title=title,
+        eval_seeds=config.eval.episodes,
+        samples_per_seed=config.eval.samples_per_seed,
+    )
     summary = {
         "warmstart_success_rate": before,
         "final_success_rate": final.success_rate,
