@@ -1,7 +1,10 @@
 """`rollhub envs list` and `rollhub envs try ID`.
 
 `try` plays one episode and prints the transcript: the env's messages, each action and its
-reward. With `--json` the last line is exactly one JSON object
+reward. Every env can be tried: the default agent, `random`, is the env's own random agent or,
+for an env without one (the README's ten-line example, most adapted envs), actions shaped like
+the examples its messages show (rollhub.envs.players). An env that raises is one line naming
+it and the exception (rollhub.envs.episode). With `--json` the last line is exactly one JSON object
 `{"env", "seed", "steps", "return", "success"}` so scripts can read the outcome.
 Kept import-light: numpy and the env modules load inside the handlers.
 
@@ -45,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     trying.add_argument("--model-name", default=None, help="the endpoint's model name (default: its first)")
     trying.add_argument("--temperature", type=float, default=0.0, help="--agent model sampling (default 0: greedy)")
+    trying.add_argument("--max-new-tokens", type=int, default=256, help="--agent model: most tokens per reply")
     trying.add_argument("--json", action="store_true", help="end with one JSON line: env, seed, steps, return, success")
     trying.add_argument("--max-steps", type=int, default=None, help="stop after N steps (default: the env's limit)")
     trying.add_argument(
@@ -147,7 +151,9 @@ async def _play(env, args: argparse.Namespace) -> int:
         open_chat_model = getattr(args, "open_chat_model", None)  # set by rollhub.rollout.cli
         if open_chat_model is None:
             raise UserError("--agent model needs rollhub's rollout layer, which this command line was built without")
-        model = open_chat_model(args.model, model_name=args.model_name, temperature=args.temperature)
+        model = open_chat_model(
+            args.model, model_name=args.model_name, temperature=args.temperature, max_new_tokens=args.max_new_tokens
+        )
     try:
         player = _player(args.agent, args.seed, model)
         outcome = await play_episode(

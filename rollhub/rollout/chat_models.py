@@ -41,6 +41,8 @@ def open_chat_model(
     """A URL (http:// or https://) -> `EndpointModel`; a folder with config.json -> `LocalModel`."""
     if not temperature >= 0:
         raise UserError(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
+    if max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     if model.startswith(("http://", "https://")):
         return EndpointModel(model, model_name=model_name, temperature=temperature, max_new_tokens=max_new_tokens)
     path = Path(model)

@@ -138,7 +138,9 @@ def run_env_eval(args: argparse.Namespace, *, held_out_seed_offset: int) -> int:
     seeds = split_seeds(args.split, args.episodes, held_out_seed_offset)
 
     async def main() -> EnvEvaluation:
-        model = open_chat_model(args.model, model_name=args.model_name, temperature=args.temperature)
+        model = open_chat_model(
+            args.model, model_name=args.model_name, temperature=args.temperature, max_new_tokens=args.max_new_tokens
+        )
         try:
             return await evaluate_env(args.config, kwargs, model, seeds, model_label=args.model, split=args.split)
         finally:

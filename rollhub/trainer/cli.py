@@ -57,6 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     env_only.add_argument("--split", choices=("test", "train"), default="test", help="seeds (and env split) to play")
     env_only.add_argument("--model-name", default=None, help="the endpoint's model name (default: its first)")
     env_only.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    env_only.add_argument("--max-new-tokens", type=int, default=256, help="most tokens per reply (default 256)")
     env_only.add_argument("--json", action="store_true", help="print one JSON object")
     evaluate.set_defaults(func=_cmd_eval)
 
