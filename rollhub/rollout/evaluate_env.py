@@ -127,6 +127,10 @@ def run_env_eval(args: argparse.Namespace, *, held_out_seed_offset: int) -> int:
     from rollhub.envs.registry import spec
     from rollhub.rollout.chat_models import open_chat_model
 
+    defaults = {"episodes": 20, "split": "test", "temperature": 0.0, "max_new_tokens": 256, "json": False}
+    for name, default in defaults.items():  # the parser leaves them None, so a recipe run can tell they were given
+        if getattr(args, name, None) is None:
+            setattr(args, name, default)
     if args.episodes < 1:
         raise UserError(f"--episodes must be >= 1, got {args.episodes}")
     env_spec = spec(args.config)

@@ -52,13 +52,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="recipe: e.g. eval.temperature=1.0; env id: an env argument, e.g. difficulty=2",
     )
-    env_only = evaluate.add_argument_group("with an env id")
-    env_only.add_argument("--episodes", type=int, default=20, help="episodes, one per seed (default 20)")
-    env_only.add_argument("--split", choices=("test", "train"), default="test", help="seeds (and env split) to play")
+    env_only = evaluate.add_argument_group("with an env id (a recipe sets these in its eval section)")
+    env_only.add_argument("--episodes", type=int, default=None, help="episodes, one per seed (default 20)")
+    env_only.add_argument("--split", choices=("test", "train"), default=None, help="seeds (and env split) to play")
     env_only.add_argument("--model-name", default=None, help="the endpoint's model name (default: its first)")
-    env_only.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
-    env_only.add_argument("--max-new-tokens", type=int, default=256, help="most tokens per reply (default 256)")
-    env_only.add_argument("--json", action="store_true", help="print one JSON object")
+    env_only.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 0: greedy)")
+    env_only.add_argument("--max-new-tokens", type=int, default=None, help="most tokens per reply (default 256)")
+    env_only.add_argument("--json", action="store_true", default=None, help="print one JSON object")
     evaluate.set_defaults(func=_cmd_eval)
 
     view = subparsers.add_parser("view", help="read a run's trajectories: static HTML (default) or text")
@@ -130,6 +130,13 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         from rollhub.trainer.config import EvalConfig
 
         return run_env_eval(args, held_out_seed_offset=EvalConfig().seed_offset)
+    env_flags = ("episodes", "split", "model_name", "temperature", "max_new_tokens", "json")
+    given = [f"--{name.replace('_', '-')}" for name in env_flags if getattr(args, name) is not None]
+    if given:
+        raise UserError(
+            f"{', '.join(given)}: for 'rollhub eval ENV --model ...'; a recipe sets its evaluation in its eval "
+            "section (e.g. --set eval.episodes=50)"
+        )
     from rollhub.trainer.evaluate import evaluate_model_dir
 
     config = load_run_config(args.config, args.overrides, None)

@@ -93,3 +93,8 @@ def test_eval_env_with_a_local_checkpoint_and_the_env_split(capsys, tiny_model_d
 def test_eval_env_mistakes_are_one_line(capsys, argv, fragment):
     code, _, err = run(capsys, "eval", *argv)
     assert code == 2 and len(err.strip().splitlines()) == 1 and fragment in err
+
+
+def test_env_flags_with_a_recipe_are_one_line(capsys, tiny_model_dir):
+    code, _, err = run(capsys, "eval", "configs/sokoban_tiny.yaml", "--model", str(tiny_model_dir), "--episodes", "5")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--episodes" in err and "eval.episodes" in err
