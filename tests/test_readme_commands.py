@@ -119,7 +119,7 @@ def test_readme_command_parses(command):
 
 def _env_eval(argv: list[str]) -> bool:
     """`rollhub eval ENV --model ...`: an env id where a recipe would be (no recipe to load)."""
-    return argv[:1] == ["eval"] and len(argv) > 1 and not argv[1].startswith(("configs/", "-"))
+    return argv[:1] == ["eval"] and len(argv) > 1 and not argv[1].endswith((".yaml", ".yml", ".json"))
 
 
 def _recipe_commands() -> list[str]:
