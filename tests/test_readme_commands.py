@@ -64,6 +64,8 @@ PARSE_ONLY = {
     "torchrun": "starts a rank group (torchrun); its rollhub part is parsed",
     "rollhub train examples/python_task/recipe.yaml": "paths from the repository root; trained on in "
     "tests/trainer/test_python_task_train.py",
+    "rollhub envs try rollhub/Math-v0 --agent model": "needs a served model (tests/envs/test_envs_try_any_env.py "
+    "plays a folder and a local OpenAI-compatible server)",
 }
 
 
@@ -118,11 +120,17 @@ def test_readme_command_parses(command):
     assert getattr(args, "func", None), f"`{command}` names no command"
 
 
+def _env_eval(argv: list[str]) -> bool:
+    """`rollhub eval ENV --model ...`: an env id where a recipe would be (no recipe to load)."""
+    return argv[:1] == ["eval"] and len(argv) > 1 and not argv[1].endswith((".yaml", ".yml", ".json"))
+
+
 def _recipe_commands() -> list[str]:
     return [
         c
         for c in readme_commands()
-        if rollhub_argv(c)[:1] in (["train"], ["sft"], ["eval"]) or rollhub_argv(c)[:2] == ["config", "show"]
+        if (rollhub_argv(c)[:1] in (["train"], ["sft"], ["eval"]) or rollhub_argv(c)[:2] == ["config", "show"])
+        and not _env_eval(rollhub_argv(c))
     ]
 
 
@@ -150,7 +158,7 @@ def test_bench_names_exist():
 def _in_process(command: str) -> bool:
     """Commands quick and light enough to run inside the test process."""
     argv = rollhub_argv(command)
-    return argv[0] in ("envs", "config") or argv == ["bench", "--list"]
+    return (argv[0] in ("envs", "config") or argv == ["bench", "--list"]) and not _listed(command, PARSE_ONLY)
 
 
 def _training(command: str) -> bool:
@@ -203,6 +211,8 @@ def _quick(argv: list[str], run_dir: Path, model_dir: Path) -> list[str]:
     argv = [str(run_dir) if word == "runs/sokoban_tiny" else word for word in argv]
     argv = [word.replace("runs/sokoban_tiny/", f"{run_dir}/") for word in argv]
     argv = [str(ROOT / word) if word.startswith("configs/") else word for word in argv]
+    if _env_eval(argv):  # an env's own arguments, no recipe: two episodes
+        return argv + ["--episodes", "2"]
     if argv[0] in ("train", "sft", "eval") and "--resume" not in argv:
         extra = [f"run_dir={run_dir}", f"model.path={model_dir}", *QUICK_TRAIN]
         argv += [item for override in extra for item in ("--set", override)]

@@ -1,9 +1,16 @@
 """`rollhub envs list` and `rollhub envs try ID`.
 
 `try` plays one episode and prints the transcript: the env's messages, each action and its
-reward. With `--json` the last line is exactly one JSON object
+reward. Every env can be tried: the default agent, `random`, is the env's own random agent or,
+for an env without one (the README's ten-line example, most adapted envs), actions shaped like
+the examples its messages show (rollhub.envs.players). An env that raises is one line naming
+it and the exception (rollhub.envs.episode). With `--json` the last line is exactly one JSON object
 `{"env", "seed", "steps", "return", "success"}` so scripts can read the outcome.
 Kept import-light: numpy and the env modules load inside the handlers.
+
+`--agent model` plays a model, which this layer cannot load (envs sit below rollhub.inference):
+rollhub.rollout.cli, the layer above, gives the `try` parser its opener of chat models as the
+`open_chat_model` default.
 """
 
 from __future__ import annotations
@@ -13,7 +20,9 @@ import json
 
 from rollhub.core.errors import UserError
 
-AGENTS = ("random", "expert", "human")
+#: random: the env's own random agent, or actions shaped like the examples its messages show (any env);
+#: expert: the env's scripted expert; human: you, at the terminal; model: --model PATH_OR_URL
+AGENTS = ("random", "expert", "human", "model")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,7 +37,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     trying = commands.add_parser("try", help="play one episode and print the transcript")
     trying.add_argument("env_id", metavar="ID", help="env id, e.g. rollhub/Sokoban-v0")
     trying.add_argument("--seed", type=int, default=0, help="episode seed (default 0)")
-    trying.add_argument("--agent", choices=AGENTS, default="random", help="who plays (default random)")
+    trying.add_argument(
+        "--agent", choices=AGENTS, default="random", help="who plays (default random: works for every env)"
+    )
+    trying.add_argument(
+        "--model",
+        default=None,
+        metavar="PATH_OR_URL",
+        help="for --agent model: a checkpoint folder (played on the CPU) or an OpenAI-compatible URL",
+    )
+    trying.add_argument("--model-name", default=None, help="the endpoint's model name (default: its first)")
+    trying.add_argument("--temperature", type=float, default=0.0, help="--agent model sampling (default 0: greedy)")
+    trying.add_argument("--max-new-tokens", type=int, default=256, help="--agent model: most tokens per reply")
     trying.add_argument("--json", action="store_true", help="end with one JSON line: env, seed, steps, return, success")
     trying.add_argument("--max-steps", type=int, default=None, help="stop after N steps (default: the env's limit)")
     trying.add_argument(
@@ -82,7 +102,7 @@ def list_envs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_env_args(items: list[str]) -> dict:
+def parse_env_args(items: list[str]) -> dict:
     from rollhub.core.config import parse_override
 
     kwargs = {}
@@ -105,11 +125,17 @@ def try_env(args: argparse.Namespace) -> int:
         raise UserError(f"--max-steps must be >= 1, got {args.max_steps}")
     if args.seed < 0:
         raise UserError(f"--seed must be >= 0, got {args.seed}")
+    if (args.agent == "model") != (args.model is not None):
+        raise UserError(
+            "--agent model plays the model of --model PATH_OR_URL (a checkpoint folder or an OpenAI-compatible URL)"
+            if args.agent == "model"
+            else f"--model is for --agent model (got --agent {args.agent})"
+        )
     env_spec = spec(args.env_id)
     missing = missing_requirements(env_spec)
     if missing:
         raise UserError(f"{args.env_id} cannot run here: {'; '.join(missing)}")
-    kwargs = typed_env_kwargs(env_spec, _parse_env_args(args.env_args), key_prefix="--set ")
+    kwargs = typed_env_kwargs(env_spec, parse_env_args(args.env_args), key_prefix="--set ")
     try:
         env = make(args.env_id, **kwargs)
     except ValueError as exc:
@@ -118,57 +144,68 @@ def try_env(args: argparse.Namespace) -> int:
 
 
 async def _play(env, args: argparse.Namespace) -> int:
-    import numpy as np
+    from rollhub.envs.episode import play_episode
 
-    rng = np.random.default_rng(args.seed)
-    limit = args.max_steps or int(env.max_steps)
-    steps, total, success = 0, 0.0, False
+    model = None
+    if args.agent == "model":
+        open_chat_model = getattr(args, "open_chat_model", None)  # set by rollhub.rollout.cli
+        if open_chat_model is None:
+            raise UserError("--agent model needs rollhub's rollout layer, which this command line was built without")
+        model = open_chat_model(
+            args.model, model_name=args.model_name, temperature=args.temperature, max_new_tokens=args.max_new_tokens
+        )
     try:
-        try:
-            obs, info = await env.reset(seed=args.seed)
-        except ValueError as exc:  # e.g. a room that cannot hold the requested boxes
-            raise UserError(f"{args.env_id} could not start an episode: {exc}") from None
-        _print_messages(obs)
-        for _ in range(limit):
-            action = _next_action(env, args.agent, rng)
-            if action is None:  # the person at the terminal stopped
-                break
-            print(f"[agent] {action}")
-            obs, reward, terminated, truncated, info = await env.step(action)
-            steps += 1
-            total += reward
-            _print_messages(obs)
-            print(
-                f"[reward {reward:+.2f}  return {total:+.2f}"
-                f"{'  terminated' if terminated else ''}{'  truncated' if truncated else ''}]"
-            )
-            if terminated or truncated:
-                success = bool(info.get("success", False))
-                break
+        player = _player(args.agent, args.seed, model)
+        outcome = await play_episode(
+            env, player, env_id=args.env_id, seed=args.seed, max_steps=args.max_steps, show=_show
+        )
     finally:
         await env.close()
+        if model is not None:
+            await model.close()
     if args.json:
         print(
             json.dumps(
-                {"env": args.env_id, "seed": args.seed, "steps": steps, "return": round(total, 6), "success": success}
+                {
+                    "env": args.env_id,
+                    "seed": args.seed,
+                    "steps": outcome.steps,
+                    "return": round(outcome.total_reward, 6),
+                    "success": outcome.success,
+                }
             )
         )
     else:
-        print(f"episode: {steps} steps, return {total:+.2f}, success {success}")
+        print(f"episode: {outcome.steps} steps, return {outcome.total_reward:+.2f}, success {outcome.success}")
     return 0
 
 
-def _next_action(env, agent: str, rng) -> str | None:
-    if agent == "random":
-        try:
-            return env.random_action(rng)
-        except NotImplementedError:
-            raise UserError(f"{type(env).__name__} has no random agent; use --agent expert or human") from None
-    if agent == "expert":
-        try:
-            return env.expert_action()
-        except NotImplementedError:
-            raise UserError(f"{type(env).__name__} has no scripted expert; use --agent random or human") from None
+def _player(agent: str, seed: int, model):
+    """The `--agent` as a player of rollhub.envs.episode: (env, conversation) -> action or None."""
+    import numpy as np
+
+    from rollhub.envs.players import action_or_example
+
+    rng = np.random.default_rng(seed)
+
+    async def play(env, conversation):
+        if agent == "random":  # the env's own random agent, else actions shaped like its examples
+            return action_or_example(env, conversation, rng)
+        if agent == "expert":
+            try:
+                return env.expert_action()
+            except NotImplementedError:
+                raise UserError(
+                    f"{type(env).__name__} has no scripted expert; use --agent random (plays any env), human or model"
+                ) from None
+        if agent == "model":
+            return await model.reply(conversation, env.tools if env.chat_template_tools else None)
+        return _human_action(env)
+
+    return play
+
+
+def _human_action(env) -> str | None:
     from rollhub.envs.base import wrap_action
 
     try:
@@ -179,7 +216,16 @@ def _next_action(env, agent: str, rng) -> str | None:
     return text if f"<{env.action_tag}>" in text else wrap_action(text.strip(), env.action_tag)
 
 
-def _print_messages(messages) -> None:
-    for message in messages:
-        print(f"[{message['role']}]")
-        print(message["content"])
+def _show(kind: str, value) -> None:
+    if kind == "messages":
+        for message in value:
+            print(f"[{message['role']}]")
+            print(message["content"])
+    elif kind == "action":
+        print(f"[agent] {value}")
+    elif kind == "step":
+        reward, total, terminated, truncated = value
+        print(
+            f"[reward {reward:+.2f}  return {total:+.2f}"
+            f"{'  terminated' if terminated else ''}{'  truncated' if truncated else ''}]"
+        )

@@ -50,6 +50,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="env/rollout/agent knobs by their train-config names, e.g. agent.history_window=2",
     )
     rollout.set_defaults(func=_cmd_rollout)
+    envs = subparsers.choices.get("envs")
+    if envs is not None:  # `rollhub envs try --agent model`: the env layer cannot load models, this one can
+        envs.set_defaults(open_chat_model=_open_chat_model)
+
+
+def _open_chat_model(model: str, **options: object) -> object:
+    from rollhub.rollout.chat_models import open_chat_model
+
+    return open_chat_model(model, **options)
 
 
 def _cmd_rollout(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""`rollhub train`, `rollhub sft`, `rollhub view` (import-light: torch loads in the handlers)."""
+"""`rollhub train`, `rollhub sft`, `rollhub eval`, `rollhub view` (import-light: torch loads in the handlers)."""
 
 from __future__ import annotations
 
@@ -35,14 +35,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sft.add_argument("--no-progress", action="store_true", help="no progress bars (logs only)")
     sft.set_defaults(func=_cmd_sft)
 
-    evaluate = subparsers.add_parser("eval", help="success rate of a model dir on a recipe's held-out seeds")
-    evaluate.add_argument("config", help="recipe YAML (env, agent and eval sections are used)")
-    evaluate.add_argument(
-        "--model", required=True, help="HF checkpoint dir (e.g. RUN/final_model) or a hub id in the HF cache (org/name)"
+    evaluate = subparsers.add_parser(
+        "eval", help="success rate of a model on a recipe's held-out seeds, or on an env (ID) with its 95% interval"
     )
     evaluate.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="e.g. eval.temperature=1.0"
+        "config",
+        metavar="RECIPE_OR_ENV",
+        help="recipe YAML (env, agent and eval sections are used), or an env id such as rollhub/Math-v0",
     )
+    evaluate.add_argument(
+        "--model",
+        required=True,
+        help="HF checkpoint dir (RUN/final_model) or a hub id in the HF cache (org/name); with an env id also "
+        "an OpenAI-compatible URL",
+    )
+    evaluate.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="recipe: e.g. eval.temperature=1.0; env id: an env argument, e.g. difficulty=2",
+    )
+    env_only = evaluate.add_argument_group("with an env id (a recipe sets these in its eval section)")
+    env_only.add_argument("--episodes", type=int, default=None, help="episodes, one per seed (default 20)")
+    env_only.add_argument("--split", choices=("test", "train"), default=None, help="seeds (and env split) to play")
+    env_only.add_argument("--model-name", default=None, help="the endpoint's model name (default: its first)")
+    env_only.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 0: greedy)")
+    env_only.add_argument("--max-new-tokens", type=int, default=None, help="most tokens per reply (default 256)")
+    env_only.add_argument("--json", action="store_true", default=None, help="print one JSON object")
     evaluate.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
     evaluate.set_defaults(func=_cmd_eval)
 
@@ -52,6 +73,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     view.add_argument("--text", action="store_true", help="print transcripts to the terminal instead")
     view.add_argument("--limit", type=int, default=200, help="most recent trajectories to show")
     view.add_argument("--only", choices=["success", "failure"], default=None, help="filter by outcome")
+    view.add_argument(
+        "--tokenizer", default=None, metavar="DIR", help="decode prompts with this tokenizer (default: the run's own)"
+    )
     view.set_defaults(func=_cmd_view)
 
 
@@ -108,6 +132,19 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     import asyncio
 
+    from rollhub.rollout.evaluate_env import looks_like_env_id, run_env_eval
+
+    if looks_like_env_id(args.config):
+        from rollhub.trainer.config import EvalConfig
+
+        return run_env_eval(args, held_out_seed_offset=EvalConfig().seed_offset)
+    env_flags = ("episodes", "split", "model_name", "temperature", "max_new_tokens", "json")
+    given = [f"--{name.replace('_', '-')}" for name in env_flags if getattr(args, name) is not None]
+    if given:
+        raise UserError(
+            f"{', '.join(given)}: for 'rollhub eval ENV --model ...'; a recipe sets its evaluation in its eval "
+            "section (e.g. --set eval.episodes=50)"
+        )
     from rollhub.trainer.evaluate import evaluate_model_dir
     from rollhub.trainer.model_source import resolve_model_path
     from rollhub.trainer.progress import JobProgress, silence_library_progress
@@ -135,13 +172,14 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_view(args: argparse.Namespace) -> int:
-    from rollhub.trainer.view import find_trajectory_file, render_html, render_text
+    from rollhub.trainer.view import find_tokenizer_dir, find_trajectory_file, load_tokenizer, render_html, render_text
 
     source = find_trajectory_file(Path(args.run))
+    tokenizer = load_tokenizer(find_tokenizer_dir(source, Path(args.tokenizer) if args.tokenizer else None))
     if args.text:
-        print(render_text(source, limit=args.limit, only=args.only))
+        print(render_text(source, limit=args.limit, only=args.only, tokenizer=tokenizer))
         return 0
     out = Path(args.out) if args.out else (source.parent / "trajectories.html")
-    count = render_html(source, out, limit=args.limit, only=args.only)
+    count = render_html(source, out, limit=args.limit, only=args.only, tokenizer=tokenizer)
     print(f"wrote {count} trajectories to {out}")
     return 0

@@ -51,7 +51,13 @@ def report(
     records = read_jsonl(run.run_dir / "metrics.jsonl")
     title = f"{config.env.id}: {config.algorithm.estimator}, alpha={config.rollout.async_ratio}"
     try:
-        plot_learning_curve(records, run.run_dir / "learning_curve.png", title=title)
+        plot_learning_curve(
+            records,
+            run.run_dir / "learning_curve.png",
+            title=title,
+            eval_seeds=config.eval.episodes,
+            samples_per_seed=config.eval.samples_per_seed,
+        )
     except ImportError as exc:  # matplotlib is optional on a bare machine (the device check carries no plots)
         logger.warning("learning curve not drawn: %s", exc)
     summary = {

@@ -20,7 +20,7 @@ import hashlib
 import json
 from typing import Any
 
-from rollhub.core.errors import MissingExtraError
+from rollhub.core.errors import MissingExtraError, UserError
 
 #: state keys that count steps or name the episode: they make an anchor history-dependent
 COUNTER_KEYS = frozenset({"episode_id", "step_count", "turn", "turn_count", "steps"})
@@ -41,7 +41,13 @@ def state_anchor(state: Any, fallback_text: str) -> str:
 
 
 def require(module: str, extra: str, what: str) -> Any:
-    """Import a source's package, or say which extra installs it."""
+    """Import a source's package, or say in one line which extra installs it or that it is broken.
+
+    A package that is present but fails on import (a dependency missing, or installed at a
+    version it cannot use: another extra's pins moved it) would otherwise surface as a long
+    traceback from deep inside it, which `pip check` may not explain when a package was
+    installed without its dependencies; the line names the package, the first line of the
+    error and the reinstall that fixes it."""
     import importlib
 
     try:
@@ -49,7 +55,21 @@ def require(module: str, extra: str, what: str) -> Any:
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] == module.split(".")[0]:
             raise MissingExtraError(extra, what) from None
-        raise
+        raise BrokenExtraError(module, extra, what, exc) from None
+    except ImportError as exc:
+        raise BrokenExtraError(module, extra, what, exc) from None
+
+
+class BrokenExtraError(UserError):
+    """An optional extra's package is installed but cannot be imported."""
+
+    def __init__(self, module: str, extra: str, what: str, exc: ImportError):
+        lines = str(exc).strip().splitlines()
+        reason = f"{type(exc).__name__}: {lines[0] if lines else exc.name}"
+        super().__init__(
+            f"{what}: '{module}' is installed but does not import ({reason}); "
+            f"reinstall the extra with its pins: pip install -e '.[{extra}]', then pip check"
+        )
 
 
 def user_message(text: str) -> dict[str, str]:
