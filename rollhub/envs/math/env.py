@@ -26,7 +26,8 @@ from typing import Any, Literal
 import numpy as np
 
 from rollhub.envs.base import Env, Observation, StepResult, invalid_step_info, wrap_action
-from rollhub.envs.math.answers import CHECK_TIME_LIMIT_S, MAX_ANSWER_CHARS, extract_answer, is_equivalent
+from rollhub.envs.math.answer_forms import answer_is_correct
+from rollhub.envs.math.answers import CHECK_TIME_LIMIT_S, MAX_ANSWER_CHARS, extract_answer
 from rollhub.envs.math.dataset import load_jsonl
 from rollhub.envs.math.problems import (
     KINDS,
@@ -37,6 +38,7 @@ from rollhub.envs.math.problems import (
     in_test_partition,
     key_in_test_partition,
     problem_key,
+    stated_question,
 )
 
 Split = Literal["all", "train", "test"]
@@ -189,7 +191,7 @@ class MathEnv(ContentSplit, Env):
         obs: Observation = [
             {"role": "system", "content": SYSTEM_PROMPT},
             *([dict(m) for m in EXAMPLE_EXCHANGE] if self.example else []),
-            {"role": "user", "content": self._problem.question},
+            {"role": "user", "content": stated_question(self._problem)},
         ]
         return obs, {"anchor": self._problem.question, "success": False, "kind": self._problem.kind}
 
@@ -210,7 +212,9 @@ class MathEnv(ContentSplit, Env):
             ]
             return obs, float(self.invalid_reward), False, out_of_attempts, info
         graded = format_ok or not self.require_format
-        correct = graded and is_equivalent(answer, problem.answer, time_limit_s=self.check_time_limit_s)
+        correct = graded and answer_is_correct(
+            answer, problem.answer, problem.answer_form, problem.unknown, time_limit_s=self.check_time_limit_s
+        )
         terminated = correct or out_of_attempts
         self._done = terminated
         info = {

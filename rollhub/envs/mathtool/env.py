@@ -37,9 +37,10 @@ from typing import Any, Literal
 import numpy as np
 
 from rollhub.envs.base import Env, Observation, StepResult, invalid_step_info, wrap_action
-from rollhub.envs.math.answers import MAX_ANSWER_CHARS, extract_answer, is_equivalent
+from rollhub.envs.math.answer_forms import answer_is_correct
+from rollhub.envs.math.answers import MAX_ANSWER_CHARS, extract_answer
 from rollhub.envs.math.env import ContentSplit
-from rollhub.envs.math.problems import Problem
+from rollhub.envs.math.problems import Problem, stated_question
 from rollhub.envs.mathtool.backends import DEFAULT_IMAGE, EmbeddedBackend, SandboxBackend, ToolOutput
 from rollhub.envs.mathtool.interpreter import evaluate_expression
 from rollhub.envs.mathtool.problems import (
@@ -267,7 +268,7 @@ class MathToolEnv(ContentSplit, Env):
         return self._opening(self._problem), {"anchor": self._anchor(), "success": False, "kind": self._problem.kind}
 
     def _opening(self, problem: Problem) -> Observation:
-        question = problem.question
+        question = stated_question(problem)
         if not self.tool_names:
             example: list[dict[str, str]] = [
                 {"role": "user", "content": EXAMPLE_QUESTION},
@@ -305,7 +306,7 @@ class MathToolEnv(ContentSplit, Env):
         if answer is None or not answer.strip():
             return self._invalid(problem, "no answer found", format_ok=False, last=last)
         graded = format_ok or not self.require_format
-        correct = graded and is_equivalent(answer, problem.answer)
+        correct = graded and answer_is_correct(answer, problem.answer, problem.answer_form, problem.unknown)
         metrics = self._metrics()  # before the episode's container goes
         await self._finish()
         info = {
