@@ -41,8 +41,7 @@ from rollhub.envs.math.answer_forms import answer_is_correct
 from rollhub.envs.math.answers import MAX_ANSWER_CHARS, extract_answer
 from rollhub.envs.math.env import ContentSplit
 from rollhub.envs.math.problems import Problem, stated_question
-from rollhub.envs.mathtool.backends import DEFAULT_IMAGE, EmbeddedBackend, SandboxBackend, ToolOutput
-from rollhub.envs.mathtool.interpreter import evaluate_expression
+from rollhub.envs.mathtool.backends import DEFAULT_IMAGE, EmbeddedBackend, SandboxBackend
 from rollhub.envs.mathtool.problems import (
     KINDS,
     check_kinds,
@@ -236,6 +235,7 @@ class MathToolEnv(ContentSplit, Env):
         else:
             self.backend = EmbeddedBackend(timeout_s=tool_timeout_s or 0.2, max_output_chars=max_output_chars)
         self.calculator_timeout_s = min(tool_timeout_s or 0.2, 1.0)
+        self.calculator = EmbeddedBackend(timeout_s=self.calculator_timeout_s, max_output_chars=max_output_chars)
         self.problems = list(held_out_problems(self.kinds, test_size)) if split == "test" else None
         self._rng = np.random.default_rng()
         self._problem: Problem | None = None
@@ -351,8 +351,7 @@ class MathToolEnv(ContentSplit, Env):
             if name == "python":
                 output = await self.backend.run_python(argument)
             else:
-                result = evaluate_expression(argument, time_limit_s=self.calculator_timeout_s)
-                output = ToolOutput(result.text(), result.ok)
+                output = await self.calculator.run_calculator(argument, self.calculator_timeout_s)
         except SandboxError as exc:
             await self._finish()
             info = invalid_step_info(self._anchor(), "the tool's sandbox failed", format_ok=True)
