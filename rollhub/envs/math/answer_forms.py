@@ -18,8 +18,8 @@ Forms:
   evaluating checker `answers.is_equivalent`, since there the answer's form is an expression.
 
 Harmless wrapping a real model writes is removed first: surrounding whitespace, one trailing full
-stop, paired `$...$`, `\\(...\\)`, `\\[...\\]` or `**...**`, and, when the problem asks for an
-unknown, `x =` in front (`x = 5` for "Solve for x"). Characters: ASCII digits only; the one
+stop, paired `$...$`, `\\(...\\)`, `\\[...\\]` or `**...**`, a dollar sign in front (`$12`), and,
+when the problem asks for an unknown, `x =` in front (`x = 5` for "Solve for x"). Characters: ASCII digits only; the one
 non-ASCII character read is the minus sign U+2212 (what typeset minus signs turn into). Fullwidth,
 Arabic-Indic, superscript or other look-alike digits, spaces inside a number, several answers
 (`5, 6`, `5 or 6`), prose, units, parentheses, operators and an empty answer are no answer: 0.
@@ -60,6 +60,8 @@ def _unwrap(text: str, unknown: str) -> str:
         if len(text) > len(opening) + len(closing) and text.startswith(opening) and text.endswith(closing):
             text = text[len(opening) : -len(closing)].strip()
             break
+    if text.startswith("$") and "$" not in text[1:]:  # a price: $12
+        text = text[1:]
     if unknown:
         match = re.fullmatch(rf"{re.escape(unknown)}[ \t]*=[ \t]*(.*)", text, flags=re.DOTALL)
         if match:

@@ -117,6 +117,9 @@ async def test_harmless_variants_of_the_gold_still_score_one(env_class, kind):
         ("(42)", "42", "integer", "", False),
         ("42 apples", "42", "integer", "", False),
         ("x = 42", "42", "integer", "", False),  # no unknown was asked for
+        ("$12", "12", "integer", "", True),  # a price
+        ("$12 + $3", "15", "integer", "", False),
+        ("12 dollars", "12", "integer", "", False),
         ("y = 5", "5", "integer", "x", False),
         ("x = 5", "5", "integer", "x", True),
         ("x = 2 + 3", "5", "integer", "x", False),
