@@ -19,8 +19,8 @@ Forms:
 
 Harmless wrapping a real model writes is removed first: surrounding whitespace, one trailing full
 stop, paired `$...$`, `\\(...\\)`, `\\[...\\]` or `**...**`, a dollar sign in front (`$12`), and,
-when the problem asks for an unknown, `x =` in front (`x = 5` for "Solve for x"). Characters: ASCII digits only; the one
-non-ASCII character read is the minus sign U+2212 (what typeset minus signs turn into). Fullwidth,
+when the problem asks for an unknown, `x =` in front (`x = 5` for "Solve for x"). Characters: ASCII
+digits only; the one non-ASCII character read is the minus sign U+2212 (typeset minus). Fullwidth,
 Arabic-Indic, superscript or other look-alike digits, spaces inside a number, several answers
 (`5, 6`, `5 or 6`), prose, units, parentheses, operators and an empty answer are no answer: 0.
 """

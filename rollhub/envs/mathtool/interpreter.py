@@ -13,8 +13,17 @@ Everything with a cost is capped *before* it is computed:
 * the size of every integer (`MAX_INT_BITS`), judged from the operands before a `*` or `**`
   happens (a power's result size is estimated as the exponent times log2 of the base); floats
   that overflow are errors, not `inf`;
-* nodes visited (`MAX_STEPS`) and a CPU-time deadline (`time_limit_s`), checked at every node;
-* printed output (`max_output_chars`, head and tail kept), and string sizes.
+* three-argument `pow` by its exponent's and modulus' bits (`MAX_MODULAR_POW_BITS`): its cost
+  grows with their product, so a cap on the result alone let one call run 0.5 s;
+* nodes visited (`MAX_STEPS`) and a CPU-time deadline (`time_limit_s`), checked every 8 nodes
+  (no node costs more than about 3 ms, so a run stops within a few ms of its limit);
+* string sizes, and printed text: one printed or `str()`'d value is rendered piece by piece and
+  refused the moment it passes `MAX_STRING_CHARS` (names of tuples of names describe 10^10
+  characters in 140), everything a run prints is capped at `MAX_PRINTED_CHARS`, and what comes
+  back is cut to `max_output_chars` (head and tail kept).
+
+The env never calls this module on its event loop: `tool_worker.py` runs it in worker processes
+with a memory limit and kills one that overruns, the backstop for any cost a cap here misses.
 
 What typical model-written code looks like is accepted: `print(4821 * 377)`, assignments
 (`a = 4821; b = 377; print(a * b)`), augmented assignments, `import math` and `math.sqrt(...)`,
