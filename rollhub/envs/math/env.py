@@ -4,7 +4,9 @@ The model answers inside `<answer>...</answer>` (a `\\boxed{}` inside the tag is
 untagged reply is still graded by its last `\\boxed{}` or the number its final sentence plainly
 states (`answers.stated_number`: `not 5` or `5 or 6` state none), with `info["format_ok"] = False`
 so the trainer can penalise the format if it wants to.
-Reward: 1 for a correct answer, 0 otherwise. A reply with no answer at all is an invalid
+Reward: 1 for a correct answer, 0 otherwise. Correct means a literal of the form the problem
+states (`answer_forms.py`: an integer, a reduced fraction), never an expression to evaluate:
+otherwise copying the question's expression into the tag would be paid. A reply with no answer at all is an invalid
 action (state unchanged); with the default single attempt it ends the episode by truncation.
 
 Train/test split (`split=`): `test` plays a fixed list of `test_size` distinct held-out problems

@@ -3,7 +3,9 @@
 An episode is one problem (`problems.py`) and at most `max_turns` replies. Each reply either
 calls a tool, `<tool_call>{"name": "python", "arguments": {"code": "print(4821 * 377)"}}</tool_call>`,
 whose output comes back as a `tool` message, or answers, `<answer>1817517</answer>`, which ends
-the episode: reward 1 when the answer equals the problem's (`rollhub.envs.math.answers`), else 0.
+the episode: reward 1 when the answer is the problem's as an integer literal, the form the question
+states (`rollhub.envs.math.answer_forms`; an expression such as `4821 * 377` is never evaluated,
+else copying the question would pay without a tool call), else 0.
 A reply that does both runs the call and ignores the answer (it was written before the model saw
 the output). A reply with neither, or with a call that cannot be read (bad JSON, unknown tool,
 missing argument), is an invalid action: the state stays, the reply says what was wrong and how
@@ -17,7 +19,8 @@ attributable to tool use). The tools are declared as JSON schemas (`tools`) and 
 agent with the model's chat template, or as a system block for templates that ignore `tools=`
 (SmolLM2; `rollhub.rollout.prompting`).
 
-Backends (`backend=`): `embedded` (a bounded arithmetic interpreter, no Docker) or `sandbox` (real
+Backends (`backend=`): `embedded` (a bounded arithmetic interpreter in worker processes off the
+event loop, `tool_worker.py`, no Docker) or `sandbox` (real
 `python3` in a pooled container; `backends.py`). Either way hostile code (loops, fork bombs, huge
 output, host files, network, huge powers) gets an error or a timeout as its output and the
 episode goes on; a failure of the machinery ends it as `infra_failure`, never scored.
