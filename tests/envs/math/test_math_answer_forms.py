@@ -179,3 +179,15 @@ async def test_a_gsm8k_file_still_scores_honest_answers(tmp_path):
     for index, reply, reward in cases:
         await env.reset(options={"index": index})
         assert (await env.step(reply))[1] == reward, reply
+
+
+@pytest.mark.parametrize("kind", MATH_KINDS)
+async def test_hard_and_long_math_problems_too(kind):
+    length = "any" if kind == "linear_equation" else "long"  # a root has at most 4 characters
+    env = MathEnv(kinds=(kind,), difficulty=5, answer_length=length)
+    for seed in range(60):
+        await env.reset(seed=seed)
+        problem = env.problem
+        for reply in echoes(problem.question):
+            assert await _score(env, seed, f"<answer>{reply}</answer>") == 0.0, (problem.question, reply)
+        assert await _score(env, seed, f"<answer>{problem.answer}</answer>") == 1.0, problem
