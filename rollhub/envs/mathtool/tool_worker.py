@@ -36,6 +36,8 @@ MEMORY_LIMIT_MB = 256  # the worker's address space: the interpreter itself need
 DEFAULT_WORKERS = 4  # started as concurrent calls need them; an idle one holds about 10 MB
 MAX_REPLY_BYTES = 4_000_000  # a reply is bounded by the output cut; more means a broken worker
 WORKER_SCRIPT = Path(__file__).with_name("worker_main.py")
+READY_LINE = b'{"ready": true}\n'  # worker_main.READY: the worker is loaded and limited
+START_TIMEOUT_S = 30.0  # a worker starts in 20-200 ms; a loaded machine may take far longer
 
 
 def kill_after_s(time_limit_s: float) -> float:
@@ -63,8 +65,28 @@ class ToolWorker:
             )
         except OSError as exc:
             raise SandboxError(f"cannot start the tool worker: {exc}") from exc
+        assert process.stdout is not None
+        ready = self._read_line(process.stdout.fileno(), time.monotonic() + START_TIMEOUT_S)
+        if ready != READY_LINE:  # it cannot even start: the machinery's failure, not the program's
+            process.kill()
+            process.wait()
+            raise SandboxError(f"the tool worker did not start within {START_TIMEOUT_S:g} s ({process.returncode})")
         self.started += 1
         return process
+
+    @staticmethod
+    def _read_line(descriptor: int, deadline: float) -> bytes | None:
+        """One reply line; None when the deadline passes, the worker dies or the line is too long."""
+        line = bytearray()
+        while not line.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([descriptor], [], [], left)[0]:
+                return None
+            chunk = os.read(descriptor, 65536)
+            if not chunk or len(line) + len(chunk) > MAX_REPLY_BYTES:
+                return None
+            line += chunk
+        return bytes(line)
 
     def call(self, request: dict[str, Any], timeout_s: float) -> RunResult:
         """Send one request and wait at most `timeout_s` for its reply (blocking; run it off the loop)."""
@@ -78,19 +100,13 @@ class ToolWorker:
         except OSError:  # the worker died between calls: a fresh one takes the request
             self.close()
             return self.call(request, timeout_s)
-        deadline = time.monotonic() + timeout_s
-        reply = bytearray()
-        descriptor = process.stdout.fileno()
-        while not reply.endswith(b"\n"):
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([descriptor], [], [], left)[0]:
-                self.close()
+        started = time.monotonic()
+        reply = self._read_line(process.stdout.fileno(), started + timeout_s)
+        if reply is None:
+            self.close()
+            if time.monotonic() - started >= timeout_s:
                 return RunResult("", f"TimeoutError: the program ran over {timeout_s:.2g} s and was stopped")
-            chunk = os.read(descriptor, 65536)
-            if not chunk or len(reply) + len(chunk) > MAX_REPLY_BYTES:  # it died: out of memory, or killed
-                self.close()
-                return RunResult("", "MemoryError: the program ran out of memory and was stopped")
-            reply += chunk
+            return RunResult("", "MemoryError: the program ran out of memory and was stopped")  # it died
         try:
             data = json.loads(reply)
             return RunResult(str(data["output"]), data["error"], bool(data["truncated"]), int(data["steps"]))

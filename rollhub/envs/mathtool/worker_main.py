@@ -7,8 +7,9 @@ of the interpreter costs at most this process, which the parent kills and replac
 interpreter is loaded from its file (stdlib only), not through the `rollhub` package, which
 would import far more than a worker needs and make it start slowly.
 
-Protocol: one JSON object per line each way. Request: {"op": "python" | "calculator", "source",
-"time_limit_s", "max_output_chars"}; reply: {"output", "error", "truncated", "steps"}.
+Protocol: one JSON object per line each way; the first line out is `READY`. Request: {"op":
+"python" | "calculator", "source", "time_limit_s", "max_output_chars"}; reply: {"output", "error",
+"truncated", "steps"}.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import json
 import os
 import sys
 from pathlib import Path
+
+READY = b'{"ready": true}\n'
 
 
 def _limit(memory_mb: int) -> None:
@@ -44,6 +47,8 @@ def main() -> None:
     interpreter = _interpreter()
     _limit(int(sys.argv[1]) if len(sys.argv) > 1 else 256)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    stdout.write(READY)  # loaded and limited: the parent starts sending requests
+    stdout.flush()
     for line in stdin:
         try:
             request = json.loads(line)

@@ -9,6 +9,7 @@ process whose memory is limited and which is killed and replaced when it overrun
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import time
@@ -74,9 +75,10 @@ def test_printing_within_the_bounds_still_prints_like_python():
 
 @pytest.mark.parametrize("code", HEAVY_PROGRAMS.values(), ids=HEAVY_PROGRAMS.keys())
 def test_cost_is_bounded_in_cpu_time(code):
+    gc.collect()  # a full collection of this test process's heap is no cost of the program's
     started = time.thread_time()
     result = run_code(code, time_limit_s=0.2)
-    assert time.thread_time() - started < 0.3  # the limit, plus at most a few ~3 ms steps
+    assert time.thread_time() - started < 0.4  # within twice the limit (in a worker: the limit + ms)
     assert result.error is not None
 
 
@@ -190,3 +192,20 @@ async def test_typical_calls_are_fast():
         assert sorted(durations)[len(durations) // 2] < 0.02  # a pipe round trip, not a process start
     finally:
         backend.pool.close()
+
+
+async def test_a_worker_that_cannot_start_is_an_infra_failure_not_the_models(monkeypatch, tmp_path):
+    from rollhub.envs.mathtool import tool_worker
+    from rollhub.sandbox.base import SandboxError
+
+    monkeypatch.setattr(tool_worker, "WORKER_SCRIPT", tmp_path / "missing_worker.py")  # a broken install
+    with pytest.raises(SandboxError, match="did not start"):
+        ToolWorker().call({"op": "python", "source": "print(1)", "time_limit_s": 0.2, "max_output_chars": 500}, 5)
+    env = MathToolEnv()
+    env.backend = EmbeddedBackend(pool=ToolWorkerPool(size=1))
+    await env.reset(seed=0)
+    try:
+        _, reward, terminated, truncated, info = await env.step(call("print(1)"))
+        assert info["infra_failure"].startswith("mathtool sandbox") and reward == 0 and truncated
+    finally:
+        env.backend.pool.close()
