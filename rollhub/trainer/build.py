@@ -55,8 +55,8 @@ def build_run(
     """Everything a training job trains with, from the warm-start in `model_dir` (the SFT model, or
     the base model): policy, optimizer, engine, KL reference, buffer, seeds and metrics log.
 
-    `policy`: the one SFT just trained in this process, trained on as it is (it still holds SFT's
-    last gradients; a policy loaded from `model_dir` has none). With `ranks` the policy is this
+    `policy`: the one SFT just trained in this process, trained on as it is (SFT leaves it without
+    gradients, as a policy loaded from `model_dir` is). With `ranks` the policy is this
     rank's shard, loaded from `model_dir`, and the other ranks build theirs now."""
     if policy is None:
         policy = build_policy(config if ranks is None else sharded_config(config), model_dir)
