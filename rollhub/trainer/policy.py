@@ -245,6 +245,10 @@ class Policy:
         # a batch's common opening runs once per step (rollhub.trainer.prefix_kv); a checkpointed
         # layer would replay its cache update in the backward pass, so the two do not combine
         self.share_prefix = share_prefix and not gradient_checkpointing
+        if self.share_prefix:
+            from rollhub.trainer.prefix_kv import refuse_length_dependent_rope
+
+            refuse_length_dependent_rope(self.model)
         # rank 0 of a trainer group sets this (RankGroup.attach): it tells the other ranks
         # which collective comes next before this rank enters it
         self.announce: Any = None
