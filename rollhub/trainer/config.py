@@ -382,9 +382,9 @@ class RunConfig:
                 "optim.pack_tokens (packing already runs a prompt shared by whole rows once) or "
                 "model.gradient_checkpointing"
             )
-        from rollhub.trainer.logprob_check import refuse_truncated_sampling_on_sglang
+        from rollhub.trainer.logprob_check import refuse_truncated_sampling
 
-        refuse_truncated_sampling_on_sglang(self)  # SGLang's log-probs ignore top-p/top-k
+        refuse_truncated_sampling(self)  # the trainer's pi is untruncated: pi / mu would be the kept mass
 
     @property
     def eval_env_id(self) -> str:
