@@ -461,7 +461,7 @@ def run_step(
             policy,
             optimizer,
             batch,
-            proximal_logprobs(plan, batch, policy.compute_logprobs),
+            proximal_logprobs(plan, batch, lambda rows: policy.compute_logprobs(rows, pack_tokens=pack_tokens)),
             loss_config,
             max_grad_norm=max_grad_norm,
             reference_logprobs=ref,
