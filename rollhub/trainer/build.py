@@ -250,8 +250,8 @@ def check_selection_disjoint(config: RunConfig) -> None:
     kwargs = check_env_kwargs(env_id, config.select_env_kwargs, where="eval.select.kwargs")
     check_env_values(env_id, kwargs, "eval.select.kwargs", evaluation=True)
     fix = (
-        "point eval.select.kwargs at validation tasks of their own (Sokoban: {split: validation}; "
-        "Math, ALFWorld, SWE: a split neither trained on nor held out) or turn selection off (eval.select.episodes: 0)"
+        "point eval.select.kwargs at validation tasks of their own, neither trained on nor held out "
+        "(Sokoban: {split: validation}), or turn selection off (eval.select.episodes: 0)"
     )
     validation_seeds = list(select.seed_range)
     check_eval_disjoint(
