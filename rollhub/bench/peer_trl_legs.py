@@ -197,7 +197,7 @@ def trl_arguments(config: RunConfig, out_dir: Path, *, steps: int, loss_type: st
         max_grad_norm=config.optim.max_grad_norm,
         beta=0.0,
         num_iterations=1,
-        epsilon=config.loss.clip_low,
+        epsilon=config.loss.clip_low_bound,
         loss_type=loss_type,
         shuffle_dataset=False,
         seed=config.seed,

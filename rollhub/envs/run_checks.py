@@ -203,6 +203,11 @@ def check_eval_disjoint(
     *,
     eval_seeds: Sequence[int] | None = None,
     train_seeds: Sequence[int] | None = None,
+    names: tuple[str, str] = ("evaluation", "training"),
+    fix: str = (
+        "point eval.env.kwargs at a held-out split (ALFWorld split: valid_unseen, SWE split: eval, Math split: test) "
+        "or change env.kwargs"
+    ),
 ) -> None:
     """Refuse a run whose evaluation tasks include training tasks (one-line UserError), by content.
 
@@ -214,7 +219,9 @@ def check_eval_disjoint(
     train split decides by a hash of the problem text, so it proves it never draws a key), else
     the keys of the tasks it draws on its first `train_seeds`, a sample that finds the overlap of
     a small space. An env with neither a list nor content keys is left to the seed-range check
-    of the run config.
+    of the run config. `names` (the eval side's, the training side's) and `fix` word the error for
+    another pair of task sets (checkpoint selection's validation tasks against training, or the
+    held-out tasks against validation).
     """
     train = env_task_set(train_id, train_kwargs)
     held_out = env_task_set(eval_id, eval_kwargs)
@@ -228,19 +235,18 @@ def check_eval_disjoint(
         train = env_could_draw(train_id, train_kwargs, held_out)
     if train is None and train_seeds is not None:
         train = env_task_keys(train_id, train_kwargs, train_seeds[:TRAIN_KEY_SAMPLE], budget_s=KEY_SAMPLE_BUDGET_S)
-        drawn_by = " (found among the tasks of its first training seeds)"
+        drawn_by = f" (found among the tasks of its first {names[1]} seeds)"
     if train is None:
         return
     shared = [key for key in held_out if key in train]
     if shared:
         examples = ", ".join(held_out[key] for key in shared[:3])
         entries = (
-            f"distinct tasks that the first evaluation seeds draw from {eval_id}"
+            f"distinct tasks that the first {names[0]} seeds draw from {eval_id}"
             if sampled
-            else f"evaluation entries (games, tasks or packages) of {eval_id}"
+            else f"{names[0]} entries (games, tasks or packages) of {eval_id}"
         )
         raise UserError(
-            f"evaluation overlaps training: {len(shared)} of the {len(held_out)} {entries} are also in "
-            f"training{drawn_by} (e.g. {examples}); point eval.env.kwargs at a held-out split (ALFWorld split: "
-            "valid_unseen, SWE split: eval, Math split: test) or change env.kwargs"
+            f"{names[0]} overlaps {names[1]}: {len(shared)} of the {len(held_out)} {entries} are also in "
+            f"{names[1]}{drawn_by} (e.g. {examples}); {fix}"
         )

@@ -11,10 +11,13 @@ Rule:
 * redundant groups (`configure(redundant_groups=g)`): g more slots on top of that bound;
   the first B groups to finish make a batch and the others stay buffered for the next one,
   so no group is thrown away for being slow (slow usually means hard: discarding late
-  groups would train on easy tasks more often than they occur).
+  groups would train on easy tasks more often than they occur). A carried group is a
+  version old at the next batch, so with redundant slots the lag bound below is at least 1,
+  even at α = 0.
 * consumption: `get_batch(trainer_version)` returns the B oldest groups (by the rule below,
   not by arrival) and drops
-  (and counts) any group more than ⌈α⌉ versions behind, judged by `staleness_rule`:
+  (and counts) any group more than ⌈α⌉ versions behind (max(⌈α⌉, 1) with redundant
+  groups), judged by `staleness_rule`:
   - `newest` (default): by its newest token. An episode whose turns were generated
     across several updates (each partial rollout resumed on the new weights, its tokens
     stamped with the version that produced them) is kept as long as it is still being
@@ -63,6 +66,18 @@ def group_version(group: Group, rule: str) -> float | None:
     raise ValueError(f"staleness_rule must be one of {', '.join(STALENESS_RULES)}, got {rule!r}")
 
 
+def carried_lag_bound(alpha: float, redundant_groups: int) -> int:
+    """How many versions a consumed group may lag the trainer: ⌈α⌉, and at least 1 with redundant groups.
+
+    A redundant group exists to be carried into the next batch when it finishes after the first
+    B (that is the difference from cancelling it). Carried over one trainer step, its tokens are
+    one version old, so with α = 0 a bound of ⌈α⌉ = 0 would drop every group that finishes
+    while the trainer steps: the slow (usually hard) tasks, exactly the bias carrying avoids.
+    Each token keeps its own version and is corrected like any off-policy token."""
+    lag = math.ceil(alpha - 1e-9)
+    return max(lag, 1) if redundant_groups > 0 else lag
+
+
 @dataclass
 class Ticket:
     """One admitted slot; `put` hands the finished group to the buffer."""
@@ -96,7 +111,7 @@ class GroupBuffer:
         self.capacity = self.base_capacity
         self.redundant_groups = 0
         self.staleness_rule: str = "newest"
-        self.max_lag = math.ceil(self.alpha - 1e-9)
+        self.max_lag = carried_lag_bound(self.alpha, 0)
         self.trainer_version = 0
         self._groups: collections.deque[Group] = collections.deque()
         self._in_flight = 0
@@ -122,6 +137,7 @@ class GroupBuffer:
         group_version(Group("", "", None, []), staleness_rule)  # refuses an unknown rule
         self.redundant_groups = redundant_groups
         self.capacity = self.base_capacity + redundant_groups
+        self.max_lag = carried_lag_bound(self.alpha, redundant_groups)
         self.staleness_rule = staleness_rule
         self._notify()
 

@@ -50,8 +50,8 @@ class RolloutConfig:
     # Redundant env rollout (ROLL Flash; costs in README "Rollout knobs"). g extra groups get
     # admission slots of their own: the first B finished make the batch, the others are kept
     # for the next one (nothing is discarded, so hard tasks are not trained on less often;
-    # but with async_ratio 0 a late group that finishes while the trainer steps is one version
-    # old and dropped as stale: `rollhub bench redundancy-bias`).
+    # `rollhub bench redundancy-bias`). With async_ratio 0 such a carried group may be one
+    # version old: the buffer then allows a lag of 1 (each token keeps its own version).
     redundant_groups: int = 0
     # r extra trajectories per group: N+r start, the first N to finish are kept, the rest are
     # cancelled (requests aborted, envs closed); selects the fastest samples of each task

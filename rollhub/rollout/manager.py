@@ -14,9 +14,9 @@
     them). Nothing is discarded, so every task that is started is trained on: the
     difficulty mix of trained groups is the task distribution, even when hard tasks take
     longer (benchmarks/README.md, "Redundancy without bias"). Their tokens may span two
-    policy versions; each keeps its own version for the off-policy correction. Except in
-    `run()` with α = 0: the buffer then allows no version lag, so a group that finishes
-    while the trainer steps is dropped as stale.
+    policy versions; each keeps its own version for the off-policy correction. In `run()`
+    the buffer allows redundant groups one version of lag even at α = 0, so a group that
+    finishes while the trainer steps is carried, not dropped as stale.
   - `cancel`: ROLL Flash's rule: the late groups are cancelled. Faster per batch at first,
     but slow groups are the hard ones, so training sees easy tasks more often than they occur.
 * Failures follow the one rule of rollhub.rollout.types. Model failures are kept and scored

@@ -48,7 +48,9 @@ class AlgorithmConfig:
     # GiGPO episode statistics per trajectory, or per step row (which weights long episodes more)
     episode_baseline: Literal["trajectory", "step_weighted"] = "trajectory"
     invalid_action_penalty: float = 0.0  # extra penalty (<= 0) on turns the env rejected
-    drop_zero_advantage_groups: bool = False  # DAPO-style filter of groups with equal rewards
+    # DAPO-style filter of groups with equal rewards (all advantages 0); like the sequence drop below,
+    # only while the loss has no KL or entropy term, which those sequences still carry
+    drop_zero_advantage_groups: bool = False
     # skip sequences whose tokens all have A = 0 (no policy gradient, full cost); only while the loss has
     # no KL or entropy term, which such a sequence still carries (see build_training_batch)
     drop_zero_advantage_sequences: bool = False
@@ -175,9 +177,13 @@ def build_training_batch(
     The aggregation then averages over the sequences that carry signal. Only the policy-gradient
     term is zero, though: where `loss` has a KL or entropy term they are kept, so that the KL
     anchor holds every sequence the policy sampled, not only the ones with signal (and the
-    aggregation is over all of them, as without the drop). `loss` None: a policy-gradient-only loss.
+    aggregation is over all of them, as without the drop). `algorithm.drop_zero_advantage_groups`
+    follows the same rule: a group whose members all scored alike is left out only while the loss
+    has no other term (it is still counted in `zero_advantage_groups`). `loss` None: a
+    policy-gradient-only loss.
     """
-    drop_zero = algorithm.drop_zero_advantage_sequences and not (loss is not None and loss.has_other_terms)
+    other_terms = loss is not None and loss.has_other_terms
+    drop_zero = algorithm.drop_zero_advantage_sequences and not other_terms
     stats = BatchStats(groups=len(groups))
     sequences, token_advantages = [], []
     singleton_sum, size_sum, counted = 0.0, 0.0, 0
@@ -190,7 +196,7 @@ def build_training_batch(
         per_turn = turn_advantages(trajectories, algorithm)
         if all(abs(a) < 1e-12 for row in per_turn for a in row):
             stats.zero_advantage_groups += 1
-            if algorithm.drop_zero_advantage_groups:
+            if algorithm.drop_zero_advantage_groups and not other_terms:
                 continue
         anchor_stats = anchor_group_stats([[turn.anchor for turn in t.turns] for t in trajectories])
         singleton_sum += anchor_stats["singleton_anchor_fraction"]

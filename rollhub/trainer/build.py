@@ -57,8 +57,8 @@ def build_run(
     """Everything a training job trains with, from the warm-start in `model_dir` (the SFT model, or
     the base model): policy, optimizer, engine, KL reference, buffer, seeds and metrics log.
 
-    `policy`: the one SFT just trained in this process, trained on as it is (it still holds SFT's
-    last gradients; a policy loaded from `model_dir` has none). With `ranks` the policy is this
+    `policy`: the one SFT just trained in this process, trained on as it is (SFT leaves it without
+    gradients, as a policy loaded from `model_dir` is). With `ranks` the policy is this
     rank's shard, loaded from `model_dir`, and the other ranks build theirs now."""
     if policy is None:
         policy = build_policy(config if ranks is None else sharded_config(config), model_dir)
@@ -228,6 +228,46 @@ def check_run_envs(config: RunConfig) -> None:
             train_seeds=config.train_seeds,
         )
         config.eval.baselines[name] = {key: kwargs[key] for key in config.eval.baselines[name]}
+    if config.eval.select.enabled:
+        check_selection_disjoint(config)
+
+
+def check_selection_disjoint(config: RunConfig) -> None:
+    """Checkpoint selection's validation tasks (`eval.select.kwargs` over evaluation's env) checked
+    like evaluation's, and by content apart from training and from the held-out tasks: a pick read
+    on training tasks favours memorising, one read on held-out tasks makes the final held-out
+    reading the best of several draws."""
+    from rollhub.envs.run_checks import check_env_kwargs, check_env_values, check_eval_disjoint
+
+    env_id, select = config.eval_env_id, config.eval.select
+    kwargs = check_env_kwargs(env_id, config.select_env_kwargs, where="eval.select.kwargs")
+    check_env_values(env_id, kwargs, "eval.select.kwargs", evaluation=True)
+    fix = (
+        "point eval.select.kwargs at validation tasks of their own, neither trained on nor held out "
+        "(Sokoban: {split: validation}), or turn selection off (eval.select.episodes: 0)"
+    )
+    validation_seeds = list(select.seed_range)
+    check_eval_disjoint(
+        config.env.id,
+        config.env.kwargs,
+        env_id,
+        kwargs,
+        eval_seeds=validation_seeds,
+        train_seeds=config.train_seeds,
+        names=("validation", "training"),
+        fix=fix,
+    )
+    check_eval_disjoint(
+        env_id,
+        kwargs,
+        env_id,
+        config.eval_env_kwargs,
+        eval_seeds=config.eval.seeds,
+        train_seeds=validation_seeds,
+        names=("evaluation", "validation"),
+        fix=fix,
+    )
+    config.eval.select.kwargs = {key: kwargs[key] for key in select.kwargs}
 
 
 def make_baseline_env_factory(config: RunConfig, name: str) -> Callable[[], Any]:

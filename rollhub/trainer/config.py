@@ -274,6 +274,10 @@ class SelectConfig:
     seed_offset: int = 2_000_000  # validation seeds start here (apart from training, SFT and held-out seeds)
     samples_per_seed: int = 2  # episodes per validation seed
     every: int = 50  # a validation reading every N RL steps (and after the warm-start and the last step)
+    # env arguments of the validation readings, laid over evaluation's: a split of validation tasks,
+    # disjoint by content from training and from the held-out split (e.g. {split: validation} for
+    # Sokoban); checked before the run like evaluation's own
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
         _at_least("eval.select.episodes", self.episodes, 0)
@@ -408,9 +412,9 @@ class RunConfig:
                 "optim.pack_tokens (packing already runs a prompt shared by whole rows once) or "
                 "model.gradient_checkpointing"
             )
-        from rollhub.trainer.logprob_check import refuse_truncated_sampling_on_sglang
+        from rollhub.trainer.logprob_check import refuse_truncated_sampling
 
-        refuse_truncated_sampling_on_sglang(self)  # SGLang's log-probs ignore top-p/top-k
+        refuse_truncated_sampling(self)  # the trainer's pi is untruncated: pi / mu would be the kept mass
 
     @property
     def eval_env_id(self) -> str:
@@ -423,6 +427,11 @@ class RunConfig:
         if self.eval.env.id and self.eval.env.id != self.env.id:
             return dict(self.eval.env.kwargs)
         return {**self.env.kwargs, **self.eval.env.kwargs}
+
+    @property
+    def select_env_kwargs(self) -> dict[str, Any]:
+        """The validation readings' env arguments (`eval.select`): `eval.select.kwargs` over evaluation's."""
+        return {**self.eval_env_kwargs, **self.eval.select.kwargs}
 
     def baseline_env_kwargs(self, name: str) -> dict[str, Any]:
         """The env kwargs of reading `eval.baselines.<name>`: its kwargs over evaluation's."""

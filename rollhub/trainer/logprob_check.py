@@ -11,6 +11,10 @@ metrics record (`check/*`), warning loudly above `WARN_NAT`.
 
 SGLang servers are also asked how they report log-probs (`SGLangEngine.probe_logprob_mode`); a mode
 that makes the off-policy weights wrong for this run's settings is refused (`refuse_*`).
+
+Top-p / top-k with a loss that uses mu is refused for every engine (`refuse_truncated_sampling`): the
+engine reports mu renormalised over the kept set, while the loss scores pi over the whole vocabulary,
+so pi_prox / mu would be the kept mass Z of every position, not a staleness correction.
 """
 
 from __future__ import annotations
@@ -62,14 +66,25 @@ def uses_behaviour_logprobs(loss: Any) -> bool:
     return loss.correction_mode != "none" or loss.proximal == "behaviour" or loss.objective == "topr"
 
 
-def refuse_truncated_sampling_on_sglang(config: Any) -> None:
-    """SGLang reports top-p / top-k log-probs before truncation, not the probability a token was drawn
-    with; with off-policy corrections the weights pi / mu would be wrong on every token. Refused for
-    launched SGLang servers here (attached ones are probed at start, `check_server_modes`)."""
-    launch = config.engine.launch or ""
-    if config.engine.backend == "server" and "sglang" in launch and truncates(config.agent):
-        if uses_behaviour_logprobs(config.loss):
-            raise UserError(_truncation_message(config))
+def refuse_truncated_sampling(config: Any) -> None:
+    """Refuse top-p / top-k sampling where the loss uses mu (`uses_behaviour_logprobs`).
+
+    The rollhub engines report the probability a token was drawn with, p / Z over the kept set
+    (SGLang reports p before truncation: wrong in another way, `check_server_modes`), while the
+    trainer scores the untruncated pi. At version 0 every weight pi_prox / mu is then Z, not 1: TIS
+    or MIS would weigh (or drop) tokens by how much mass the nucleus cut, and PPO against mu would
+    clip on it. Scoring pi under the same truncation would need the kept set of pi at every
+    position, where a token sampled by an older policy may lie outside it; so the combination is
+    refused, and a loss that never reads mu (correction none, proximal recompute, not TOPR) compares
+    the trainer with itself and may sample truncated."""
+    if truncates(config.agent) and uses_behaviour_logprobs(config.loss):
+        raise UserError(
+            f"agent.top_p={config.agent.top_p} / agent.top_k={config.agent.top_k} with a loss that reads the "
+            "engine's log-probs (loss.correction, loss.proximal: behaviour, objective topr): the engine reports "
+            "each token's probability within the top-p/top-k set, the trainer scores the whole distribution, so "
+            "every off-policy weight would be the kept mass, not a correction; sample without truncation "
+            "(agent.top_p: 1, agent.top_k: -1) or set loss.correction: none with loss.proximal: recompute"
+        )
 
 
 def _truncation_message(config: Any) -> str:

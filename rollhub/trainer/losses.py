@@ -59,6 +59,10 @@ DEFAULT_CORRECTION: dict[str, Correction] = {
     "gspo": "tis",
     "topr": "none",
 }
+#: the clip below of the token ratio taken when `clip_low` is unset: PPO's 0.2; none for CISPO, whose
+#: paper sets no lower bound on its IS weight (MiniMax-M1: "we did not impose a lower bound") and tunes
+#: only the upper one. Objectives that do not clip the token ratio ignore it.
+DEFAULT_CLIP_LOW: dict[str, float | None] = {"ppo": 0.2, "cispo": None}
 Proximal = Literal["recompute", "behaviour"]
 
 
@@ -68,7 +72,9 @@ class LossConfig:
     # weight pi_prox/mu: tis truncates at is_cap, mis keeps w inside the band and drops the token outside;
     # null = the objective's own (DEFAULT_CORRECTION: tis, none for topr, which corrects with its own ratio)
     correction: Correction | None = None
-    clip_low: float = 0.2  # PPO / CISPO clip below: ratio >= 1 - clip_low
+    # clip below of the token ratio (PPO, CISPO): ratio >= 1 - clip_low; null = the objective's own
+    # (DEFAULT_CLIP_LOW: 0.2 for ppo, none for cispo, as its paper)
+    clip_low: float | None = None
     clip_high: float = 0.28  # "clip-higher" (DAPO); set equal to clip_low for symmetric PPO
     dual_clip: float | None = 3.0  # lower bound c*A on the objective of negative-advantage tokens; None = off
     # GSPO's clip below of its sequence ratio (a geometric mean of token ratios: far tighter than PPO's)
@@ -102,6 +108,11 @@ class LossConfig:
         return self.aggregation or DEFAULT_AGGREGATION.get(self.objective, "token-mean")
 
     @property
+    def clip_low_bound(self) -> float | None:
+        """`clip_low`, or the objective's own when unset (None: no clip below)."""
+        return self.clip_low if self.clip_low is not None else DEFAULT_CLIP_LOW.get(self.objective, 0.2)
+
+    @property
     def correction_mode(self) -> Correction:
         """`correction`, or the objective's own when unset."""
         return self.correction or DEFAULT_CORRECTION.get(self.objective, "tis")
@@ -114,8 +125,8 @@ class LossConfig:
 
     def validate(self) -> None:
         # written `not (in range)` so that nan fails too (the loader refuses it; direct construction does not)
-        if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
-            raise ValueError("clip_low must be in [0, 1) and clip_high >= 0")
+        if not ((self.clip_low is None or 0 <= self.clip_low < 1) and self.clip_high >= 0):
+            raise ValueError("clip_low must be in [0, 1) (or null: the objective's own) and clip_high >= 0")
         if not (0 <= self.gspo_clip_low < 1 and self.gspo_clip_high >= 0):
             raise ValueError("gspo_clip_low must be in [0, 1) and gspo_clip_high >= 0 (paper: 3e-4 and 4e-4)")
         if self.dual_clip is not None and not self.dual_clip > 1:
@@ -180,14 +191,15 @@ def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def ppo_clip_loss(
-    ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float, dual_clip: float | None
+    ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float | None, clip_high: float, dual_clip: float | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token -min(r*A, clip(r)*A), with the dual-clip floor max(., c*A) for A < 0.
+    """Per-token -min(r*A, clip(r)*A), with the dual-clip floor max(., c*A) for A < 0 (`clip_low` None:
+    no clip below).
 
     Returns (loss, clipped) where `clipped` marks tokens whose gradient the clip removed.
     """
     unclipped = ratio * advantages
-    clipped_objective = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages
+    clipped_objective = ratio.clamp(None if clip_low is None else 1.0 - clip_low, 1.0 + clip_high) * advantages
     objective = torch.minimum(unclipped, clipped_objective)
     clipped = clipped_objective < unclipped
     if dual_clip is not None:
@@ -246,7 +258,7 @@ def ppo_objective(
     config: LossConfig,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's clipped surrogate on the token ratio, with the dual-clip floor when `config.dual_clip` is set."""
-    return ppo_clip_loss(ratio, advantages, config.clip_low, config.clip_high, config.dual_clip)
+    return ppo_clip_loss(ratio, advantages, config.clip_low_bound, config.clip_high, config.dual_clip)
 
 
 def gspo_objective(
@@ -274,8 +286,10 @@ def cispo_objective(
     mask: torch.Tensor,
     config: LossConfig,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """CISPO: the clipped ratio as a detached weight, so a clipped token still gets a gradient."""
-    clipped_ratio = ratio.clamp(1.0 - config.clip_low, 1.0 + config.clip_high).detach()
+    """CISPO: the clipped ratio as a detached weight, so a clipped token still gets a gradient. By
+    default clipped above only (`clip_high`), as in the paper; `clip_low` adds a clip below."""
+    low = config.clip_low_bound
+    clipped_ratio = ratio.clamp(None if low is None else 1.0 - low, 1.0 + config.clip_high).detach()
     clipped = (clipped_ratio != ratio.detach()).to(ratio.dtype)
     return -clipped_ratio * advantages * logp, clipped
 

@@ -245,6 +245,10 @@ class Policy:
         # a batch's common opening runs once per step (rollhub.trainer.prefix_kv); a checkpointed
         # layer would replay its cache update in the backward pass, so the two do not combine
         self.share_prefix = share_prefix and not gradient_checkpointing
+        if self.share_prefix:
+            from rollhub.trainer.prefix_kv import refuse_length_dependent_rope
+
+            refuse_length_dependent_rope(self.model)
         # rank 0 of a trainer group sets this (RankGroup.attach): it tells the other ranks
         # which collective comes next before this rank enters it
         self.announce: Any = None
@@ -562,18 +566,25 @@ class Policy:
         return _scattered(batch, logits, rows, cols, with_entropy=with_entropy, with_full=with_full)
 
     @torch.no_grad()
-    def compute_logprobs(self, batch: TokenBatch, *, pack_tokens: int | None = None) -> torch.Tensor:
-        """Log-probs of the whole batch without gradient, micro-batched (the proximal policy).
+    def compute_logprobs(
+        self, batch: TokenBatch, *, pack_tokens: int | None = None, micro_batches: list[list[int]] | None = None
+    ) -> torch.Tensor:
+        """Log-probs of the whole batch without gradient, micro-batched (the proximal and the
+        reference passes, in one process and on every trainer rank alike).
 
         With `pack_tokens`, micro-batches are packed to that many tokens (rollhub.trainer.packing)
         instead of `micro_batch_size` padded rows; the result is the same [batch, time] tensor.
+        `micro_batches`: the packed plan's rows per micro-batch (None plans them here); a trainer
+        rank passes one padded to the count every rank runs, as FSDP2 gathers in every forward.
         """
         width = batch.input_ids.shape[1]
         if pack_tokens is not None:
             from rollhub.trainer.packing import plan_packed_micro_batches, sequence_lengths
 
             out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-            for group in plan_packed_micro_batches(sequence_lengths(batch.attention_mask), pack_tokens):
+            if micro_batches is None:
+                micro_batches = plan_packed_micro_batches(sequence_lengths(batch.attention_mask), pack_tokens)
+            for group in micro_batches:
                 logp, _ = self.token_logprobs(batch.select(group), packed=True)
                 out[torch.as_tensor(group), : logp.shape[1]] = logp.float().cpu()
             return out

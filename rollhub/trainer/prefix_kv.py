@@ -11,6 +11,11 @@ sum through the opening's own graph once. The gradient is the full one, up to fl
 
 Only tokens before every row's first predicted response token are shared: the opening's hidden
 states are never projected, so it needs no head and no row-specific output.
+
+The opening's keys are rotated once, in a forward of the opening's own length, and read by rows of
+another length. That holds only for rotary embeddings whose frequencies do not depend on the
+sequence length; `refuse_length_dependent_rope` turns the others away (`dynamic` NTK scaling
+recomputes them past the pretraining length, `longrope` switches between short and long factors).
 """
 
 from __future__ import annotations
@@ -42,6 +47,49 @@ def shared_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, respons
     else:
         first = int(lengths.min())
     return max(0, min(common, first - 1, int(lengths.min()) - 1))
+
+
+def rope_types(model: Any) -> set[str]:
+    """Every rope type `model` runs: its rotary modules' `rope_type` (a name, or one per layer type)
+    and its config's `rope_parameters` / `rope_scaling` (one dict, or one per layer type)."""
+    found: set[str] = set()
+
+    def add(value: Any) -> None:
+        if isinstance(value, str):
+            found.add(value)
+        elif isinstance(value, dict):
+            if isinstance(value.get("rope_type", value.get("type")), str):
+                found.add(value.get("rope_type", value.get("type")))
+            for inner in value.values():
+                if isinstance(inner, dict):
+                    add(inner)
+
+    for module in model.modules():
+        add(getattr(module, "rope_type", None))
+    config = getattr(model, "config", None)
+    for config_part in (config, getattr(config, "text_config", None)):
+        for key in ("rope_parameters", "rope_scaling"):
+            add(getattr(config_part, key, None))
+    return found
+
+
+def length_dependent_rope(types: set[str]) -> str | None:
+    """The first of `types` whose frequencies a forward picks from its sequence length, else None: as
+    transformers' `dynamic_rope_update` does, any type naming "dynamic", and `longrope`."""
+    return next((t for t in sorted(types) if "dynamic" in t or t == "longrope"), None)
+
+
+def refuse_length_dependent_rope(model: Any) -> None:
+    """Raise a UserError naming the fix when `model`'s RoPE makes a shared opening wrong (module docstring)."""
+    from rollhub.core.errors import UserError
+
+    bad = length_dependent_rope(rope_types(model))
+    if bad is not None:
+        raise UserError(
+            f"optim.share_prefix cannot run this model: its RoPE (rope_type {bad!r}) picks its frequencies from "
+            "the sequence length, so the shared opening's keys, rotated at the opening's length, would not be "
+            "those the rows' own forward uses and every log-prob would be silently off; set optim.share_prefix: false"
+        )
 
 
 def _cache_argument(decoder: Any) -> str:

@@ -8,7 +8,11 @@ steps and after the last; the best weights are kept in
 RUN_DIR/best_model (with RUN_DIR/best.json) and become the run's final policy. The
 held-out seeds take no part in the choice (their range is checked apart from the
 validation range), so the final held-out reading stays one honest draw; the last step's
-policy is scored on the held-out seeds too and reported beside it.
+policy is scored on the held-out seeds too and reported beside it. Where tasks repeat across
+seeds (small Sokoban rooms), distinct seeds are not enough: `eval.select.kwargs` points the
+validation readings at tasks of their own (Sokoban's `split: validation`), and the run refuses
+to start while they overlap training or the held-out tasks by content
+(`rollhub.trainer.build.check_run_envs`).
 """
 
 from __future__ import annotations
@@ -46,7 +50,8 @@ class CheckpointSelector:
         self.config = config
         self.run_dir = Path(run_dir)
         select = config.eval.select
-        # the held-out evaluation's settings with the validation seeds in place of the held-out ones
+        # the held-out evaluation's settings with the validation seeds and tasks (`eval.select.kwargs`,
+        # e.g. a validation split) in place of the held-out ones
         self.validation = dataclasses.replace(
             config,
             eval=dataclasses.replace(
@@ -54,6 +59,7 @@ class CheckpointSelector:
                 episodes=select.episodes,
                 seed_offset=select.seed_offset,
                 samples_per_seed=select.samples_per_seed,
+                env=dataclasses.replace(config.eval.env, id=config.eval_env_id, kwargs=config.select_env_kwargs),
             ),
         )
         self.best: Pick | None = None

@@ -169,4 +169,8 @@ def sft_epochs(
         history.append(metrics)
         if on_step is not None:
             on_step(step, metrics)
+    # The phase ends here: the RL phase that trains this policy next may freeze weights SFT
+    # trained (optim.train_embeddings false), and a gradient left on them would be counted in
+    # its gradient norm and clipping. None also frees the memory of a full set of gradients.
+    optimizer.zero_grad(set_to_none=True)
     return history

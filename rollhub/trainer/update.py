@@ -246,7 +246,10 @@ def _any_rank(flag: bool, device: str | torch.device) -> bool:
 
 
 def _clip_and_norm(parameters, max_grad_norm: float | None) -> float:
-    params = [p for p in parameters if p.grad is not None]
+    """Clip to `max_grad_norm` and return the norm, over the trainable weights only: a frozen
+    weight (optim.train_embeddings false) may still hold a gradient an earlier phase left, and
+    counting it would shrink every real update by a norm the optimizer never applies."""
+    params = [p for p in parameters if p.requires_grad and p.grad is not None]
     if not params:
         return 0.0
     limit = max_grad_norm if max_grad_norm is not None else float("inf")
@@ -458,7 +461,7 @@ def run_step(
             policy,
             optimizer,
             batch,
-            proximal_logprobs(plan, batch, policy.compute_logprobs),
+            proximal_logprobs(plan, batch, lambda rows: policy.compute_logprobs(rows, pack_tokens=pack_tokens)),
             loss_config,
             max_grad_norm=max_grad_norm,
             reference_logprobs=ref,

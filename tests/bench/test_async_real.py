@@ -74,12 +74,9 @@ def test_redundancy_bias_quick_shows_cancel_biased_and_newest_rule_not(bias_rows
     assert rows["async a=1 +2 newest"]["dropped_stale"] <= rows["async a=1 +2 token"]["dropped_stale"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known defect of the shipped loop: with async_ratio 0 the buffer allows no version lag, so a "
-    "redundant group that finishes while the trainer steps is dropped as stale instead of carried",
-)
 def test_redundant_groups_with_sync_training_carry_late_groups(bias_rows):
+    """α = 0 with redundant groups: a group that finishes while the trainer steps is carried into
+    the next batch (one version old), not dropped as stale, so the mix stays the task distribution."""
     carry = bias_rows["sync +2 carry"]
     assert carry["dropped_stale"] == 0 and carry["tv_distance"] == 0 and carry["speedup"] > 1.0
 

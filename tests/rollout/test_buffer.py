@@ -134,6 +134,28 @@ async def test_fractional_alpha_capacity():
     assert GroupBuffer(4, alpha=1.5).max_lag == 2
 
 
+async def test_redundant_groups_at_alpha_zero_carry_a_group_one_version_late():
+    """α = 0 with redundant slots: a group that finished at version 0 while the trainer stepped is
+    carried into the version-1 batch, not dropped; two versions late is still too stale, and
+    without redundant slots α = 0 keeps allowing no lag at all."""
+    carrying = GroupBuffer(1, alpha=0, redundant_groups=1)
+    assert carrying.max_lag == 1
+    carrying.put(make_group(0, name="late"))
+    assert [g.group_id for g in await carrying.get_batch(1)] == ["late"]
+    carrying.put(make_group(0, name="too-late"))
+    carrying.set_trainer_version(2)
+    assert carrying.dropped_stale == 1 and carrying.buffered == 0
+
+    on_policy = GroupBuffer(1, alpha=0)
+    assert on_policy.max_lag == 0
+    on_policy.put(make_group(0, name="late"))
+    on_policy.set_trainer_version(1)
+    assert on_policy.dropped_stale == 1
+    on_policy.configure(redundant_groups=2)  # how a training run builds it (rollhub.trainer.build)
+    assert on_policy.max_lag == 1
+    assert GroupBuffer(4, alpha=2, redundant_groups=1).max_lag == 2
+
+
 async def test_stale_groups_dropped_and_counted_staleness_histogram():
     buffer = GroupBuffer(2, alpha=1)
     buffer.put(make_group(0, name="old"))

@@ -47,7 +47,7 @@ STEP_SCRIPT = textwrap.dedent(
     policy, optimizer, reference = build(None)
     group.start({})  # as `build_run` does: the followers build theirs, then every rank attaches
     group.attach(policy, optimizer, reference)
-    loss = LossConfig(kl_coef=case["kl"], kl_estimator="full", aggregation=case["aggregation"])
+    loss = LossConfig(kl_coef=case["kl"], kl_estimator=case.get("estimator", "full"), aggregation=case["aggregation"])
     metrics = group.ppo_update(policy, optimizer, make_batch(samples=case.get("samples", 1)), loss,
                                minibatches=case["minibatches"], seed=3,
                                reference=reference, pack_tokens=case.get("pack"))
@@ -109,7 +109,7 @@ def _one_process_step(model_dir, case: dict) -> tuple[dict, dict]:
     policy = Policy(model_dir, device="cpu", micro_batch_size=case["micro"])
     optimizer = torch.optim.AdamW(list(policy.parameters()), lr=case["lr"])
     reference = Policy(model_dir, device="cpu", micro_batch_size=case["micro"]) if case["kl"] else None
-    loss = LossConfig(kl_coef=case["kl"], kl_estimator="full", aggregation=case["aggregation"])
+    loss = LossConfig(kl_coef=case["kl"], kl_estimator=case.get("estimator", "full"), aggregation=case["aggregation"])
     metrics = ppo_update(
         policy,
         optimizer,
@@ -148,8 +148,23 @@ def _one_process_step(model_dir, case: dict) -> tuple[dict, dict]:
             "pack": 40,
             "samples": 2,  # prompts answered twice: each prompt's rows go to one rank
         },
+        # the k3 reference and the proximal pass scored packed on the ranks, as one process packs them
+        pytest.param(
+            {
+                "minibatches": 2,
+                "kl": 0.1,
+                "estimator": "k3",
+                "aggregation": "seq-mean-token-mean",
+                "micro": 2,
+                "lr": 1e-3,
+                "atol": 1e-4,
+                "pack": 40,
+                "samples": 2,
+            },
+            marks=pytest.mark.slow,
+        ),
     ],
-    ids=["one-step", "two-minibatches-prox-kl", "packed-two-minibatches-kl"],
+    ids=["one-step", "two-minibatches-prox-kl", "packed-two-minibatches-kl", "packed-k3-reference"],
 )
 def test_two_ranks_give_the_parameters_of_one_process(tiny_model_dir, tmp_path, case):
     case = {**case, "out": str(tmp_path / "two_ranks.pt")}

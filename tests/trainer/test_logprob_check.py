@@ -70,7 +70,9 @@ def test_the_check_is_the_first_record_of_a_run(tmp_path, tiny_model_dir):
     from rollhub.trainer.config import RunConfig
     from rollhub.trainer.job import run_training
 
-    recipe = tiny_recipe(tmp_path, tiny_model_dir, train={"steps": 0}, agent={"top_p": 0.8})
+    recipe = tiny_recipe(
+        tmp_path, tiny_model_dir, train={"steps": 0}, agent={"top_p": 0.8}, loss={"correction": "none"}
+    )
     config = load_config(RunConfig, recipe)
     asyncio.run(run_training(config, progress=False, print_fn=lambda *_: None))
     first = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
@@ -145,15 +147,28 @@ def test_generation_type_is_what_the_probe_reads():
     assert isinstance(g, Generation) and g.token_ids == [5] and g.logprobs == [-0.25]
 
 
-def test_a_launched_sglang_with_top_p_and_off_policy_weights_is_refused_by_the_config():
+def test_top_p_or_top_k_with_a_loss_that_reads_mu_is_refused_on_every_engine():
+    """The engine's mu is renormalised over the kept set, the trainer's pi is not: at version 0 every
+    pi / mu is the kept mass Z (< 1), so a loss that reads mu is refused with truncated sampling."""
     from rollhub.core.config import load_config
+    from rollhub.inference.engines.sampling import sampling_logprobs
     from rollhub.trainer.config import RunConfig
 
-    sglang = ["engine.backend=server", "engine.launch=sglang", "agent.top_p=0.9"]
-    with pytest.raises(UserError, match="before truncation"):
-        load_config(RunConfig, None, sglang)
-    load_config(RunConfig, None, [*sglang, "loss.correction=none"])  # mu unused by the loss
-    load_config(RunConfig, None, ["engine.backend=server", "engine.launch=rollhub", "agent.top_p=0.9"])
+    full = torch.log_softmax(torch.tensor([2.0, 1.0, 0.5, -1.0, -3.0]), -1)
+    truncated = sampling_logprobs(full, 0.8, -1)
+    kept = torch.isfinite(truncated)
+    log_weights = full[kept] - truncated[kept]  # log pi - log mu on every token the sampler can draw
+    assert torch.allclose(log_weights, torch.logsumexp(full[kept], -1).expand_as(log_weights))
+    assert float(log_weights[0]) < -0.05
+
+    servers = (["engine.backend=server", "engine.launch=rollhub"], ["engine.backend=server", "engine.launch=sglang"])
+    for engine in ([], *servers):
+        for sampling in (["agent.top_p=0.9"], ["agent.top_k=20"]):
+            for loss in ([], ["loss.proximal=behaviour", "loss.correction=none"], ["loss.objective=topr"]):
+                with pytest.raises(UserError, match="agent.top_p: 1, agent.top_k: -1"):
+                    load_config(RunConfig, None, [*engine, *sampling, *loss])
+            load_config(RunConfig, None, [*engine, *sampling, "loss.correction=none"])  # mu unused by the loss
+    load_config(RunConfig, None, ["agent.top_p=0.9", "agent.temperature=0"])  # greedy: no truncation
 
 
 async def test_the_check_reaches_every_server_behind_the_router(engine_apps):

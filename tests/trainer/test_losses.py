@@ -109,6 +109,28 @@ def test_cispo_keeps_gradient_of_clipped_tokens():
     assert metrics["offpolicy/ratio_clip_fraction"] == pytest.approx(0.5)
 
 
+def test_cispo_clips_only_above_by_default_as_its_paper():
+    """r = 0.5 keeps its weight 0.5 (no clip below unless clip_low is set); r = 1.5 is clipped to 1.28."""
+    prox = torch.zeros(1, 2, dtype=torch.float64)
+    ratios = [0.5, 1.5]
+    for cfg, weights, fraction in (
+        (LossConfig(objective="cispo", correction="none", aggregation="seq-mean-token-sum"), [0.5, 1.28], 0.5),
+        (
+            LossConfig(objective="cispo", correction="none", aggregation="seq-mean-token-sum", clip_low=0.2),
+            [0.8, 1.28],
+            1,
+        ),
+    ):
+        logp = torch.log(torch.tensor([ratios], dtype=torch.float64)).requires_grad_(True)
+        loss, metrics = policy_loss(logp, prox, prox, t([1.0, 1.0]), t([1.0, 1.0]), cfg)
+        loss.backward()
+        assert logp.grad.flatten().tolist() == pytest.approx([-w for w in weights])
+        assert metrics["offpolicy/ratio_clip_fraction"] == pytest.approx(fraction)
+    assert LossConfig().clip_low_bound == 0.2 and LossConfig(objective="cispo").clip_low_bound is None
+    with pytest.raises(ValueError, match="clip_low"):
+        LossConfig(clip_low=1.5).validate()
+
+
 def test_topr_truncates_negative_samples_only():
     prox = torch.zeros(1, 2, dtype=torch.float64)
     logp = torch.tensor([[math.log(2.0), math.log(2.0)]], dtype=torch.float64, requires_grad=True)
@@ -308,7 +330,8 @@ def test_every_objective_gives_its_frozen_loss_and_gradient(
     objective, correction, aggregation, loss, grad, clip_fraction
 ):
     logp, prox, behaviour, adv, mask = _frozen_tensors()
-    cfg = LossConfig(objective=objective, correction=correction, aggregation=aggregation)
+    # clip_low pinned: the frozen CISPO rows were taken with a clip below, which its default no longer has
+    cfg = LossConfig(objective=objective, correction=correction, aggregation=aggregation, clip_low=0.2)
     value, metrics = policy_loss(logp, prox, behaviour, adv, mask, cfg)
     value.backward()
     assert float(value.detach()) == pytest.approx(loss, rel=1e-12, abs=1e-12)

@@ -147,12 +147,13 @@ def test_masked_is_keeps_the_ratio_inside_the_band():
 
 def test_cispo():
     """MiniMax-M1 (arXiv 2506.13585) Eq. 4: J = 1/sum|o_i| sum_i sum_t sg(clip(r, 1-e_lo, 1+e_hi)) A log pi_theta,
-    with r against the sampling policy (here pi_prox = mu)."""
+    with r against the sampling policy (here pi_prox = mu); the paper imposes no lower bound (e_lo large), our
+    default when loss.clip_low is unset."""
     logp, _, behaviour, adv, mask = _tensors(5)
-    cfg = LossConfig(objective="cispo", correction="none", clip_low=0.2, clip_high=0.28)
+    cfg = LossConfig(objective="cispo", correction="none", clip_high=0.28)
 
     def ref(lp):
-        r_hat = torch.clamp(torch.exp(lp - behaviour), 0.8, 1.28).detach()
+        r_hat = torch.clamp(torch.exp(lp - behaviour), max=1.28).detach()
         return -_token_mean(r_hat * adv * lp, mask)
 
     _assert_same(_ours(cfg, logp, behaviour, behaviour, adv, mask), _reference(ref, logp))

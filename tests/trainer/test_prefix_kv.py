@@ -155,3 +155,70 @@ def test_share_prefix_refuses_packing_and_checkpointing():
     config.model.gradient_checkpointing = True
     with pytest.raises(ValueError, match="share_prefix"):
         config.validate()
+
+
+def _llama(out, max_positions: int = 256, **rope):
+    import transformers
+
+    from rollhub.inference.models import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        pad_token_id=tokenizer.pad_token_id,
+        **rope,
+    )
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def _shared_vs_whole_gap(model_dir, length: int, width: int) -> float:
+    """Max |hidden state| gap between rows run on a shared opening's cache and the same rows run whole."""
+    from rollhub.inference.models import load_model_and_tokenizer
+    from rollhub.trainer.prefix_kv import PrefixKV
+
+    model, _ = load_model_and_tokenizer(model_dir, dtype=torch.float32, device="cpu")
+    decoder = model.get_decoder()
+    ids = torch.randint(3, 200, (2, width), generator=torch.Generator().manual_seed(0))
+    ids[1, :length] = ids[0, :length]
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        whole = decoder(input_ids=ids, attention_mask=mask).last_hidden_state[:, length:]
+        prefix = PrefixKV.compute(decoder, ids, length)
+        shared = decoder(**prefix.inputs(ids, mask)).last_hidden_state
+    return float((whole - shared).abs().max())
+
+
+def test_length_dependent_rope_is_refused_where_a_shared_opening_would_be_wrong(tmp_path):
+    """Dynamic NTK RoPE rotates the opening (12 tokens, inside the 16-position pretraining length) with
+    other frequencies than a 40-token row: the shared path is off, so share_prefix refuses it, and
+    longrope too; the default RoPE gives the same hidden states and is allowed."""
+    from rollhub.core.errors import UserError
+    from rollhub.trainer.prefix_kv import length_dependent_rope
+
+    plain = _llama(tmp_path / "plain", max_positions=16)
+    dynamic = _llama(tmp_path / "dynamic", max_positions=16, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    assert _shared_vs_whole_gap(plain, 12, 40) < 1e-5
+    assert _shared_vs_whole_gap(dynamic, 12, 40) > 1e-3
+    Policy(plain, device="cpu", share_prefix=True)
+    Policy(dynamic, device="cpu")  # without share_prefix the model runs whole: nothing to refuse
+    with pytest.raises(UserError, match="optim.share_prefix: false"):
+        Policy(dynamic, device="cpu", share_prefix=True)
+    longrope = {
+        "rope_type": "longrope",
+        "short_factor": [1.0] * 8,
+        "long_factor": [2.0] * 8,
+        "original_max_position_embeddings": 16,
+    }
+    with pytest.raises(UserError, match="'longrope'"):
+        Policy(_llama(tmp_path / "longrope", max_positions=64, rope_scaling=longrope), device="cpu", share_prefix=True)
+    assert length_dependent_rope({"default", "yarn", "llama3", "linear"}) is None
+    assert length_dependent_rope({"default", "dynamic"}) == "dynamic"

@@ -77,6 +77,30 @@ def test_validation_seeds_may_not_overlap_held_out_or_training_seeds(tiny_model_
         load_config(RunConfig, recipe, ["eval.select.every=0"])
 
 
+RECIPE = Path(__file__).resolve().parents[2] / "configs" / "sokoban_6x6_2b.yaml"
+
+
+def test_sokoban_selection_reads_validation_rooms_apart_from_training_and_held_out_rooms(tmp_path):
+    """Small rooms repeat across seeds: validation seeds on the test split would pick the checkpoint on
+    held-out rooms. The recipe's selection plays the validation split, and the run checks refuse the
+    test split (overlaps the held-out rooms) and the training split (overlaps training)."""
+    from rollhub.trainer.build import check_run_envs
+
+    config = load_config(RunConfig, RECIPE, [f"run_dir={tmp_path / 'run'}"])
+    check_run_envs(config)
+    selector = CheckpointSelector(config, tmp_path)
+    assert selector.validation.eval_env_kwargs["split"] == "validation"
+    assert config.eval_env_kwargs["split"] == "test" and config.env.kwargs["split"] == "train"
+    assert selector.validation.eval_env_id == config.eval_env_id
+    assert selector.validation.eval_env_kwargs == {**config.eval_env_kwargs, "split": "validation"}
+    for split, message in (("test", "evaluation overlaps validation"), ("train", "validation overlaps training")):
+        config = load_config(
+            RunConfig, RECIPE, [f"run_dir={tmp_path / 'run'}", f"eval.select.kwargs={{split: {split}}}"]
+        )
+        with pytest.raises(UserError, match=f"{message}.*eval.select.kwargs"):
+            check_run_envs(config)
+
+
 @pytest.mark.parametrize("pick", [0, 1])
 def test_an_earlier_pick_is_what_the_final_evaluation_plays(tiny_model_dir, tmp_path, capsys, monkeypatch, pick):
     """Validation readings that peak at the warm-start (0) or at step 1 (forced, so the choice

@@ -2,6 +2,7 @@
 
 import asyncio
 
+import pytest
 import torch
 
 import rollhub.envs as envs
@@ -140,3 +141,44 @@ def test_sft_fits_demos_at_temperature_one_and_restores_the_rl_temperature(tiny_
         losses[temperature] = sft_epochs(policy, demos, epochs=1.0, lr=1e-12, batch_size=4)[0]["sft/loss"]
         assert policy.temperature == temperature  # RL scores at its own temperature afterwards
     assert abs(losses[1.7] - losses[1.0]) < 1e-6 * max(1.0, losses[1.0])
+
+
+def test_an_rl_step_after_sft_with_frozen_embeddings_has_the_gradient_norm_of_one_without(tiny_model_dir):
+    """SFT trains the embeddings; an RL phase with optim.train_embeddings false must neither see
+    SFT's last embedding gradients in its norm nor clip by them: the same weights and batch give
+    the same gradient norm whether SFT ran in this process or the weights were loaded."""
+    from rollhub.trainer.build import build_optimizer
+    from rollhub.trainer.config import RunConfig
+    from rollhub.trainer.losses import LossConfig
+    from rollhub.trainer.policy import TokenBatch
+    from rollhub.trainer.update import policy_update
+
+    after_sft = Policy(tiny_model_dir, micro_batch_size=8)
+    sft_epochs(after_sft, _demos(after_sft.tokenizer, 4), epochs=1.0, lr=1e-3, batch_size=4)
+    assert all(p.grad is None for p in after_sft.model.parameters())  # the phase ends with no gradients
+    loaded = Policy(tiny_model_dir, micro_batch_size=8)
+    loaded.model.load_state_dict(after_sft.model.state_dict())
+
+    rows, width = 4, 12
+    input_ids = torch.randint(3, 200, (rows, width), generator=torch.Generator().manual_seed(0))
+    response = torch.zeros(rows, width)
+    response[:, width // 2 :] = 1.0
+    advantages = torch.linspace(-1.0, 1.0, rows).unsqueeze(1) * response
+    batch = TokenBatch(
+        input_ids,
+        torch.ones_like(input_ids),
+        response,
+        torch.full((rows, width), -3.0),
+        advantages,
+        torch.zeros_like(input_ids),
+    )
+    config = RunConfig()
+    config.optim.train_embeddings = False
+    norms = []
+    for p in after_sft.model.get_input_embeddings().parameters():
+        p.grad = torch.ones_like(p)  # what an earlier phase could leave: the norm must not count frozen weights
+    for policy in (after_sft, loaded):
+        optimizer = build_optimizer(policy, config)
+        norms.append(policy_update(policy, optimizer, batch, None, LossConfig(), max_grad_norm=1.0)["grad_norm"])
+    assert norms[0] > 0
+    assert norms[0] == pytest.approx(norms[1], rel=1e-6)

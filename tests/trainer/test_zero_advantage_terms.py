@@ -1,7 +1,8 @@
 """Zero-advantage sequences: their policy-gradient term is zero, their KL and entropy terms are not.
 
-`algorithm.drop_zero_advantage_sequences` may leave such a sequence out only while the loss has no
-other term: the KL anchor of a recipe that drops them must still act on every sequence it sampled.
+`algorithm.drop_zero_advantage_sequences` and `drop_zero_advantage_groups` may leave such a sequence
+out only while the loss has no other term: the KL anchor of a recipe that drops them must still act
+on every sequence it sampled.
 """
 
 from rollhub.rollout.types import Group, Trajectory, Turn
@@ -37,6 +38,16 @@ def test_the_drop_only_applies_where_the_loss_has_no_other_term():
         batch, stats = build_training_batch(_groups(), 0, ALGORITHM, loss=loss)
         assert (stats.sequences, stats.dropped_sequences) == (4, 0)
         assert batch is not None and len(batch) == 4
+
+
+def test_the_group_drop_keeps_equal_reward_groups_for_the_kl_and_entropy_terms():
+    groups_drop = AlgorithmConfig(estimator="grpo", drop_zero_advantage_groups=True)
+    batch, stats = build_training_batch(_groups(), 0, groups_drop, loss=LossConfig())
+    assert stats.zero_advantage_groups == 1 and len(batch) == 2  # no other term: the flat group is left out
+    for loss in (LossConfig(kl_coef=0.02), LossConfig(entropy_coef=-0.01)):
+        batch, stats = build_training_batch(_groups(), 0, groups_drop, loss=loss)
+        assert stats.zero_advantage_groups == 1 and stats.sequences == 4
+        assert len(batch) == 4 and int((batch.advantages.abs().sum(-1) == 0).sum()) == 2
 
 
 def test_kept_zero_advantage_sequences_get_the_kl_gradient_but_no_policy_gradient():

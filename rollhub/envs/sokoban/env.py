@@ -30,9 +30,12 @@ OBSERVATIONS = ("grid", "grid+positions", "cells", "cells+positions")
 #: rooms drawn per reset before `min_solution_steps` is declared out of reach
 MIN_SOLUTION_TRIES = 1000
 #: splits of the room space, decided by a hash of the first position (`room_key`)
-SPLITS = ("all", "train", "test")
+SPLITS = ("all", "train", "validation", "test")
 #: share of rooms (per mille) held out for the test split
 TEST_PERMILLE = 200
+#: share of rooms (per mille) held out for the validation split (checkpoint selection, `eval.select`):
+#: neither trained on nor in the test split, so picking a checkpoint on them leaves the test reading honest
+VALIDATION_PERMILLE = 100
 #: rooms drawn per reset before a split is declared out of reach
 SPLIT_TRIES = 200
 
@@ -43,13 +46,23 @@ def room_key(board: Board) -> str:
     return "sokoban:" + hashlib.sha256(board.anchor()).hexdigest()[:24]
 
 
-def key_in_test_partition(key: str) -> bool:
-    """Whether a room key belongs to the held-out partition (keys not of this env count as held out)."""
+def room_partition(key: str) -> Literal["train", "validation", "test"]:
+    """The partition a room key belongs to: the first TEST_PERMILLE of every thousand hash values
+    are test, the next VALIDATION_PERMILLE validation, the rest train (keys not of this env count
+    as test, so no split ever trains on them)."""
     digest = key.removeprefix("sokoban:")
     try:
-        return int(digest[:8], 16) % 1000 < TEST_PERMILLE
+        value = int(digest[:8], 16) % 1000
     except ValueError:
-        return True
+        return "test"
+    if value < TEST_PERMILLE:
+        return "test"
+    return "validation" if value < TEST_PERMILLE + VALIDATION_PERMILLE else "train"
+
+
+def key_in_test_partition(key: str) -> bool:
+    """Whether a room key belongs to the held-out test partition (keys not of this env count as held out)."""
+    return room_partition(key) == "test"
 
 
 RULES = (
@@ -139,9 +152,10 @@ class SokobanEnv(Env):
             cannot change the outcome; playing them out costs generation, and their
             advantages (only the wall-move penalty differs) are noise to the trainer.
         max_reverse_states: cap on positions explored while building a room.
-        split: `all` rooms, `train` (never a room of the held-out partition) or `test` (only
-            those); the partition is a hash of the room's first position (`room_key`), so train
-            and test are disjoint whatever the seeds. A split redraws from the seed's stream.
+        split: `all` rooms, or one partition: `train`, `validation` (for checkpoint selection)
+            or `test` (held out); the partition is a hash of the room's first position
+            (`room_key`, `room_partition`), so the three are disjoint by content whatever the
+            seeds. A split redraws from the seed's stream.
     Options of reset: {"board": text} plays a hand-made level drawn with the legend's symbols.
 
     The training-only difficulty floor `min_solution_steps` is a wrapper that the registered
@@ -170,7 +184,7 @@ class SokobanEnv(Env):
         observation: Literal["grid", "grid+positions", "cells", "cells+positions"] = "grid",
         action_tag: str = "action",
         end_on_deadlock: bool = False,
-        split: Literal["all", "train", "test"] = "all",
+        split: Literal["all", "train", "validation", "test"] = "all",
     ):
         if split not in SPLITS:
             raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
@@ -264,7 +278,7 @@ class SokobanEnv(Env):
                 max_solution_steps=self.max_steps if self.solvable_within_max_steps else None,
             )
             key = room_key(room.board)
-            if self.split == "all" or key_in_test_partition(key) == (self.split == "test"):
+            if self.split == "all" or room_partition(key) == self.split:
                 break
         else:
             raise ValueError(f"no room of the {self.split} split in {SPLIT_TRIES} draws")
@@ -281,7 +295,7 @@ class SokobanEnv(Env):
         """The room keys among `keys` this env might play: a split decides by content."""
         if self.split == "all":
             return None
-        return {key for key in keys if key_in_test_partition(key) == (self.split == "test")}
+        return {key for key in keys if room_partition(key) == self.split}
 
     async def step(self, action: str) -> StepResult:
         board = self._require_board()

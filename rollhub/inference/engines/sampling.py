@@ -3,9 +3,10 @@
 The reported log-prob is that of the distribution the token was drawn from: log_softmax(logits / T)
 renormalised over the tokens top-k / top-p kept (`sampling_logprobs`); without truncation that is
 log_softmax(logits / T)[token], so the trainer divides its logits by the same T. The off-policy
-weight pi / mu needs mu to be the sampling probability; SGLang reports the tempered log-prob
-before truncation instead, which is why top-p / top-k with off-policy corrections is refused on
-SGLang (rollhub.trainer.logprob_check). T = 0 means greedy, reported at T = 1.
+weight pi / mu needs mu to be the sampling probability (SGLang reports the tempered log-prob
+before truncation instead); the trainer scores pi untruncated, so top-p / top-k with a loss that
+reads mu is refused on every engine (rollhub.trainer.logprob_check). T = 0 means greedy, reported
+at T = 1.
 """
 
 from __future__ import annotations

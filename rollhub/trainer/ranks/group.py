@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 from rollhub.core.errors import UserError
-from rollhub.trainer.ranks.sharding import ShardPart, combine_results, shard_parts, shard_rows
+from rollhub.trainer.ranks.sharding import ShardPart, combine_results, score_shard, shard_parts, shard_rows
 
 logger = logging.getLogger(__name__)
 
@@ -253,8 +253,9 @@ class RankGroup:
         if loss_config.kl_coef > 0 and reference is None:
             raise ValueError("loss.kl_coef > 0 needs a reference policy")
         sampled_kl = loss_config.kl_coef > 0 and loss_config.kl_estimator != "full"
-        reference_logprobs = self.reference_logprobs(batch) if sampled_kl else None
-        prox = proximal_logprobs(plan, batch, self.proximal_logprobs)
+        # scored as one process scores them: `Policy.compute_logprobs` with the step's packing
+        reference_logprobs = self.reference_logprobs(batch, pack_tokens=pack_tokens) if sampled_kl else None
+        prox = proximal_logprobs(plan, batch, lambda rows: self.proximal_logprobs(rows, pack_tokens=pack_tokens))
         shards = shard_parts(batch, plan, self.world_size, prox=prox, reference=reference_logprobs)
         options = {"max_grad_norm": max_grad_norm, "loss_config": loss_config, "pack_tokens": pack_tokens}
         mine = self.announce("update", [(rank_parts, options) for rank_parts in shards])
@@ -270,23 +271,24 @@ class RankGroup:
         gathered = self._gather(local)
         return combine_results(gathered, float(batch.response_mask.sum()))
 
-    def proximal_logprobs(self, batch: Any) -> torch.Tensor:
+    def proximal_logprobs(self, batch: Any, *, pack_tokens: int | None = None) -> torch.Tensor:
         """pi_prox of every row, each rank scoring its token-balanced share."""
-        return self._scored("prox", batch)
+        return self._scored("prox", batch, pack_tokens)
 
-    def reference_logprobs(self, batch: Any) -> torch.Tensor:
+    def reference_logprobs(self, batch: Any, *, pack_tokens: int | None = None) -> torch.Tensor:
         """The reference policy's log-probs of every row (sampled KL), each rank scoring its share."""
         if self.reference is None:
             raise ValueError("loss.kl_coef > 0 needs a reference policy (attach one)")
-        return self._scored("ref", batch)
+        return self._scored("ref", batch, pack_tokens)
 
-    def _scored(self, command: str, batch: Any) -> torch.Tensor:
+    def _scored(self, command: str, batch: Any, pack_tokens: int | None = None) -> torch.Tensor:
         """No-grad log-probs of every row of `batch` by the policy ("prox") or the reference ("ref"),
-        each rank scoring its token-balanced share (padded to equal row counts), gathered on rank 0."""
-        rows, shards = shard_rows(batch, self.world_size)
+        each rank scoring its share (`shard_rows`: padded rows, or packed micro-batches as the one
+        process packs them, as many on every rank), gathered on rank 0."""
+        rows, shards = shard_rows(batch, self.world_size, pack_tokens=pack_tokens)
         mine = self.announce(command, shards)
         model = self.policy if command == "prox" else self.reference
-        gathered = self._gather(model.compute_logprobs(mine))
+        gathered = self._gather(score_shard(model, mine))
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
         for rank_rows, logp in zip(rows, gathered):
             if rank_rows:
@@ -340,9 +342,9 @@ class RankGroup:
                     )
                 )
             elif command == "prox":
-                self._gather(self.policy.compute_logprobs(payload))
+                self._gather(score_shard(self.policy, payload))
             elif command == "ref":
-                self._gather(self.reference.compute_logprobs(payload))
+                self._gather(score_shard(self.reference, payload))
             elif command == "engine":
                 self.policy.engine_state_dict()
             elif command == "checkpoint":

@@ -170,15 +170,50 @@ def shard_parts(
     return out
 
 
-def shard_rows(batch: Any, world_size: int) -> tuple[list[list[int]], list[Any]]:
-    """Token-balanced rows of the whole batch per rank, and each rank's padded TokenBatch (the prox pass)."""
-    split = split_by_tokens(batch.attention_mask.sum(-1).tolist(), world_size)
-    common = max(max(len(s) for s in split), 1)
+@dataclass
+class ScoringShard:
+    """One rank's share of a no-grad scoring pass (proximal or reference log-probs)."""
+
+    batch: Any  # TokenBatch: this rank's rows, padded with empty rows
+    pack_tokens: int | None  # the step's packing, so every rank scores as one process does
+    micro_batches: list[list[int]] | None  # packed micro-batches, as many on every rank (pack_tokens)
+
+
+def shard_rows(
+    batch: Any, world_size: int, *, pack_tokens: int | None = None
+) -> tuple[list[list[int]], list[ScoringShard]]:
+    """Rows of the whole batch per rank and each rank's `ScoringShard` (the prox and reference passes).
+
+    Padded: token-balanced rows, padded to equal row counts. Packed: a prompt's rows on one rank
+    (`split_by_prompt`, as the packed update), each plan padded to the same count of packed
+    micro-batches with one empty row each."""
+    from rollhub.trainer.packing import plan_packed_micro_batches, sequence_lengths
+
+    if pack_tokens is None:
+        split = split_by_tokens(batch.attention_mask.sum(-1).tolist(), world_size)
+    else:
+        split = split_by_prompt(batch, world_size)
+    parts = [batch.select(rows) if rows else _empty_rows(0) for rows in split]
+    if pack_tokens is None:
+        common = max(max(len(s) for s in split), 1)
+        return split, [ScoringShard(_pad_to_rows(part, common)[0], None, None) for part in parts]
+    plans = [
+        plan_packed_micro_batches(sequence_lengths(part.attention_mask), pack_tokens) if len(part) else []
+        for part in parts
+    ]
+    count = max(max(len(plan) for plan in plans), 1)
     shards = []
-    for rows in split:
-        part = batch.select(rows) if rows else _empty_rows(0)
-        shards.append(_pad_to_rows(part, common)[0])
+    for part, plan in zip(parts, plans):
+        missing = count - len(plan)
+        plan = plan + [[len(part) + i] for i in range(missing)]
+        shards.append(ScoringShard(_pad_to_rows(part, len(part) + missing)[0], pack_tokens, plan))
     return split, shards
+
+
+def score_shard(model: Any, shard: ScoringShard) -> torch.Tensor:
+    """`model`'s no-grad log-probs of its shard: `Policy.compute_logprobs`, the single process's own
+    scoring function, with the step's packing."""
+    return model.compute_logprobs(shard.batch, pack_tokens=shard.pack_tokens, micro_batches=shard.micro_batches)
 
 
 def combine_results(per_rank: list[list[dict[str, float]]], response_tokens: float) -> dict[str, float]:

@@ -7,7 +7,7 @@ import pytest
 from rollhub.core.errors import UserError
 from rollhub.envs.registry import make
 from rollhub.envs.run_checks import check_eval_disjoint
-from rollhub.envs.sokoban.env import key_in_test_partition
+from rollhub.envs.sokoban.env import key_in_test_partition, room_partition
 
 KWARGS = {"dim": 6, "num_boxes": 1, "max_steps": 10}
 
@@ -49,6 +49,29 @@ def test_train_and_test_splits_are_disjoint_by_content():
     assert all(key_in_test_partition(k) for k in test)
     assert not set(train) & set(test)
     assert len(set(test)) > 40  # the test partition is not a handful of rooms
+
+
+def test_the_validation_split_is_disjoint_by_content_from_train_and_test():
+    """Checkpoint selection reads the validation split: none of its rooms is trained on or held out,
+    even where the seeds are the same (small rooms repeat across seeds)."""
+    seeds = range(2_000_000, 2_000_200)
+    validation = keys("validation", seeds)
+    train, test = keys("train", seeds), keys("test", seeds)
+    assert {room_partition(k) for k in validation} == {"validation"}
+    assert {room_partition(k) for k in train} == {"train"} and {room_partition(k) for k in test} == {"test"}
+    assert not set(validation) & (set(train) | set(test))
+    assert len(set(validation)) > 100  # a partition of many rooms, not a handful
+    env = make("rollhub/Sokoban-v0", split="validation", **KWARGS)
+    everyone = set(validation) | set(train) | set(test)
+    assert env.could_draw(everyone) == set(validation)
+    assert make("rollhub/Sokoban-v0", split="train", **KWARGS).could_draw(everyone) == set(train)
+
+
+def test_room_partitions_cover_the_hash_space_in_their_shares():
+    values = [f"sokoban:{value:08x}" for value in range(0, 1000 * 4096, 4096)]
+    shares = {p: sum(room_partition(k) == p for k in values) / len(values) for p in ("train", "validation", "test")}
+    assert shares == pytest.approx({"train": 0.7, "validation": 0.1, "test": 0.2}, abs=0.02)
+    assert room_partition("not-a-room") == "test"  # a foreign key is never trained on
 
 
 def test_the_split_is_deterministic_per_seed():
