@@ -1,4 +1,4 @@
-"""The layering of README's layout table holds: each package imports only from the layers below it,
+"""The layering of the layout table (docs/layout.md) holds: each package imports only from the layers below it,
 and each module's file is at the path its import name says."""
 
 from __future__ import annotations
