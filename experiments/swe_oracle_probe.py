@@ -1,6 +1,6 @@
 """Probe the differential oracle on a few shipped SWE tasks: trust survey per task (and its time).
 
-    PYTHONPATH=$PWD python3 experiments/swe_oracle_probe.py rollhub/envs/swe/data/tasks.jsonl [ID_SUBSTRING ...]
+PYTHONPATH=$PWD python3 experiments/swe_oracle_probe.py rollhub/envs/swe/data/tasks.jsonl [ID_SUBSTRING ...]
 """
 
 from __future__ import annotations
@@ -26,7 +26,12 @@ async def main(path: str, wanted: list[str]) -> None:
             started = time.monotonic()
             result = await survey_trust(backend, task, Limits(cpus=1.0, memory_mb=1024, user="agent"))
             mutation = row["rollhub"]["mutation"]["function"]
-            print(json.dumps({"id": task.instance_id, "function": mutation, **result, "s": round(time.monotonic() - started, 2)}), flush=True)
+            print(
+                json.dumps(
+                    {"id": task.instance_id, "function": mutation, **result, "s": round(time.monotonic() - started, 2)}
+                ),
+                flush=True,
+            )
     finally:
         await backend.close()
 

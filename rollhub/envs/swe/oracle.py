@@ -51,7 +51,7 @@ HARNESS_TIMEOUT_S = 240.0
 MAX_REPR_CHARS = 4000
 PACKAGE_IMAGE_PREFIX = "rollhub/swe-pkg-"
 
-HARNESS = r'''
+HARNESS = r"""
 import ast, io, itertools, json, os, signal, sys, types, contextlib
 out = os.dup(1)
 null = os.open(os.devnull, os.O_WRONLY)
@@ -119,7 +119,7 @@ for item in inputs:
         signal.alarm(0)
     results.append([answer, text(args) + text(kwargs), printed.getvalue()[:limit]])
 emit({"results": results})
-'''
+"""
 
 
 class OracleUnavailable(Exception):
@@ -339,4 +339,3 @@ async def survey_trust(
     if bug.agreed:
         return {"trust": TRUST_VISIBLE_TESTS, "why": "the bug answers every hidden input as the gold does"}
     return {"trust": TRUST_ORACLE, "inputs": len(gold.inputs), "bug_disagreements": bug.disagreements}
-
