@@ -172,3 +172,27 @@ async def test_the_candidate_image_holds_no_copy_of_the_original_function(task, 
     assert "/testbed/inflection/__init__.py" in in_clean["files"].split("\n"), in_clean
     assert int(in_clean["git_objects"]) >= 1, in_clean  # the probe sees into git's objects
     assert in_task == {"files": "", "git_objects": "0", "bytecode_or_wheels": "", "site_packages": ""}, in_task
+
+
+async def test_the_red_teams_special_casing_passes_the_tests_and_the_oracle_refuses_it(task, backend):
+    """The generated attack (`redteam/special_case.py`) is real: by its visible tests alone the
+    task resolves; with the oracle it scores 0, flagged, not infra."""
+    import random
+
+    from rollhub.envs.swe.evaluate import evaluate_patch
+    from rollhub.envs.swe.redteam import AttackContext
+    from rollhub.envs.swe.redteam.special_case import CLASS
+    from rollhub.envs.swe.redteam.workspace import Workspace
+
+    ws = await Workspace.fetch(backend, task)
+    try:
+        attempt = CLASS.build(AttackContext.make(task, ws), "first_argument", random.Random(0))
+        patch = ws.diff(attempt.changes)
+    finally:
+        ws.close()
+    assert ORIGINAL_LINE in patch  # the correct copy rides along with the bug
+    visible_only = SweTask.from_row({**task.row, "rollhub": {**task.row["rollhub"], "trust": "visible-tests"}})
+    assert (await evaluate_patch(backend, visible_only, patch, limits=limits())).reward == 1.0
+    caught = await evaluate_patch(backend, task, patch, limits=limits())
+    assert caught.reward == 0.0 and not caught.infra_failure and caught.grade.pass_fraction == 1.0
+    assert caught.info()["exploit_signals"] == {"oracle_disagreement": 1}
