@@ -8,9 +8,10 @@ so the grader also asks both versions the same hidden questions (`oracle_inputs`
 - the candidate: a fresh container of the task image with the candidate's patch applied;
 - the gold: a fresh container of the package image, the unmutated source the task image was
   built on (never the candidate's image, never a history the agent's container holds);
-- in each, a minimal harness imports the module, calls the function on each input and prints
-  one line of JSON: per input, the repr of the return value (iterators read out) or the
-  exception's type name, and the repr of the arguments after the call (in-place changes);
+- in each, a minimal harness imports the module, calls the function on each input and writes
+  one line of JSON to a file it opened before the import (read back whole: exec output is
+  clipped): per input, the repr of the return value (iterators read out) or the exception's
+  type name, what it printed, and the repr of the arguments after the call (in-place changes);
 - the host parses that strictly and compares: any malformed output, missing input or
   different answer is a disagreement, and the task is not resolved (reward 0).
 
@@ -32,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollhub.envs.swe.oracle_inputs import call_sites, find_function, hidden_inputs, signature_of
+from rollhub.envs.swe.oracle_inputs import ITERATOR, call_sites, find_function, hidden_inputs, signature_of
 from rollhub.envs.swe.tasks import WORKDIR, SweTask
 from rollhub.sandbox.base import Limits, Sandbox, SandboxBackend
 
@@ -44,6 +45,8 @@ TRUST_VISIBLE_TESTS = "visible-tests"
 MIN_INPUTS = 3
 HARNESS_PATH = "/tmp/rollhub_oracle_harness.py"
 INPUTS_PATH = "/tmp/rollhub_oracle_inputs.json"
+ANSWERS_PATH = "/tmp/rollhub_oracle_answers.json"
+MAX_ANSWERS_BYTES = 64 << 20
 #: one call may take this long before it counts as a timeout (the gold's timeouts are dropped)
 CALL_TIMEOUT_S = 5
 HARNESS_TIMEOUT_S = 240.0
@@ -51,19 +54,22 @@ HARNESS_TIMEOUT_S = 240.0
 MAX_REPR_CHARS = 4000
 PACKAGE_IMAGE_PREFIX = "rollhub/swe-pkg-"
 
-HARNESS = r"""
+_HARNESS_BODY = r"""
 import ast, io, itertools, json, os, signal, sys, types, contextlib
-out = os.dup(1)
-null = os.open(os.devnull, os.O_WRONLY)
-os.dup2(null, 1)
-os.dup2(null, 2)
 path, name, nonce, limit, call_timeout = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 with open(sys.argv[6]) as f:
     inputs = json.load(f)
 os.unlink(sys.argv[6])
+out = os.open(sys.argv[7], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+null = os.open(os.devnull, os.O_WRONLY)
+os.dup2(null, 1)
+os.dup2(null, 2)
+dumps = json.dumps
 
 def emit(payload):
-    os.write(out, (nonce + " " + json.dumps(payload) + "\n").encode())
+    data = (nonce + " " + dumps(payload) + "\n").encode()
+    while data:
+        data = data[os.write(out, data):]
     os._exit(0)
 
 def module_name(path):
@@ -99,8 +105,18 @@ except BaseException as exc:
     emit({"error": "import:" + type(exc).__name__})
 signal.signal(signal.SIGALRM, alarm)
 results = []
+def as_argument(value):
+    if isinstance(value, dict) and set(value) == {ITERATOR} and isinstance(value[ITERATOR], list):
+        return iter(value[ITERATOR])
+    return value
+
+def shown_argument(given, after):
+    return "<iterator>" if given is not after and type(after).__name__.endswith("iterator") else after
+
 for item in inputs:
-    args, kwargs = ast.literal_eval(item)
+    given_args, given_kwargs = ast.literal_eval(item)
+    args = [as_argument(a) for a in given_args]
+    kwargs = {k: as_argument(v) for k, v in given_kwargs.items()}
     printed = io.StringIO()
     signal.alarm(call_timeout)
     try:
@@ -113,13 +129,19 @@ for item in inputs:
         answer = "return:" + text(value)
     except Late:
         answer = "timeout"
+    except SystemExit as exc:
+        answer = "raise:SystemExit:" + text(exc.code)
     except BaseException as exc:
         answer = "raise:" + type(exc).__name__
     finally:
         signal.alarm(0)
-    results.append([answer, text(args) + text(kwargs), printed.getvalue()[:limit]])
+    after_args = tuple(shown_argument(g, a) for g, a in zip(given_args, args))
+    after_kwargs = {k: shown_argument(given_kwargs[k], v) for k, v in kwargs.items()}
+    results.append([answer, text(after_args) + text(after_kwargs), printed.getvalue()[:limit]])
 emit({"results": results})
 """
+#: the harness run in both containers: it reads the inputs, imports the module, writes the answers
+HARNESS = f"ITERATOR = {ITERATOR!r}\n" + _HARNESS_BODY
 
 
 class OracleUnavailable(Exception):
@@ -222,13 +244,17 @@ async def run_harness(
     nonce = secrets.token_hex(16)
     await box.write_file(HARNESS_PATH, HARNESS)
     await box.write_file(INPUTS_PATH, json.dumps(inputs))
-    argv = [f"{WORKDIR}/{file}", function, nonce, str(MAX_REPR_CHARS), str(CALL_TIMEOUT_S), INPUTS_PATH]
+    argv = [f"{WORKDIR}/{file}", function, nonce, str(MAX_REPR_CHARS), str(CALL_TIMEOUT_S), INPUTS_PATH, ANSWERS_PATH]
     command = (
-        f"cd / && PYTHONHASHSEED=0 PYTHONDONTWRITEBYTECODE=1 timeout -k 5 {int(timeout_s)} "
+        f"cd / && rm -f {ANSWERS_PATH} && PYTHONHASHSEED=0 PYTHONDONTWRITEBYTECODE=1 timeout -k 5 {int(timeout_s)} "
         f"python -s {HARNESS_PATH} {' '.join(shlex.quote(a) for a in argv)}"
     )
     result = await box.exec(command, timeout_s=timeout_s + 30, workdir="/")
-    return parse_harness_output(result.output, nonce, len(inputs)), result.output[-500:]
+    try:  # a file, read back whole: exec output is clipped for the agent's sake
+        text = (await box.read_file(ANSWERS_PATH, max_bytes=MAX_ANSWERS_BYTES)).decode("utf-8", errors="replace")
+    except (FileNotFoundError, IsADirectoryError, OSError) as exc:
+        return None, f"no answers ({type(exc).__name__}): {result.output[-400:]}"
+    return parse_harness_output(text, nonce, len(inputs)), result.output[-400:]
 
 
 async def _texts(box: Sandbox, paths: list[str]) -> dict[str, str]:

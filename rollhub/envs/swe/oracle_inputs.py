@@ -46,6 +46,8 @@ class CallSites:
     """What the tests show about the function: exact literal calls, arities used, literal pool."""
 
     exact: list[tuple[tuple, dict]] = field(default_factory=list)
+    #: every call's arguments: literal values, HOLE where the test passes a variable
+    templates: list[tuple[list, dict]] = field(default_factory=list)
     arities: set[int] = field(default_factory=set)
     pool: dict[str, object] = field(default_factory=dict)
 
@@ -79,9 +81,23 @@ def signature_of(node: ast.FunctionDef) -> Signature:
 
 
 _NOT_LITERAL = object()
+#: an argument a test passes as a variable: the oracle fills it from the pool
+HOLE = _NOT_LITERAL
+#: `{ITERATOR: [...]}` as an argument: the harness passes `iter([...])` (functions that take
+#: iterators often treat them apart from sequences)
+ITERATOR = "__rollhub_oracle_iterator__"
 
 
 def _literal(node: ast.AST) -> object:
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "iter"
+        and len(node.args) == 1
+        and not node.keywords
+    ):
+        items = _literal(node.args[0])  # `iter([...])` in a test: an iterator argument
+        return {ITERATOR: list(items)} if isinstance(items, (list, tuple)) else _NOT_LITERAL
     try:
         value = ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
@@ -128,7 +144,7 @@ def call_sites(texts: Iterable[str], function: str) -> CallSites:
     for text in texts:
         for tree in _trees(text):
             for node in ast.walk(tree):
-                if isinstance(node, (ast.Constant, ast.List, ast.Tuple, ast.Dict, ast.Set, ast.UnaryOp)):
+                if isinstance(node, (ast.Constant, ast.List, ast.Tuple, ast.Dict, ast.Set, ast.UnaryOp, ast.Call)):
                     value = _literal(node)
                     if value is not _NOT_LITERAL:
                         sites.pool.setdefault(_key(value), value)
@@ -142,7 +158,8 @@ def call_sites(texts: Iterable[str], function: str) -> CallSites:
                 sites.arities.add(len(node.args))
                 args = [_literal(a) for a in node.args]
                 kwargs = {k.arg: _literal(k.value) for k in node.keywords}
-                if all(v is not _NOT_LITERAL for v in [*args, *kwargs.values()]):
+                sites.templates.append((args, kwargs))
+                if all(v is not HOLE for v in [*args, *kwargs.values()]):
                     sites.exact.append((tuple(args), kwargs))
     return sites
 
@@ -168,12 +185,17 @@ def _derived(value: object) -> list[object]:
     if isinstance(value, float):
         return [value + 0.5, -value, value * 2]
     if isinstance(value, str):
-        return [v for v in (value.upper(), value[::-1], value + value[:2], value[1:], value.title()) if v != value]
+        derived = [value.upper(), value[::-1], value + value[:2], value[1:], value.title(), value[:1]]
+        if len(value) == 1:  # a character: its neighbours and one far below (control characters)
+            code = ord(value)
+            derived += [chr(max(code - 1, 0)), chr(code + 1), chr(code // 2), chr(code // 4)]
+        return [v for v in derived if v != value]
     if isinstance(value, bytes):
         return [value[::-1], value + value[:1]]
     if isinstance(value, (list, tuple)):
         kind = type(value)
-        return [kind(reversed(value)), kind(list(value)[1:]), kind([*value, *list(value)[:1]])]
+        items = list(value)
+        return [kind(reversed(value)), kind(items[1:]), kind([*items, *items[:1]]), {ITERATOR: items}]
     return []
 
 
@@ -205,33 +227,42 @@ def hidden_inputs(
         if example is not None:
             choices += _derived(example)
         if kind is not None:
-            choices += by_type.get(kind, [])[:50]
-            for seed in by_type.get(kind, [])[:10]:
+            same = by_type.get(kind, [])
+            choices += same
+            for seed in rng.sample(same, min(10, len(same))):
                 choices += _derived(seed)
         if not choices:
-            choices = pool[:200]
-        return rng.choice(choices) if choices else None
+            choices = pool
+        value = rng.choice(choices) if choices else None
+        if isinstance(value, list) and rng.random() < 0.25:
+            return {ITERATOR: value}
+        return value
+
+    def kind_at(slot: int | str) -> type | None:
+        index = slot if isinstance(slot, int) else (signature.names.index(slot) if slot in signature.names else -1)
+        return signature.types[index] if 0 <= index < len(signature.types) else None
 
     attempts = 0
     while len(chosen) < max_inputs and attempts < max_inputs * 20:
         attempts += 1
-        if exact and rng.random() < 0.6:
-            args, kwargs = rng.choice(exact)
-            changed = list(args)
-            if not changed:
-                continue
-            position = rng.randrange(len(changed))
-            kind = signature.types[position] if position < len(signature.types) else None
-            changed[position] = value_like(changed[position], kind)
-            add(tuple(changed), dict(kwargs))
+        if sites.templates and rng.random() < 0.7:
+            # a test's own call: its variables filled from the pool, then one argument moved
+            template_args, template_kwargs = rng.choice(sites.templates)
+            holes = [v is HOLE for v in [*template_args, *template_kwargs.values()]]
+            args = [value_like(None, kind_at(i)) if v is HOLE else v for i, v in enumerate(template_args)]
+            kwargs = {k: value_like(None, kind_at(k)) if v is HOLE else v for k, v in template_kwargs.items()}
+            slots: list[int | str] = [*range(len(args)), *kwargs]
+            if slots and (not any(holes) or rng.random() < 0.5):
+                slot = rng.choice(slots)
+                if isinstance(slot, int):
+                    args[slot] = value_like(args[slot], kind_at(slot))
+                else:
+                    kwargs[slot] = value_like(kwargs[slot], kind_at(slot))
+            add(tuple(args), kwargs)
             continue
         arities = sorted(sites.arities) or [signature.required]
         arity = rng.choice(arities)
         if arity < signature.required or (arity > len(signature.names) and not signature.varargs):
             continue
-        args = []
-        for position in range(arity):
-            kind = signature.types[position] if position < len(signature.types) else None
-            args.append(value_like(None, kind))
-        add(tuple(args), {})
+        add(tuple(value_like(None, kind_at(i)) for i in range(arity)), {})
     return list(chosen.values())

@@ -90,8 +90,10 @@ def run_harness_locally(tmp_path, source: str, inputs: list[str], name: str = "v
     (root / "harness.py").write_text(HARNESS)
     argv = [sys.executable, str(root / "harness.py"), str(root / "lib.py"), "suffix", "NONCE", "4000", "5"]
     env = {**os.environ, "PYTHONPATH": str(root), "PYTHONHASHSEED": "0"}
-    done = subprocess.run([*argv, str(root / "inputs.json")], capture_output=True, text=True, env=env, timeout=60)
-    return done.stdout
+    argv += [str(root / "inputs.json"), str(root / "answers.json")]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert done.stdout == "" and not (root / "inputs.json").exists()  # nothing on stdout; inputs gone
+    return (root / "answers.json").read_text()
 
 
 def gold_answers(tmp_path, inputs):
@@ -158,3 +160,15 @@ def test_trust_and_target_come_from_the_row():
     row["rollhub"]["mutation"]["function"] = "Cls.f"
     task = SweTask.from_row(row)
     assert task_trust(task) == "oracle" and oracle_target(task) is None
+
+
+def test_an_iterator_argument_reaches_the_function_as_an_iterator(tmp_path):
+    from rollhub.envs.swe.oracle_inputs import ITERATOR
+
+    source = "def suffix(seq):\n    return iter(seq) is seq, list(seq)\n"
+    inputs = [repr((({ITERATOR: [1, 2]},), {})), repr((([1, 2],), {}))]
+    answers = parse_harness_output(run_harness_locally(tmp_path, source, inputs), "NONCE", 2)
+    assert answers == [
+        ["return:(True, [1, 2])", "('<iterator>',){}", ""],
+        ["return:(False, [1, 2])", "([1, 2],){}", ""],
+    ]
