@@ -314,11 +314,21 @@ async def gold_answers(backend: SandboxBackend, task: SweTask, limits: Limits, c
     return answers
 
 
+def same_answer(gold: list[str], candidate: list[str]) -> bool:
+    """Whether the candidate answered one input as the gold did. Where the gold raised, the
+    candidate must raise too, of any type and with its arguments in any state: the hidden
+    inputs include ill-typed ones, and an honest fix written differently may fail on them
+    another way. Where the gold returned, everything must match."""
+    if gold[0].startswith("raise:") and not gold[0].startswith("raise:SystemExit"):
+        return candidate[0].startswith("raise:") and candidate[2] == gold[2]
+    return candidate == gold
+
+
 def compare(gold: GoldAnswers, candidate: list[list[str]] | None) -> OracleVerdict:
     """Agreement on every kept input; malformed candidate output is a disagreement."""
     if candidate is None:
         return OracleVerdict(False, len(gold.inputs), len(gold.inputs), "the harness's output was malformed")
-    differing = [i for i, (g, c) in enumerate(zip(gold.answers, candidate)) if g != c]
+    differing = [i for i, (g, c) in enumerate(zip(gold.answers, candidate)) if not same_answer(g, c)]
     if not differing:
         return OracleVerdict(True, len(gold.inputs))
     first = differing[0]

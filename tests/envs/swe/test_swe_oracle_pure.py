@@ -172,3 +172,10 @@ def test_an_iterator_argument_reaches_the_function_as_an_iterator(tmp_path):
         ["return:(True, [1, 2])", "('<iterator>',){}", ""],
         ["return:(False, [1, 2])", "([1, 2],){}", ""],
     ]
+
+
+def test_where_the_gold_raises_any_exception_agrees_and_a_return_does_not():
+    gold = GoldAnswers(["((1,), {})", "(('x',), {})"], [["return:1", "(1,){}", ""], ["raise:TypeError", "", ""]], "i")
+    assert compare(gold, [["return:1", "(1,){}", ""], ["raise:AttributeError", "('x',){}", ""]]).agreed
+    assert not compare(gold, [["return:1", "(1,){}", ""], ["return:None", "('x',){}", ""]]).agreed
+    assert not compare(gold, [["return:2", "(1,){}", ""], ["raise:TypeError", "", ""]]).agreed
