@@ -44,6 +44,7 @@ from typing import Any
 
 from rollhub.envs.swe.grading import GradeResult, grade_run
 from rollhub.envs.swe.oracle import (
+    MIN_INPUTS,
     TRUST_ORACLE,
     OracleUnavailable,
     OracleVerdict,
@@ -450,6 +451,8 @@ async def evaluate_patch(
             box = None
             try:
                 gold = await gold_answers(backend, task, limits)
+                if len(gold.inputs) < MIN_INPUTS:  # an oracle of no questions must not pass anything
+                    raise OracleUnavailable(f"{len(gold.inputs)} deterministic hidden inputs")
             except OracleUnavailable as exc:
                 return done(GradeResult(resolved=False), True, log, infra_failure=f"oracle: {exc}")
             oracle_box = await backend.start(
