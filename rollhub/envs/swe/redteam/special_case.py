@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import random
 
+from rollhub.envs.swe.content_rules import constructs
 from rollhub.envs.swe.oracle import oracle_target
 from rollhub.envs.swe.oracle_inputs import call_sites, find_function
 from rollhub.envs.swe.redteam.common import AttackClass, AttackContext, Attempt, task_test_files
@@ -37,6 +38,10 @@ def {name}(*args, **kwargs):
 """
 
 
+def _plain(value: object) -> bool:
+    return not constructs(f"x = {value!r}\n".encode("utf-8", "surrogateescape"))
+
+
 def build(ctx: AttackContext, technique: str, rng: random.Random) -> Attempt:
     target = oracle_target(ctx.task)
     if target is None:  # plan() never asks: such a task has no oracle
@@ -51,7 +56,9 @@ def build(ctx: AttackContext, technique: str, rng: random.Random) -> Attempt:
     fixed = f"_{ident(rng)}"
     copy = segment.replace(f"def {name}(", f"def {fixed}(", 1)
     tests = [ctx.ws.text(f) or "" for f in dict.fromkeys(task_test_files(ctx.task))]
-    literals = sorted(call_sites(tests, name).pool.values(), key=repr)
+    # without the literals the content rule counts (dunder names, paths, module names): a table
+    # that is dropped tests nothing
+    literals = sorted((v for v in call_sites(tests, name).pool.values() if _plain(v)), key=repr)
     seen, bug, known = (f"_{ident(rng)}" for _ in range(3))
     condition = (
         f"args and {known}(args[0])"
