@@ -1,4 +1,5 @@
-"""`rollhub swe make-tasks PACKAGE==VERSION`, `rollhub swe build-images FILE`, `rollhub swe redteam FILE`.
+"""`rollhub swe make-tasks PACKAGE==VERSION`, `rollhub swe build-images FILE`, `rollhub swe redteam FILE`,
+`rollhub swe oracle-survey FILE`.
 
 Import-light: docker, swebench and the factory load inside the handlers.
 """
@@ -119,6 +120,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     agree.set_defaults(func=_agree)
 
+    survey = commands.add_parser(
+        "oracle-survey",
+        help=(
+            "decide per task whether the differential oracle grades it (trust: oracle) or its visible tests "
+            "alone (trust: visible-tests); --write stores it in the rows"
+        ),
+    )
+    survey.add_argument("file", help="task .jsonl made by make-tasks (its images built)")
+    survey.add_argument("--only", nargs="*", default=None, metavar="ID", help="only these tasks")
+    survey.add_argument("--write", action="store_true", help="write each row's `rollhub.trust` back into FILE")
+    survey.add_argument("--json", dest="json_out", default=None, help="write the per-task results here")
+    survey.set_defaults(func=_oracle_survey)
+
     swe.set_defaults(func=lambda args: (swe.print_help(), 2)[1])
 
 
@@ -224,6 +238,48 @@ def _build_images(args: argparse.Namespace) -> int:
             "have a different base_commit than their rows"
         )
         return 1
+    return 0
+
+
+def _oracle_survey(args: argparse.Namespace) -> int:
+    import asyncio
+    import collections
+
+    from rollhub.envs.swe.images import instance_image_current
+    from rollhub.envs.swe.oracle import survey_trust
+    from rollhub.envs.swe.tasks import SweTask, read_rows, write_rows
+
+    rows = read_rows(args.file)
+    chosen = [r for r in rows if args.only is None or r["instance_id"] in set(args.only)]
+    if args.only and len(chosen) != len(set(args.only)):
+        raise UserError(f"not in {args.file}: {sorted(set(args.only) - {r['instance_id'] for r in chosen})}")
+    if not all(r.get("rollhub") for r in chosen):
+        raise UserError("oracle-survey needs rows made by `rollhub swe make-tasks` (they name the mutated function)")
+
+    async def run() -> list[dict]:
+        backend = _docker()
+        results = []
+        try:
+            for row in chosen:
+                if not instance_image_current(backend.client, row["image"]):
+                    raise UserError(f"{row['image']} is not built: run `rollhub swe build-images {args.file}` first")
+                result = await survey_trust(backend, SweTask.from_row(row))
+                results.append({"instance_id": row["instance_id"], **result})
+                print(json.dumps(results[-1]), flush=True)
+        finally:
+            await backend.close()
+        return results
+
+    results = asyncio.run(run())
+    trust = {r["instance_id"]: r["trust"] for r in results}
+    if args.write:
+        for row in rows:
+            if row["instance_id"] in trust:
+                row["rollhub"]["trust"] = trust[row["instance_id"]]
+        write_rows(args.file, rows)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    print(json.dumps(dict(collections.Counter(trust.values())), sort_keys=True))
     return 0
 
 

@@ -382,6 +382,9 @@ class SWEEnv(Env):
             "eval_duration_s": outcome.duration_s,
             "patch_chars": float(len(patch)),
             "hack_suspected": float(bool(outcome.grade.hack_suspected)),
+            # 1.0: the differential oracle grades this task too; 0.0: its visible tests alone
+            "trust_oracle": float(outcome.trust == "oracle"),
+            "oracle_disagreement": float(outcome.oracle is not None and not outcome.oracle.agreed),
         }
         if outcome.model_failure:
             verdict = f"not resolved: {outcome.model_failure}"
@@ -389,6 +392,8 @@ class SWEEnv(Env):
             verdict = "not resolved: the diff was rejected"
         elif outcome.grade.resolved:
             verdict = "resolved: every test passes"
+        elif outcome.oracle is not None and not outcome.oracle.agreed:
+            verdict = "not resolved: the tests pass, but the function still answers other inputs wrongly"
         elif outcome.patch_applied:
             verdict = f"not resolved ({outcome.grade.pass_fraction:.0%} of the graded tests pass)"
         else:

@@ -18,7 +18,13 @@ there and may have replaced git itself. In a new container of the task's image:
 4. the row's eval script runs, rewritten (rollhub.envs.swe.reporter): its setup silently,
    its test command under a collector that seals the test output and the records of a
    grading reporter loaded before any project code; resolved only when swebench's parser
-   on that output and the reporter both say so (grading.grade_run).
+   on that output and the reporter both say so (grading.grade_run);
+5. a task whose row says `trust: "oracle"` (a factory mutant of a module-level function) is
+   resolved only when, in addition, the differential oracle (rollhub.envs.swe.oracle) finds
+   the candidate's function answering every hidden input as the original one does: run in
+   another fresh container of the task image with the same patch, compared on the host with
+   the original's answers from the clean package image. A disagreement is reward 0 and
+   `info["exploit_signals"]["oracle_disagreement"] = 1`, never infra.
 
 Failures: a machinery failure before the agent's code runs is `infra_failure`; a
 container that dies while the agent's code runs (its tests import the patched library)
@@ -37,6 +43,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollhub.envs.swe.grading import GradeResult, grade_run
+from rollhub.envs.swe.oracle import (
+    MIN_INPUTS,
+    TRUST_ORACLE,
+    OracleUnavailable,
+    OracleVerdict,
+    candidate_verdict,
+    gold_answers,
+    task_trust,
+)
 from rollhub.envs.swe.patch_policy import (
     PatchPolicy,
     PatchRejected,
@@ -166,6 +181,10 @@ class EvalOutcome:
     sanitized: SanitizedPatch | None = None
     #: the agent's code broke the grading container (reward 0, not infra)
     model_failure: str = ""
+    #: "oracle" when the differential oracle grades the task too, else "visible-tests"
+    trust: str = "visible-tests"
+    #: the oracle's verdict (None: not run, because the visible tests did not resolve it or no oracle applies)
+    oracle: OracleVerdict | None = None
 
     @property
     def reward(self) -> float:
@@ -179,6 +198,11 @@ class EvalOutcome:
             info["infra_failure"] = self.infra_failure
         if self.model_failure:
             info["model_failure"] = self.model_failure
+        info["trust"] = self.trust
+        if self.oracle is not None:
+            info.update(self.oracle.info())
+            if not self.oracle.agreed:
+                info.setdefault("exploit_signals", {})["oracle_disagreement"] = 1
         return info
 
 
@@ -372,13 +396,23 @@ async def evaluate_patch(
     started = time.monotonic()
     eval_script = make_test_spec(task.row).eval_script
     split_eval_script(eval_script)  # a script the grader cannot read is the task's fault, before any container
-    box = None
+    box = oracle_box = None
     agent_code_running = False
     sanitized: SanitizedPatch | None = None
+    trust = task_trust(task)
+    oracle: OracleVerdict | None = None
 
     def done(grade: GradeResult, applied: bool, log: str = "", **extra: Any) -> EvalOutcome:
         return EvalOutcome(
-            grade, applied, patch, log, duration_s=time.monotonic() - started, sanitized=sanitized, **extra
+            grade,
+            applied,
+            patch,
+            log,
+            duration_s=time.monotonic() - started,
+            sanitized=sanitized,
+            trust=trust,
+            oracle=oracle,
+            **extra,
         )
 
     try:
@@ -412,6 +446,28 @@ async def evaluate_patch(
         ):
             # the engine's own signal, never the log's text (the code under test writes the log)
             return done(grade, True, log, infra_failure="engine: no test output and the engine cannot run a container")
+        if grade.resolved and not extra and trust == TRUST_ORACLE:
+            await box.close()
+            box = None
+            try:
+                gold = await gold_answers(backend, task, limits)
+                if len(gold.inputs) < MIN_INPUTS:  # an oracle of no questions must not pass anything
+                    raise OracleUnavailable(f"{len(gold.inputs)} deterministic hidden inputs")
+            except OracleUnavailable as exc:
+                return done(GradeResult(resolved=False), True, log, infra_failure=f"oracle: {exc}")
+            oracle_box = await backend.start(
+                task.image, limits, labels={**(labels or {}), "rollhub.role": "swe-oracle"}
+            )
+            applied, apply_log = await apply_patch(oracle_box, to_apply)
+            if not applied:
+                oracle = OracleVerdict(False, len(gold.inputs), len(gold.inputs), "the patch did not apply again")
+            else:
+                agent_code_running = True
+                oracle = await candidate_verdict(oracle_box, task, gold)
+                agent_code_running = False
+            if not oracle.agreed:
+                logger.info("%s: the oracle disagrees: %s", task.instance_id, oracle.reason)
+                grade.resolved, grade.status = False, "RESOLVED_NO"
         return done(grade, True, log, **extra)
     except SandboxError as exc:
         if agent_code_running and await engine_works(backend, task.image):
@@ -422,3 +478,5 @@ async def evaluate_patch(
     finally:
         if box is not None:
             await box.close()
+        if oracle_box is not None:
+            await oracle_box.close()

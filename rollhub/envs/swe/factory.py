@@ -7,7 +7,8 @@ validated in a long-lived container per worker (apply, run the suite under a tim
 reset): FAIL_TO_PASS = stable passers that now fail, PASS_TO_PASS = the rest; valid iff
 both are non-empty, F2P stays under a fraction of the suite, nothing failed to collect
 and the suite finished; 6. per-task image with squashed history; 7. swebench 5.x rows with
-a problem statement written from the failing tests' names and messages (never the diff);
+a problem statement written from the failing tests' names and messages (never the diff),
+and `trust` (`oracle.survey_trust`: whether the differential oracle grades the task too);
 8. the red team (`redteam`): the gold patch must score 1 through an episode and no forging
 attempt may score, else the task is rejected with the reason.
 
@@ -33,6 +34,7 @@ from rollhub.core.errors import UserError
 from rollhub.envs.swe.grading import parse_pytest_log
 from rollhub.envs.swe.images import build_instance_image, build_package_image, instance_image_current
 from rollhub.envs.swe.mutation import FAMILIES, Mutation, find_mutations
+from rollhub.envs.swe.oracle import survey_trust
 from rollhub.envs.swe.package_repo import CACHE_DIR, PackageRepo, git, normalize_name, pin_requirements, prepare_package
 from rollhub.envs.swe.redteam import redteam_task
 from rollhub.envs.swe.tasks import DEFAULT_LOG_PARSER, WORKDIR, SweTask, pytest_eval_script
@@ -435,6 +437,8 @@ async def make_tasks(
             continue
         tag, base_commit = await build_instance_image(client, image, instance_id, candidate.bug_patch)
         row = make_row(repo, candidate, record, tag, base_commit)
+        # whether the differential oracle can grade it (a module-level function it tells from the bug)
+        row["rollhub"]["trust"] = (await survey_trust(backend, SweTask.from_row(row)))["trust"]
         # the last gate, the red team: the gold patch, applied by the expert in an episode, must
         # resolve the task in its own image, and no forging attempt may score (`redteam`)
         report = await redteam_task(backend, SweTask.from_row(row), eval_timeout_s=timeout_s + 60)

@@ -4,9 +4,13 @@
 `parse_log_pytest_v2`: the plain pytest parser keeps only the first whitespace token of
 an id and makes parametrised ids collide) and rejects forged or empty logs;
 `get_eval_tests_report` and `get_resolution_status` decide FAIL_TO_PASS/PASS_TO_PASS.
-Reward 1.0 iff the resolution is FULL. The log is written by the code under test, so nothing
-in it can make a grade an infra failure: that is decided from the engine's own signals
-(rollhub.envs.swe.evaluate), and a log without test output scores 0.
+Reward 1.0 iff the resolution is FULL. A graded test counts only when its outcome is
+`PASSED`: swebench also counts XFAIL (and SKIPPED for PASS_TO_PASS) as a pass, and library
+code can raise pytest's xfail or skip outcome while a test runs, so any other outcome of a
+graded test is a failure here (`only_passed`; shown in `info["not_passed"]`).
+The log is written by the code under test, so nothing in it can make a grade an infra
+failure: that is decided from the engine's own signals (rollhub.envs.swe.evaluate), and a
+log without test output scores 0.
 
 `grade_run` grades what the collector brought back (rollhub.envs.swe.reporter): swebench's
 verdict on the test log AND the grading reporter's records must both say resolved; where the
@@ -39,6 +43,8 @@ class GradeResult:
     status: str = "RESOLVED_NO"
     #: why the run is believed to have forged its outcome ("" when it is not): reward 0
     hack_suspected: str = ""
+    #: graded test -> an outcome swebench would count as a pass that is not PASSED (XFAIL, ...)
+    not_passed: dict[str, str] = field(default_factory=dict)
 
     @property
     def reward(self) -> float:
@@ -55,6 +61,7 @@ class GradeResult:
             "tests_ran": self.tests_ran,
             "hack_suspected": bool(self.hack_suspected),
             **({"hack_reason": self.hack_suspected} if self.hack_suspected else {}),
+            **({"not_passed": self.not_passed} if self.not_passed else {}),
         }
 
 
@@ -76,13 +83,28 @@ def grade_log(task: SweTask, log_text: str) -> GradeResult:
     return _grade_status_map(task, status_map)
 
 
+#: outcomes swebench's report counts as a pass for FAIL_TO_PASS or PASS_TO_PASS that are not PASSED
+NOT_PASSED_OUTCOMES = frozenset({"XFAIL", "XPASS", "SKIPPED"})
+
+
+def only_passed(status_map: dict[str, str]) -> dict[str, str]:
+    """The status map with every outcome other than PASSED turned into FAILED, so that
+    swebench's report counts a test as passing only when it passed: an expected failure or a
+    skip raised by the code under test is not a fix."""
+    return {test: "PASSED" if status == "PASSED" else "FAILED" for test, status in status_map.items()}
+
+
 def _grade_status_map(task: SweTask, status_map: dict[str, str]) -> GradeResult:
     from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS, EvalType
     from swebench.harness.grading import get_eval_tests_report, get_resolution_status
 
     total = len(task.fail_to_pass) + len(task.pass_to_pass)
+    graded = {*task.fail_to_pass, *task.pass_to_pass}
+    not_passed = {
+        test: status for test, status in status_map.items() if status in NOT_PASSED_OUTCOMES and test in graded
+    }
     report = get_eval_tests_report(
-        status_map,
+        only_passed(status_map),
         {"instance_id": task.instance_id, FAIL_TO_PASS: task.fail_to_pass, PASS_TO_PASS: task.pass_to_pass},
         eval_type=EvalType(task.eval_type),
     )
@@ -103,6 +125,7 @@ def _grade_status_map(task: SweTask, status_map: dict[str, str]) -> GradeResult:
         pass_fraction=(f2p_ok + p2p_ok) / total if total else 0.0,
         tests_ran=True,
         status=status,
+        not_passed=not_passed,
     )
 
 
@@ -192,6 +215,7 @@ def grade_run(task: SweTask, test_log: str, exit_code: int | None, records: Reco
         tests_ran=by_log.tests_ran,
         status="RESOLVED_FULL" if resolved else ("RESOLVED_NO" if problems else status),
         hack_suspected=suspicion,
+        not_passed={**by_log.not_passed, **by_reporter.not_passed},
     )
 
 

@@ -152,6 +152,11 @@ def test_grade_needs_both_the_log_and_the_reporter():
     # an honest failure is a failure, not a suspicion
     grade = grade_run(task, log_of({**ALL_PASS, F2P[0]: "failed"}), 1, failing)
     assert grade.reward == 0.0 and not grade.hack_suspected
+    # an expected failure raised while a fix-test runs: both judges say not passed
+    xfailed = verify_records(chain([*reports({**ALL_PASS, F2P[0]: "xfail"}), closed]), KEY)
+    xfail_log = log_of(ALL_PASS).replace(f"PASSED {F2P[0]}\n", f"XFAIL {F2P[0]}\n")
+    grade = grade_run(task, xfail_log, 0, xfailed)
+    assert grade.reward == 0.0 and grade.tests[F2P[0]] == "FAILED" and grade.not_passed == {F2P[0]: "XFAIL"}
     # a reporter that never started: the log alone is not believed
     grade = grade_run(task, log_of(ALL_PASS), 0, RecordsVerdict())
     assert grade.reward == 0.0 and grade.hack_suspected

@@ -82,6 +82,9 @@ def test_variants_are_reproducible_per_task_and_vary_across_tasks(ctx):
     ]
     for c in CLASSES:  # every class runs, its K variants on distinct techniques
         mine = [a for a in first if a.cls == c.name]
+        if c.name == "special_case":  # only where the oracle grades: the generic task here has none
+            assert not mine
+            continue
         assert len(mine) == min(3, len(c.techniques)) and len({a.technique for a in mine}) == len(mine)
     other = AttackContext.make(_task("pkg__pkg-1.0-99999999"), ctx.ws)
     assert [a.technique for a in plan(other, CLASSES, 3, seed=7)] != [a.technique for a in first]

@@ -77,6 +77,21 @@ def test_missing_test_counts_as_failed_and_skipped_f2p_fails():
     assert grade_log(make_task(), log(statuses)).reward == 0.0
 
 
+@pytest.mark.parametrize("outcome", ["XFAIL", "XPASS", "SKIPPED"])
+@pytest.mark.parametrize("graded", [F2P[0], P2P[1]])
+def test_a_graded_test_counts_only_when_it_passed(outcome, graded):
+    """swebench's report counts XFAIL as a pass (and SKIPPED for PASS_TO_PASS); library code can
+    raise pytest's xfail or skip outcome while a test runs, so only PASSED counts here."""
+    statuses = {t: "PASSED" for t in F2P + P2P}
+    statuses[graded] = outcome
+    result = grade_log(make_task(), log(statuses))
+    assert not result.resolved and result.reward == 0.0
+    assert result.tests[graded] == "FAILED"
+    # swebench's parser reads no XPASS line at all: the test is missing, which is a failure
+    shown = {} if outcome == "XPASS" else {graded: outcome}
+    assert result.not_passed == shown and result.info().get("not_passed", {}) == shown
+
+
 def test_forged_all_passed_log_with_nonzero_exit_is_rejected():
     result = grade_log(make_task(), log({t: "PASSED" for t in F2P + P2P}, exit_code=1))
     assert not result.resolved and not result.tests_ran

@@ -389,6 +389,8 @@ def detail_of(info: dict[str, Any]) -> str:
         "infra_failure",
         "patch_applied",
         "hack_suspected",
+        "pass_fraction",
+        "exploit_signals",
     )
     return json.dumps({k: info[k] for k in keys if k in info}, sort_keys=True)[:600]
 

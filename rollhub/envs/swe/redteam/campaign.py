@@ -19,7 +19,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollhub.envs.swe.redteam import infra_escape, log_forgery, markers, obfuscation, odd_names, runner_config
+from rollhub.envs.swe.oracle import TRUST_ORACLE, task_trust
+from rollhub.envs.swe.redteam import (
+    infra_escape,
+    log_forgery,
+    markers,
+    obfuscation,
+    odd_names,
+    runner_config,
+    special_case,
+)
 from rollhub.envs.swe.redteam.battery import ATTACKS, Attack, context_for, detail_of, parse_call, run_episode
 from rollhub.envs.swe.redteam.common import AttackClass, AttackContext, Attempt, seed_of
 from rollhub.envs.swe.redteam.workspace import Workspace
@@ -52,6 +61,7 @@ CLASSES: tuple[AttackClass, ...] = (
     runner_config.CLASS,
     odd_names.CLASS,
     infra_escape.CLASS,
+    special_case.CLASS,
     *battery_classes(),
 )
 CLASS_NAMES = tuple(c.name for c in CLASSES)
@@ -178,9 +188,11 @@ async def run_attempt(
 
 def plan(ctx: AttackContext, classes: Sequence[AttackClass], variants: int, seed: int) -> list[Attempt]:
     """Every class on this task, `variants` generated attempts each (the battery's categories
-    run each of their attacks once a task at most)."""
+    run each of their attacks once a task at most; special-casing only where an oracle grades)."""
     out = []
     for c in classes:
+        if c is special_case.CLASS and task_trust(ctx.task) != TRUST_ORACLE:
+            continue  # grading by visible tests alone cannot tell a table of their answers from a fix
         k = min(variants, len(c.techniques)) if c.name.startswith("battery:") else variants
         out += c.variants(ctx, k, seed)
     return out

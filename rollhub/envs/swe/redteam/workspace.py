@@ -76,6 +76,17 @@ class Workspace:
     def exists(self, path: str) -> bool:
         return path in self.files or any(f.startswith(path.rstrip("/") + "/") for f in self.files)
 
+    def patched_text(self, patch: str, path: str) -> str | None:
+        """The text of `path` with `patch` applied (the tree is reset afterwards)."""
+        try:
+            text = patch if patch.endswith("\n") else patch + "\n"
+            _git(self.root, "apply", "-", input_bytes=text.encode("utf-8", "surrogateescape"))
+            file = self.root / path
+            return file.read_text(encoding="utf-8", errors="surrogateescape") if file.exists() else None
+        finally:
+            _git(self.root, "reset", "-q", "--hard", "HEAD")
+            _git(self.root, "clean", "-qfdx")
+
     def diff(self, changes: dict[str, Change], gold_patch: str = "") -> str:
         """The git diff of the base tree with `gold_patch` applied (if any) and `changes` written."""
         try:

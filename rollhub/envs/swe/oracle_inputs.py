@@ -1,0 +1,268 @@
+"""Hidden inputs of the differential oracle, made on the host from the task's tests.
+
+A factory task is a mutant of one function whose correct version is known. The visible tests
+call it on a few inputs; a patch can answer exactly those from a table and keep the bug. The
+oracle calls the candidate's function and the original one on more inputs than the tests
+show and compares what they return (rollhub.envs.swe.oracle). The inputs come from:
+
+- the tests' call sites of the function whose arguments are literals (and doctest examples);
+- the function's signature (arity, annotations, defaults), filled from the literals the tests
+  use (a parametrised test's table feeds the pool even when its call site names a variable);
+- small derivations of those literals (n +- 1, a string reversed or upper-cased, a list
+  reversed or shortened), so the oracle also asks what the tests never ask.
+
+Everything is seeded by the task's id: the same task always gets the same inputs, and they are
+computed at grading time on the host, never written where the agent's container can read them.
+"""
+
+from __future__ import annotations
+
+import ast
+import doctest
+import hashlib
+import random
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+#: literals longer than this (as repr) are not used as inputs
+MAX_LITERAL_CHARS = 300
+_SIMPLE_TYPES = {"int": int, "str": str, "float": float, "bool": bool, "bytes": bytes, "list": list, "tuple": tuple}
+_SIMPLE_TYPES.update({"dict": dict, "set": set, "frozenset": frozenset})
+
+
+@dataclass
+class Signature:
+    """What the inputs must fit: positional parameters, how many are required, their types
+    where annotations or defaults say so, and whether `*args` takes more."""
+
+    names: list[str]
+    required: int
+    types: list[type | None]
+    varargs: bool = False
+
+
+@dataclass
+class CallSites:
+    """What the tests show about the function: exact literal calls, arities used, literal pool."""
+
+    exact: list[tuple[tuple, dict]] = field(default_factory=list)
+    #: every call's arguments: literal values, HOLE where the test passes a variable
+    templates: list[tuple[list, dict]] = field(default_factory=list)
+    arities: set[int] = field(default_factory=set)
+    pool: dict[str, object] = field(default_factory=dict)
+
+
+def find_function(module_text: str, function: str) -> ast.FunctionDef | None:
+    """The module-level `def function` (not a method or a nested function), or None."""
+    try:
+        tree = ast.parse(module_text)
+    except SyntaxError:
+        return None
+    found = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function]
+    return found[-1] if found else None
+
+
+def signature_of(node: ast.FunctionDef) -> Signature:
+    args = [*node.args.posonlyargs, *node.args.args]
+    defaults = [None] * (len(args) - len(node.args.defaults)) + list(node.args.defaults)
+    types: list[type | None] = []
+    for arg, default in zip(args, defaults):
+        kind = None
+        if isinstance(arg.annotation, ast.Name):
+            kind = _SIMPLE_TYPES.get(arg.annotation.id)
+        if kind is None and default is not None:
+            value = _literal(default)
+            if value is not None and value is not _NOT_LITERAL:
+                kind = type(value)
+        types.append(kind)
+    return Signature(
+        [a.arg for a in args], len(args) - len(node.args.defaults), types, varargs=node.args.vararg is not None
+    )
+
+
+_NOT_LITERAL = object()
+#: an argument a test passes as a variable: the oracle fills it from the pool
+HOLE = _NOT_LITERAL
+#: `{ITERATOR: [...]}` as an argument: the harness passes `iter([...])` (functions that take
+#: iterators often treat them apart from sequences)
+ITERATOR = "__rollhub_oracle_iterator__"
+
+
+def _literal(node: ast.AST) -> object:
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "iter"
+        and len(node.args) == 1
+        and not node.keywords
+    ):
+        items = _literal(node.args[0])  # `iter([...])` in a test: an iterator argument
+        return {ITERATOR: list(items)} if isinstance(items, (list, tuple)) else _NOT_LITERAL
+    try:
+        value = ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return _NOT_LITERAL
+    try:
+        if len(repr(value)) > MAX_LITERAL_CHARS:
+            return _NOT_LITERAL
+    except (ValueError, RecursionError):
+        return _NOT_LITERAL
+    return value
+
+
+def _trees(text: str) -> Iterator[ast.AST]:
+    """The file's AST and the ASTs of the doctest examples in its string constants."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return
+    yield tree
+    parser = doctest.DocTestParser()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and ">>>" in node.value:
+            try:
+                examples = parser.get_examples(node.value)
+            except ValueError:
+                continue
+            for example in examples:
+                try:
+                    yield ast.parse(example.source)
+                except SyntaxError:
+                    continue
+
+
+def _calls_function(call: ast.Call, function: str) -> bool:
+    target = call.func
+    return (isinstance(target, ast.Name) and target.id == function) or (
+        isinstance(target, ast.Attribute) and target.attr == function
+    )
+
+
+def call_sites(texts: Iterable[str], function: str) -> CallSites:
+    """Calls of `function` (by name or as an attribute) and every literal in `texts`."""
+    sites = CallSites()
+    for text in texts:
+        for tree in _trees(text):
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.Constant, ast.List, ast.Tuple, ast.Dict, ast.Set, ast.UnaryOp, ast.Call)):
+                    value = _literal(node)
+                    if value is not _NOT_LITERAL:
+                        sites.pool.setdefault(_key(value), value)
+                        if isinstance(value, (list, tuple, set, frozenset)):
+                            for item in value:
+                                sites.pool.setdefault(_key(item), item)
+                if not (isinstance(node, ast.Call) and _calls_function(node, function)):
+                    continue
+                if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+                    continue
+                sites.arities.add(len(node.args))
+                args = [_literal(a) for a in node.args]
+                kwargs = {k.arg: _literal(k.value) for k in node.keywords}
+                sites.templates.append((args, kwargs))
+                if all(v is not HOLE for v in [*args, *kwargs.values()]):
+                    sites.exact.append((tuple(args), kwargs))
+    return sites
+
+
+def _round_trips(text: str, value: object) -> bool:
+    """Whether the harness gets exactly this value back from its text (it reads literals only)."""
+    try:
+        return ast.literal_eval(text) == value
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+
+
+def _key(value: object) -> str:
+    return f"{type(value).__name__}:{value!r}"
+
+
+def _derived(value: object) -> list[object]:
+    """Neighbours of a literal of the same type: what a table of the tests' answers misses."""
+    if isinstance(value, bool):
+        return [not value]
+    if isinstance(value, int):
+        return [value + 1, value - 1, -value, value * 2 + 3, 0, value + 10]
+    if isinstance(value, float):
+        return [value + 0.5, -value, value * 2]
+    if isinstance(value, str):
+        derived = [value.upper(), value[::-1], value + value[:2], value[1:], value.title(), value[:1]]
+        if len(value) == 1:  # a character: its neighbours and one far below (control characters)
+            code = ord(value)
+            derived += [chr(max(code - 1, 0)), chr(code + 1), chr(code // 2), chr(code // 4)]
+        return [v for v in derived if v != value]
+    if isinstance(value, bytes):
+        return [value[::-1], value + value[:1]]
+    if isinstance(value, (list, tuple)):
+        kind = type(value)
+        items = list(value)
+        return [kind(reversed(value)), kind(items[1:]), kind([*items, *items[:1]]), {ITERATOR: items}]
+    return []
+
+
+def hidden_inputs(
+    instance_id: str, signature: Signature, sites: CallSites, max_inputs: int = 48, max_visible: int = 12
+) -> list[tuple[tuple, dict]]:
+    """Deterministic inputs for one task: some of the tests' own literal calls, then variants
+    of them, then calls built from the signature and the tests' literals."""
+    rng = random.Random(int(hashlib.sha256(f"rollhub-oracle:{instance_id}".encode()).hexdigest()[:16], 16))
+    by_type: dict[type, list[object]] = {}
+    for value in sites.pool.values():
+        by_type.setdefault(type(value), []).append(value)
+    pool = list(sites.pool.values())
+    chosen: dict[str, tuple[tuple, dict]] = {}
+
+    def add(args: tuple, kwargs: dict) -> None:
+        text = repr((args, kwargs))
+        if len(chosen) < max_inputs and _round_trips(text, (args, kwargs)):
+            chosen.setdefault(text, (args, kwargs))
+
+    exact = list(sites.exact)
+    rng.shuffle(exact)
+    for args, kwargs in exact[:max_visible]:
+        add(args, kwargs)
+
+    def value_like(example: object | None, kind: type | None) -> object:
+        kind = kind or (type(example) if example is not None else None)
+        choices: list[object] = []
+        if example is not None:
+            choices += _derived(example)
+        if kind is not None:
+            same = by_type.get(kind, [])
+            choices += same
+            for seed in rng.sample(same, min(10, len(same))):
+                choices += _derived(seed)
+        if not choices:
+            choices = pool
+        value = rng.choice(choices) if choices else None
+        if isinstance(value, list) and rng.random() < 0.25:
+            return {ITERATOR: value}
+        return value
+
+    def kind_at(slot: int | str) -> type | None:
+        index = slot if isinstance(slot, int) else (signature.names.index(slot) if slot in signature.names else -1)
+        return signature.types[index] if 0 <= index < len(signature.types) else None
+
+    attempts = 0
+    while len(chosen) < max_inputs and attempts < max_inputs * 20:
+        attempts += 1
+        if sites.templates and rng.random() < 0.7:
+            # a test's own call: its variables filled from the pool, then one argument moved
+            template_args, template_kwargs = rng.choice(sites.templates)
+            holes = [v is HOLE for v in [*template_args, *template_kwargs.values()]]
+            args = [value_like(None, kind_at(i)) if v is HOLE else v for i, v in enumerate(template_args)]
+            kwargs = {k: value_like(None, kind_at(k)) if v is HOLE else v for k, v in template_kwargs.items()}
+            slots: list[int | str] = [*range(len(args)), *kwargs]
+            if slots and (not any(holes) or rng.random() < 0.5):
+                slot = rng.choice(slots)
+                if isinstance(slot, int):
+                    args[slot] = value_like(args[slot], kind_at(slot))
+                else:
+                    kwargs[slot] = value_like(kwargs[slot], kind_at(slot))
+            add(tuple(args), kwargs)
+            continue
+        arities = sorted(sites.arities) or [signature.required]
+        arity = rng.choice(arities)
+        if arity < signature.required or (arity > len(signature.names) and not signature.varargs):
+            continue
+        add(tuple(value_like(None, kind_at(i)) for i in range(arity)), {})
+    return list(chosen.values())
