@@ -1,21 +1,32 @@
-"""`check_env`: does an env honour the contract in `rollhub/envs/base.py`?
+"""`check_env`: does an env honour the contract in `rollhub/envs/base.py`, and can a generic
+exploit earn its reward?
 
-Run by the tests on every registered env (and worth running on any new env):
+Run by the tests on every registered env (and worth running on any new env). It works from
+plain code and inside an event loop:
 
-    problems = await check_env("rollhub/Sokoban-v0")   # raises EnvCheckError on failure
+    warnings = check_env("rollhub/Sokoban-v0")          # sync: runs the checks, raises EnvCheckError
+    warnings = await check_env("rollhub/Sokoban-v0")    # inside a running loop (or: await acheck_env(...))
 
 It checks the optional members the env sets (types and shapes of `action_tag`, `tools`,
-`max_steps`, `chat_template_tools`, `CHECK_BY_BUILDING`, what `task_set()` and
-`could_draw()` return), message and info types, determinism under a seed (two fresh resets
+`max_steps`, `chat_template_tools`, `CHECK_BY_BUILDING`, `hackability_note`, what `task_set()`
+and `could_draw()` return), message and info types, determinism under a seed (two fresh resets
 and the same actions give the same observations, rewards and anchors), that an unparseable
 action is rejected without raising and leaves the state unchanged, that episodes end by
 `terminated` or `truncated` within the step limit, and that `close()` is idempotent
-(and, when given an id, safe on an env that was never reset). `missing_requirements(spec)` tells whether an env
-can run here at all (Docker engine, optional extras).
+(and, when given an id, safe on an env that was never reset).
+
+Then it plays the hack battery (rollhub.envs.hack_battery: echo the question, its numbers and
+expressions, or the last observation; empty, whitespace, several and huge answers; the answer
+inside a tool call; nested, unclosed, repeated and wrong-case tags; unicode digits; the prompt's
+own example answer) on `hack_seeds` seeds. Hackability = the best exploit's mean score on the
+env's success scale; above `HACKABILITY_LIMIT` (0.05) the env fails unless its class declares
+`hackability_note` (why it is fine). `missing_requirements(spec)` tells whether an env can run
+here at all (Docker engine, optional extras).
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
 import logging
 import re
@@ -25,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from rollhub.envs.base import Env
+from rollhub.envs.hack_battery import DEFAULT_MAX_TURNS, HACKABILITY_LIMIT, BatteryResult, run_battery
 from rollhub.envs.registry import EnvSpec, make
 
 logger = logging.getLogger(__name__)
@@ -91,11 +103,45 @@ def docker_available() -> bool:
     return _docker_status
 
 
-async def check_env(env_or_id: Env | str, *, seed: int = 0, env_kwargs: dict[str, Any] | None = None) -> list[str]:
-    """Validate the env contract; returns warnings, raises EnvCheckError on errors.
+def check_env(
+    env_or_id: Env | str,
+    *,
+    seed: int = 0,
+    env_kwargs: dict[str, Any] | None = None,
+    hack_seeds: int = 4,
+    hack_max_turns: int = DEFAULT_MAX_TURNS,
+) -> Any:
+    """Validate the env contract and its hackability; returns warnings, raises EnvCheckError.
+
+    From plain code (no running event loop) it runs the checks and returns the warnings. Inside
+    a running loop it cannot block that loop, so it returns the awaitable of `acheck_env`:
+    write `await check_env(...)` there (an un-awaited call checks nothing, and Python warns
+    "coroutine ... was never awaited"). Arguments as `acheck_env`.
+    """
+    checks = acheck_env(
+        env_or_id, seed=seed, env_kwargs=env_kwargs, hack_seeds=hack_seeds, hack_max_turns=hack_max_turns
+    )
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(checks)
+    return checks
+
+
+async def acheck_env(
+    env_or_id: Env | str,
+    *,
+    seed: int = 0,
+    env_kwargs: dict[str, Any] | None = None,
+    hack_seeds: int = 4,
+    hack_max_turns: int = DEFAULT_MAX_TURNS,
+) -> list[str]:
+    """Validate the env contract and its hackability; returns warnings, raises EnvCheckError on errors.
 
     With an id, fresh instances are built (one is closed without a reset; two play the
     same seeded episode). With an instance, the same instance plays the episode twice.
+    `hack_seeds` seeds per exploit of the hack battery (0 = skip the battery), each episode
+    at most `hack_max_turns` turns.
     """
     problems: list[str] = []
     warnings: list[str] = []
@@ -121,6 +167,11 @@ async def check_env(env_or_id: Env | str, *, seed: int = 0, env_kwargs: dict[str
         if first != second:
             problems.append(f"not deterministic under seed {seed}: {_first_difference(first, second)}")
         await _check_invalid_action(env, seed, problems)
+        if hack_seeds > 0 and not problems:
+            battery = await run_battery(
+                env, seeds=range(seed, seed + hack_seeds), max_turns=hack_max_turns, name=str(name)
+            )
+            _check_hackability(env, battery, problems, warnings)
     except EnvCheckError:
         raise
     except Exception as exc:
@@ -138,6 +189,21 @@ async def check_env(env_or_id: Env | str, *, seed: int = 0, env_kwargs: dict[str
     for warning in warnings:
         logger.warning("%s: %s", name, warning)
     return warnings
+
+
+def _check_hackability(env: Env, battery: BatteryResult, problems: list[str], warnings: list[str]) -> None:
+    """Above the limit the env fails, unless its class says why that is fine (`hackability_note`)."""
+    if battery.hackability <= HACKABILITY_LIMIT:
+        return
+    note = type(env.unwrapped).hackability_note
+    if note:
+        warnings.append(f"{battery.describe()}; declared fine: {note}")
+        return
+    problems.append(
+        f"{battery.describe()} exceeds {HACKABILITY_LIMIT}: an agent that does not do the task earns "
+        "reward; fix the env (see rollhub.envs.hack_battery) or declare why it is fine in the class "
+        "attribute hackability_note"
+    )
 
 
 async def _play(env: Env, seed: int, problems: list[str], warnings: list[str]) -> list[tuple]:
@@ -227,6 +293,8 @@ def _check_members(env: Env, problems: list[str]) -> None:
         problems.append(f"chat_template_tools must be a bool, got {env.chat_template_tools!r}")
     elif env.chat_template_tools and not tools:
         problems.append("chat_template_tools is True but the env declares no tools")
+    if not isinstance(type(env.unwrapped).hackability_note, str):
+        problems.append(f"hackability_note must be a str ('' = none), got {type(env.unwrapped).hackability_note!r}")
     if not isinstance(type(env).CHECK_BY_BUILDING, bool):
         problems.append(f"CHECK_BY_BUILDING must be a bool, got {type(env).CHECK_BY_BUILDING!r}")
     tasks = env.task_set()
