@@ -20,6 +20,11 @@ unparseable reply when it has none; `expert`: its scripted expert) and writes on
 
 Both predictions count env time only (no model): they say how much the env's own latency
 spread leaves for env-level asynchrony to take.
+
+Then the hack battery (rollhub.envs.hack_battery) plays its generic exploits on `hack_seeds`
+seeds (default 4; 0 skips it): the card gets `hackability` (the best exploit's mean score), its
+scale (`reward`: returns in [0, 1]; `success`: shaped rewards, scored by `info["success"]`),
+the best exploit's name and every exploit's score.
 """
 
 from __future__ import annotations
@@ -118,6 +123,7 @@ async def measure(
     env_kwargs: dict[str, Any] | None = None,
     batch: int = 32,
     tokenizer: str | None = None,
+    hack_seeds: int = 4,
 ) -> dict[str, Any]:
     """Play the episodes and return the card (see the module docstring)."""
     from rollhub.envs.registry import make, source_of, spec
@@ -175,6 +181,7 @@ async def measure(
     finally:
         await env.close()
         containers.sample()
+    hack = await _hackability(env_id, env_kwargs, hack_seeds, seed) if hack_seeds > 0 else {}
     return {
         "env": env_id,
         "source": source_of(env_id),
@@ -197,7 +204,22 @@ async def measure(
         "tokenizer": tokenizer or "tiny-bpe",
         "batch": batch,
         **predicted_speedups(per_episode, batch, seed),
+        **hack,
     }
+
+
+async def _hackability(env_id: str, env_kwargs: dict[str, Any] | None, seeds: int, seed: int) -> dict[str, Any]:
+    """The hack battery's card fields, on a fresh env (not counted in the latency figures)."""
+    from rollhub.envs.hack_battery import run_battery
+    from rollhub.envs.registry import make
+
+    env = make(env_id, **(env_kwargs or {}))
+    try:
+        result = await run_battery(env, seeds=range(seed, seed + seeds), name=env_id)
+    finally:
+        await env.close()
+    print(f"  {result.describe()}")
+    return result.card_fields()
 
 
 def _action(env: Any, policy: str, rng: np.random.Generator) -> str:
@@ -216,7 +238,9 @@ def _overrides(items: list[str]) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep:
-            raise UserError(f"--set {item}: expected KEY=VALUE (episodes, seed, policy, batch, kwargs, tokenizer)")
+            raise UserError(
+                f"--set {item}: expected KEY=VALUE (episodes, seed, policy, batch, kwargs, tokenizer, hack_seeds)"
+            )
         out[key.strip()] = value
     return out
 
@@ -241,6 +265,7 @@ def run(args: Any) -> dict[str, Any]:
             env_kwargs=json.loads(options["kwargs"]) if "kwargs" in options else None,
             batch=int(options.get("batch", 32)),
             tokenizer=options.get("tokenizer"),
+            hack_seeds=int(options.get("hack_seeds", 4)),
         )
     )
     out = Path(args.out if args.out != "runs/bench/env" else f"runs/bench/env/{_file_name(env_id)}")
@@ -270,6 +295,13 @@ def _file_name(env_id: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in env_id)[:120]
 
 
+def _hack_cell(card: dict[str, Any]) -> str:
+    if "hackability" not in card:
+        return "not measured"
+    best = f", {card['hackability_best_exploit']}" if card["hackability"] > 0 else ""
+    return f"{card['hackability']:.2f} ({card['hackability_scale']}{best})"
+
+
 COLUMNS = (
     ("env", "env"),
     ("source", "source"),
@@ -282,6 +314,7 @@ COLUMNS = (
     ("tokens/ep", lambda c: f"{c['tokens_per_episode']:.0f}"),
     ("lockstep/async", lambda c: f"{c['lockstep_over_env_async']:.2f}"),
     ("Prop.2 S(1)/S(inf)", lambda c: f"{c['prop2_bound_alpha1']:.2f} / {c['prop2_bound_inf']:.2f}"),
+    ("hackability (scale, best exploit)", _hack_cell),
 )
 
 

@@ -259,8 +259,8 @@ class BatteryResult:
 
     @property
     def best(self) -> ExploitResult | None:
-        played = [r for r in self.exploits.values() if r.scores]
-        return max(played, key=lambda r: (r.mean_score, r.name)) if played else None
+        scored = [r for r in self.exploits.values() if r.mean_score > 0]
+        return max(scored, key=lambda r: (r.mean_score, r.name)) if scored else None
 
     @property
     def hackability(self) -> float:
@@ -270,7 +270,7 @@ class BatteryResult:
     def describe(self) -> str:
         best = self.best
         if best is None:
-            return "no exploit could be scored"
+            return f"hackability 0.00 ({self.scale} scale): no exploit scored over seeds {self.seeds}"
         return (
             f"hackability {self.hackability:.2f} ({self.scale} scale): best exploit '{best.name}' "
             f"({_WHAT.get(best.name, '')}) over seeds {self.seeds}"

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollhub.trainer.evaluate import EvalResult
+from rollhub.trainer.exploit_trend import rising_exploit_warnings
 from rollhub.trainer.metrics import plot_learning_curve, read_jsonl
 from rollhub.trainer.run import Run
 from rollhub.trainer.run_dir import warmstart_greedy, warmstart_record
@@ -66,6 +67,7 @@ def report(
         },
         "wall_s": wall,
         "phases_s": run.phases,
+        "exploit_warnings": rising_exploit_warnings(records),
     }
     (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     if before is not None:
@@ -97,4 +99,6 @@ def report(
                 else "it is the last step's"
             )
         )
+    for line in rising_exploit_warnings(records):
+        print_fn(line)
     return TrainingSummary(run.run_dir, warmstart, final, state.version, wall, run.phases, last, selected_step)

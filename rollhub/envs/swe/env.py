@@ -383,6 +383,10 @@ class SWEEnv(Env):
             "patch_chars": float(len(patch)),
             "hack_suspected": float(bool(outcome.grade.hack_suspected)),
         }
+        info["exploit_signals"] = {  # rollhub.envs.base: the grader's own suspicions, as rates in training
+            "hack_suspected": bool(outcome.grade.hack_suspected),
+            "patch_rejected": bool(outcome.sanitized is not None and outcome.sanitized.rejected),
+        }
         if outcome.model_failure:
             verdict = f"not resolved: {outcome.model_failure}"
         elif outcome.sanitized is not None and outcome.sanitized.rejected:
