@@ -259,8 +259,8 @@ class BatteryResult:
 
     @property
     def best(self) -> ExploitResult | None:
-        scored = [r for r in self.exploits.values() if r.mean_score > 0]
-        return max(scored, key=lambda r: (r.mean_score, r.name)) if scored else None
+        scored = [r for r in self.exploits.values() if r.mean_score > 0]  # in battery order: ties go to the first
+        return max(scored, key=lambda r: r.mean_score) if scored else None
 
     @property
     def hackability(self) -> float:
