@@ -22,9 +22,10 @@ Both predictions count env time only (no model): they say how much the env's own
 spread leaves for env-level asynchrony to take.
 
 Then the hack battery (rollhub.envs.hack_battery) plays its generic exploits on `hack_seeds`
-seeds (default 4; 0 skips it): the card gets `hackability` (the best exploit's mean score), its
-scale (`reward`: returns in [0, 1]; `success`: shaped rewards, scored by `info["success"]`),
-the best exploit's name and every exploit's score.
+seeds (default 4; 0 skips it), `hack_max_turns` turns at most per episode (default 8): the card
+gets `hackability` (the best exploit's mean score), its scale (`reward`: returns in [0, 1];
+`success`: shaped rewards, scored by `info["success"]`), the best exploit's name and every
+exploit's score.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from rollhub.bench import theory
+from rollhub.envs.hack_battery import DEFAULT_MAX_TURNS
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -124,6 +126,7 @@ async def measure(
     batch: int = 32,
     tokenizer: str | None = None,
     hack_seeds: int = 4,
+    hack_max_turns: int = DEFAULT_MAX_TURNS,
 ) -> dict[str, Any]:
     """Play the episodes and return the card (see the module docstring)."""
     from rollhub.envs.registry import make, source_of, spec
@@ -181,7 +184,7 @@ async def measure(
     finally:
         await env.close()
         containers.sample()
-    hack = await _hackability(env_id, env_kwargs, hack_seeds, seed) if hack_seeds > 0 else {}
+    hack = await _hackability(env_id, env_kwargs, hack_seeds, hack_max_turns, seed) if hack_seeds > 0 else {}
     return {
         "env": env_id,
         "source": source_of(env_id),
@@ -208,18 +211,20 @@ async def measure(
     }
 
 
-async def _hackability(env_id: str, env_kwargs: dict[str, Any] | None, seeds: int, seed: int) -> dict[str, Any]:
+async def _hackability(
+    env_id: str, env_kwargs: dict[str, Any] | None, seeds: int, max_turns: int, seed: int
+) -> dict[str, Any]:
     """The hack battery's card fields, on a fresh env (not counted in the latency figures)."""
     from rollhub.envs.hack_battery import run_battery
     from rollhub.envs.registry import make
 
     env = make(env_id, **(env_kwargs or {}))
     try:
-        result = await run_battery(env, seeds=range(seed, seed + seeds), name=env_id)
+        result = await run_battery(env, seeds=range(seed, seed + seeds), max_turns=max_turns, name=env_id)
     finally:
         await env.close()
     print(f"  {result.describe()}")
-    return result.card_fields()
+    return {**result.card_fields(), "hackability_note": type(env.unwrapped).hackability_note}
 
 
 def _action(env: Any, policy: str, rng: np.random.Generator) -> str:
@@ -239,7 +244,8 @@ def _overrides(items: list[str]) -> dict[str, str]:
         key, sep, value = item.partition("=")
         if not sep:
             raise UserError(
-                f"--set {item}: expected KEY=VALUE (episodes, seed, policy, batch, kwargs, tokenizer, hack_seeds)"
+                f"--set {item}: expected KEY=VALUE "
+                "(episodes, seed, policy, batch, kwargs, tokenizer, hack_seeds, hack_max_turns)"
             )
         out[key.strip()] = value
     return out
@@ -266,6 +272,7 @@ def run(args: Any) -> dict[str, Any]:
             batch=int(options.get("batch", 32)),
             tokenizer=options.get("tokenizer"),
             hack_seeds=int(options.get("hack_seeds", 4)),
+            hack_max_turns=int(options.get("hack_max_turns", DEFAULT_MAX_TURNS)),
         )
     )
     out = Path(args.out if args.out != "runs/bench/env" else f"runs/bench/env/{_file_name(env_id)}")
@@ -299,7 +306,8 @@ def _hack_cell(card: dict[str, Any]) -> str:
     if "hackability" not in card:
         return "not measured"
     best = f", {card['hackability_best_exploit']}" if card["hackability"] > 0 else ""
-    return f"{card['hackability']:.2f} ({card['hackability_scale']}{best})"
+    noted = "; noted" if card.get("hackability_note") else ""
+    return f"{card['hackability']:.2f} ({card['hackability_scale']}{best}{noted})"
 
 
 COLUMNS = (

@@ -42,6 +42,8 @@ from rollhub.envs.registry import EnvSpec, make
 logger = logging.getLogger(__name__)
 
 GARBAGE_ACTION = "I am not sure what to do here."
+#: wall time after which the hack battery starts no new seed (in-process envs finish far sooner)
+HACK_BUDGET_S = 60.0
 REQUIRED_STEP_INFO = ("anchor", "success", "action_valid", "format_ok")
 
 
@@ -110,6 +112,7 @@ def check_env(
     env_kwargs: dict[str, Any] | None = None,
     hack_seeds: int = 4,
     hack_max_turns: int = DEFAULT_MAX_TURNS,
+    hack_budget_s: float = HACK_BUDGET_S,
 ) -> Any:
     """Validate the env contract and its hackability; returns warnings, raises EnvCheckError.
 
@@ -119,7 +122,12 @@ def check_env(
     "coroutine ... was never awaited"). Arguments as `acheck_env`.
     """
     checks = acheck_env(
-        env_or_id, seed=seed, env_kwargs=env_kwargs, hack_seeds=hack_seeds, hack_max_turns=hack_max_turns
+        env_or_id,
+        seed=seed,
+        env_kwargs=env_kwargs,
+        hack_seeds=hack_seeds,
+        hack_max_turns=hack_max_turns,
+        hack_budget_s=hack_budget_s,
     )
     try:
         asyncio.get_running_loop()
@@ -135,13 +143,15 @@ async def acheck_env(
     env_kwargs: dict[str, Any] | None = None,
     hack_seeds: int = 4,
     hack_max_turns: int = DEFAULT_MAX_TURNS,
+    hack_budget_s: float = HACK_BUDGET_S,
 ) -> list[str]:
     """Validate the env contract and its hackability; returns warnings, raises EnvCheckError on errors.
 
     With an id, fresh instances are built (one is closed without a reset; two play the
     same seeded episode). With an instance, the same instance plays the episode twice.
     `hack_seeds` seeds per exploit of the hack battery (0 = skip the battery), each episode
-    at most `hack_max_turns` turns.
+    at most `hack_max_turns` turns; no new seed starts after `hack_budget_s` seconds of it (an
+    env that starts a container per episode plays fewer seeds, never fewer than one).
     """
     problems: list[str] = []
     warnings: list[str] = []
@@ -169,7 +179,11 @@ async def acheck_env(
         await _check_invalid_action(env, seed, problems)
         if hack_seeds > 0 and not problems:
             battery = await run_battery(
-                env, seeds=range(seed, seed + hack_seeds), max_turns=hack_max_turns, name=str(name)
+                env,
+                seeds=range(seed, seed + hack_seeds),
+                max_turns=hack_max_turns,
+                name=str(name),
+                budget_s=hack_budget_s,
             )
             _check_hackability(env, battery, problems, warnings)
     except EnvCheckError:

@@ -31,6 +31,7 @@ import dataclasses
 import json
 import logging
 import re
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -313,25 +314,33 @@ async def run_battery(
     max_turns: int = DEFAULT_MAX_TURNS,
     exploits: tuple[Exploit, ...] = EXPLOITS,
     name: str | None = None,
+    budget_s: float | None = None,
 ) -> BatteryResult:
-    """Play every exploit on every seed through `env` (reset between episodes; the caller closes it)."""
+    """Play every exploit on every seed through `env` (reset between episodes; the caller closes it).
+
+    Seeds are played in rounds (every exploit on one seed, then the next seed). With `budget_s`,
+    no new round starts once that much wall time has passed, so an env whose every episode starts
+    a container gets fewer seeds instead of minutes; the first round always runs, and the result
+    lists the seeds played."""
     turns = max(1, min(max_turns, env.max_steps))
     tool_arguments = _tool_arguments(env)
-    results: dict[str, ExploitResult] = {}
-    skipped: list[str] = []
+    results = {exploit.name: ExploitResult(exploit.name) for exploit in exploits}
+    played: dict[str, int] = dict.fromkeys(results, 0)
     episodes: list[tuple[str, list[float], bool]] = []  # (exploit, rewards, success) for the scale
-    for exploit in exploits:
-        result = ExploitResult(exploit.name)
-        played = 0
-        for seed in seeds:
-            episode = await _episode(env, exploit, seed, turns, tool_arguments, result)
+    seeds_played: list[int] = []
+    started = time.perf_counter()
+    for seed in seeds:
+        if budget_s is not None and seeds_played and time.perf_counter() - started > budget_s:
+            logger.info("hack battery: %s seeds of %s played within %.0f s", len(seeds_played), len(seeds), budget_s)
+            break
+        seeds_played.append(seed)
+        for exploit in exploits:
+            episode = await _episode(env, exploit, seed, turns, tool_arguments, results[exploit.name])
             if episode is not None:
                 episodes.append((exploit.name, *episode))
-                played += 1
-        if played or result.raised or result.infra_failures:
-            results[exploit.name] = result
-        else:
-            skipped.append(exploit.name)
+                played[exploit.name] += 1
+    skipped = [n for n, r in results.items() if not (played[n] or r.raised or r.infra_failures)]
+    results = {n: r for n, r in results.items() if n not in skipped}
     rewards = [r for _, rs, _ in episodes for r in rs]
     scale = "reward" if all(0.0 <= r <= 1.0 for r in rewards) else "success"
     for exploit_name, rs, success in episodes:
@@ -339,7 +348,7 @@ async def run_battery(
         results[exploit_name].scores.append(score)
     for result in results.values():  # a step that raised scored 0 (in neither list above)
         result.scores.extend([0.0] * result.raised)
-    return BatteryResult(name or type(env).__name__, list(seeds), turns, scale, results, skipped)
+    return BatteryResult(name or type(env).__name__, seeds_played, turns, scale, results, skipped)
 
 
 async def _episode(

@@ -300,3 +300,9 @@ async def test_check_env_is_awaited_inside_a_running_loop():
     assert await acheck_env(QuestionEnv()) == []
     with pytest.raises(EnvCheckError):
         await check_env(SubstringGraderEnv())
+
+
+async def test_the_time_budget_stops_new_seeds_but_plays_the_first():
+    result = await run_battery(EvaluatesExpressionsEnv(), seeds=range(5), budget_s=0.0)
+    assert result.seeds == [0] and result.hackability == 1.0
+    assert (await run_battery(QuestionEnv(), seeds=range(3), budget_s=60.0)).seeds == [0, 1, 2]
