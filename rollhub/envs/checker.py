@@ -27,10 +27,11 @@ here at all (Docker engine, optional extras).
 from __future__ import annotations
 
 import asyncio
+import collections.abc
 import importlib.metadata
 import logging
 import re
-from collections.abc import Hashable
+from collections.abc import Generator, Hashable
 from typing import Any
 
 import numpy as np
@@ -116,7 +117,8 @@ def check_env(
 ) -> Any:
     """Validate the env contract and its hackability; returns warnings, raises EnvCheckError.
 
-    From plain code (no running event loop) it runs the checks and returns the warnings. Inside
+    From plain code (no running event loop) it runs the checks and returns the warnings
+    (`CheckWarnings`, a list that `asyncio.run` also accepts, as older code calls it). Inside
     a running loop it cannot block that loop, so it returns the awaitable of `acheck_env`:
     write `await check_env(...)` there (an un-awaited call checks nothing, and Python warns
     "coroutine ... was never awaited"). Arguments as `acheck_env`.
@@ -132,8 +134,24 @@ def check_env(
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(checks)
+        return CheckWarnings(asyncio.run(checks))
     return checks
+
+
+class CheckWarnings(list, collections.abc.Coroutine):
+    """What `check_env` returns from plain code: the warnings, a list. The checks have run already;
+    it is also a finished coroutine, so code written for the async-only `check_env`
+    (`asyncio.run(check_env(...))`) keeps working and gets the same list."""
+
+    def __await__(self) -> Generator[Any, None, CheckWarnings]:
+        return self
+        yield  # a generator that finishes at once with the list
+
+    def send(self, value: Any) -> Any:
+        raise StopIteration(self)
+
+    def throw(self, *exc: Any) -> Any:
+        raise exc[1] if len(exc) > 1 and exc[1] is not None else exc[0]
 
 
 async def acheck_env(
@@ -185,7 +203,7 @@ async def acheck_env(
                 name=str(name),
                 budget_s=hack_budget_s,
             )
-            _check_hackability(env, battery, problems, warnings)
+            _check_hackability(env, battery, problems)
     except EnvCheckError:
         raise
     except Exception as exc:
@@ -205,13 +223,13 @@ async def acheck_env(
     return warnings
 
 
-def _check_hackability(env: Env, battery: BatteryResult, problems: list[str], warnings: list[str]) -> None:
+def _check_hackability(env: Env, battery: BatteryResult, problems: list[str]) -> None:
     """Above the limit the env fails, unless its class says why that is fine (`hackability_note`)."""
     if battery.hackability <= HACKABILITY_LIMIT:
         return
     note = type(env.unwrapped).hackability_note
-    if note:
-        warnings.append(f"{battery.describe()}; declared fine: {note}")
+    if note:  # the author's answer to this very finding: logged, not repeated as a warning
+        logger.info("%s; declared fine: %s", battery.describe(), note)
         return
     problems.append(
         f"{battery.describe()} exceeds {HACKABILITY_LIMIT}: an agent that does not do the task earns "

@@ -205,12 +205,26 @@ async def test_a_step_that_raises_scores_zero_for_that_exploit():
     assert result.exploits["huge_answer"].raised == 2 and result.exploits["huge_answer"].mean_score == 0.0
 
 
-async def test_a_declared_note_turns_the_failure_into_a_warning():
+async def test_a_declared_note_lets_a_hackable_env_pass(caplog):
     class Documented(EvaluatesExpressionsEnv):
         hackability_note = "a teaching example: the grader evaluates expressions on purpose"
 
-    warnings = await check_env(Documented())
-    assert len(warnings) == 1 and "declared fine: a teaching example" in warnings[0]
+    with caplog.at_level("INFO", logger="rollhub.envs.checker"):
+        assert await check_env(Documented()) == []
+    assert "declared fine: a teaching example" in caplog.text
+
+
+def test_the_sync_result_also_runs_under_asyncio_run_as_older_code_calls_it():
+    runs = []
+
+    class Counted(QuestionEnv):
+        async def reset(self, *, seed=None, options=None):
+            runs.append(seed)
+            return await super().reset(seed=seed, options=options)
+
+    assert asyncio.run(check_env(Counted())) == []
+    played_once = len(runs)
+    assert check_env(Counted()) == [] and len(runs) == 2 * played_once  # each call checks once
 
 
 class ShapedEnv(QuestionEnv):
