@@ -181,6 +181,10 @@ def _prose_ok(window: str) -> bool:
     return not (_negated(words) or any(w in _HEDGES or w in _OPERATIONS or w in _NUMBER_WORDS for w in words))
 
 
+# a variable inside arithmetic (`3x`, `x + 2`, `2*(x`): the left side is an equation, not a computation
+_ALGEBRA = re.compile(r"\d[ \t]*[A-Za-z]|[A-Za-z][ \t]*[-+*/^(]|[-+*/^)][ \t]*[A-Za-z]", re.ASCII)
+
+
 def _equation_ok(window: str) -> bool:
     """An equation whose right-hand side is the number ("23 + 19 = 42", "x = -3")."""
     left = window.rstrip(" \t" + _MARKUP)
@@ -189,6 +193,8 @@ def _equation_ok(window: str) -> bool:
     left = left[:-1]
     if re.fullmatch(r"[A-Za-z0-9 \t+\-*/^().,:=]*", left) is None or re.search(r",(?!\d{3})", left):
         return False  # a list (x = 1, y = 2) or a symbol the grammar does not know (~, <, !)
+    if _ALGEBRA.search(left):
+        return False  # an equation restated (`3x + 2 = 17`): its right-hand side is no solution
     words = _words(left)
     return not (_negated(words) or any(word in _HEDGES for word in words))
 

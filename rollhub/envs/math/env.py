@@ -4,7 +4,9 @@ The model answers inside `<answer>...</answer>` (a `\\boxed{}` inside the tag is
 untagged reply is still graded by its last `\\boxed{}` or the number its final sentence plainly
 states (`answers.stated_number`: `not 5` or `5 or 6` state none), with `info["format_ok"] = False`
 so the trainer can penalise the format if it wants to.
-Reward: 1 for a correct answer, 0 otherwise. A reply with no answer at all is an invalid
+Reward: 1 for a correct answer, 0 otherwise. Correct means a literal of the form the problem
+states (`answer_forms.py`: an integer, a reduced fraction), never an expression to evaluate:
+otherwise copying the question's expression into the tag would be paid. A reply with no answer at all is an invalid
 action (state unchanged); with the default single attempt it ends the episode by truncation.
 
 Train/test split (`split=`): `test` plays a fixed list of `test_size` distinct held-out problems
@@ -27,7 +29,8 @@ import numpy as np
 
 from rollhub.envs.base import Env, Observation, StepResult, invalid_step_info, wrap_action
 from rollhub.envs.hack_battery import echoes_question
-from rollhub.envs.math.answers import CHECK_TIME_LIMIT_S, MAX_ANSWER_CHARS, extract_answer, is_equivalent
+from rollhub.envs.math.answer_forms import answer_is_correct
+from rollhub.envs.math.answers import CHECK_TIME_LIMIT_S, MAX_ANSWER_CHARS, extract_answer
 from rollhub.envs.math.dataset import load_jsonl
 from rollhub.envs.math.problems import (
     KINDS,
@@ -38,6 +41,7 @@ from rollhub.envs.math.problems import (
     in_test_partition,
     key_in_test_partition,
     problem_key,
+    stated_question,
 )
 
 Split = Literal["all", "train", "test"]
@@ -190,7 +194,7 @@ class MathEnv(ContentSplit, Env):
         obs: Observation = [
             {"role": "system", "content": SYSTEM_PROMPT},
             *([dict(m) for m in EXAMPLE_EXCHANGE] if self.example else []),
-            {"role": "user", "content": self._problem.question},
+            {"role": "user", "content": stated_question(self._problem)},
         ]
         return obs, {"anchor": self._problem.question, "success": False, "kind": self._problem.kind}
 
@@ -212,7 +216,9 @@ class MathEnv(ContentSplit, Env):
             ]
             return obs, float(self.invalid_reward), False, out_of_attempts, info
         graded = format_ok or not self.require_format
-        correct = graded and is_equivalent(answer, problem.answer, time_limit_s=self.check_time_limit_s)
+        correct = graded and answer_is_correct(
+            answer, problem.answer, problem.answer_form, problem.unknown, time_limit_s=self.check_time_limit_s
+        )
         terminated = correct or out_of_attempts
         self._done = terminated
         info = {

@@ -25,6 +25,8 @@ from typing import Literal
 
 import numpy as np
 
+from rollhub.envs.math.answer_forms import FORM_STATEMENTS
+
 KINDS = ("arithmetic", "linear_equation", "fraction", "word")
 AnswerLength = Literal["any", "short", "long"]
 MAX_DIFFICULTY = 5
@@ -36,10 +38,26 @@ TEST_SET_SEED = 0x7E57
 
 @dataclass(frozen=True)
 class Problem:
+    """One problem. `answer_form` is the form its answer must take (`answer_forms.FORMS`; "" for a
+    dataset problem: inferred from the gold), `unknown` the variable it asks for (`x`), if any."""
+
     question: str
     answer: str
     kind: str = "dataset"
     difficulty: int = 0
+    answer_form: str = ""
+    unknown: str = ""
+
+
+def stated_question(problem: Problem) -> str:
+    """The question as the model reads it: with the sentence that states the answer's form.
+
+    Shown, not stored: the question text alone stays the problem's identity (`problem_key`), so
+    stating the form moved no problem between the train and test partitions."""
+    statement = FORM_STATEMENTS.get(problem.answer_form)
+    if statement is None or statement in problem.question:
+        return problem.question
+    return f"{problem.question} {statement}"
 
 
 def _int(rng: np.random.Generator, low: int, high: int) -> int:
@@ -62,7 +80,7 @@ def _arithmetic(rng: np.random.Generator, difficulty: int, scale: int) -> Proble
             text, term = f"{text} * {operand}", term * operand
         else:
             text, finished, term = f"{text} {op} {operand}", finished + term, operand if op == "+" else -operand
-    return Problem(f"Compute {text}.", str(finished + term), "arithmetic", difficulty)
+    return Problem(f"Compute {text}.", str(finished + term), "arithmetic", difficulty, "integer")
 
 
 def _linear_equation(rng: np.random.Generator, difficulty: int, scale: int) -> Problem:
@@ -70,6 +88,8 @@ def _linear_equation(rng: np.random.Generator, difficulty: int, scale: int) -> P
     x = _int(rng, -span, span)
     a = _int(rng, 1, 3 * difficulty) * (1 if rng.random() < 0.7 else -1)
     b = _int(rng, -10 * difficulty, 10 * difficulty)
+    if a == 1 and b == 0:  # "x = 5" would state its own answer; no extra draw keeps the stream
+        b = 1
     if difficulty >= 3:
         c = a
         while c == a:
@@ -78,7 +98,7 @@ def _linear_equation(rng: np.random.Generator, difficulty: int, scale: int) -> P
         question = f"Solve for x: {_linear(a, b)} = {_linear(c, e)}."
     else:
         question = f"Solve for x: {_linear(a, b)} = {a * x + b}."
-    return Problem(question, str(x), "linear_equation", difficulty)
+    return Problem(question, str(x), "linear_equation", difficulty, "integer", "x")
 
 
 def _linear(a: int, b: int) -> str:
@@ -100,7 +120,7 @@ def _fraction(rng: np.random.Generator, difficulty: int, scale: int) -> Problem:
         text = f"{left} {op} {_show(operand)}"
         value = value * operand if op == "*" else value + operand if op == "+" else value - operand
     question = f"Compute {text}. Give the answer as a reduced fraction."
-    return Problem(question, _show(value), "fraction", difficulty)
+    return Problem(question, _show(value), "fraction", difficulty, "fraction")
 
 
 def _show(value: Fraction) -> str:
@@ -131,7 +151,7 @@ def _word(rng: np.random.Generator, difficulty: int, scale: int) -> Problem:
             "How many pages is that in total?"
         )
         answer = a * b + c
-    return Problem(question, str(answer), "word", difficulty)
+    return Problem(question, str(answer), "word", difficulty, "integer")
 
 
 _BUILDERS = {"arithmetic": _arithmetic, "linear_equation": _linear_equation, "fraction": _fraction, "word": _word}

@@ -4,8 +4,9 @@ Both backends answer the same call with the same kind of text (what the program 
 the error line if one stopped it), so a policy trained on one reads the other alike:
 
 * `EmbeddedBackend`: `interpreter.run_code`, a bounded arithmetic interpreter over `ast` (no
-  `eval`, no Docker, microseconds a call). Programs beyond arithmetic (loops, other modules)
-  get a one-line `NotImplementedError`.
+  `eval`, no Docker), run in a limited worker process off the event loop (`tool_worker.py`; a
+  fraction of a millisecond a call). Programs beyond arithmetic (loops, other modules) get a
+  one-line `NotImplementedError`.
 * `SandboxBackend`: real `python3` in a container of a `SandboxPool` over the Docker backend
   (network off, cpu/memory/pids/disk limits, persistent shell: a command costs a spawn, not a
   `docker exec`). One container per episode, started at the first call and removed when the
@@ -14,7 +15,7 @@ the error line if one stopped it), so a policy trained on one reads the other al
   interpreter does. A program that runs over `timeout_s` is killed with its process group;
   whatever it left running is swept by the sandbox after each command.
 
-The calculator is an expression evaluator, so it always runs embedded.
+The calculator is an expression evaluator, so it always runs embedded (in the same workers).
 
 A failure of the machinery (Docker gone, a container that died) raises `SandboxError`: the env
 reports it as `info["infra_failure"]`, never as the model's failure.
@@ -30,7 +31,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from rollhub.envs.mathtool.interpreter import run_code
+from rollhub.envs.mathtool.tool_worker import ToolWorkerPool, shared_tool_pool
 from rollhub.sandbox.base import Limits, SandboxError, truncate_middle
 
 DEFAULT_IMAGE = "rollhub/base:bookworm"
@@ -66,19 +67,31 @@ class ToolOutput:
 
 
 class EmbeddedBackend:
-    """The bounded interpreter in this process."""
+    """The bounded interpreter in a worker process of `tool_worker.shared_tool_pool()`."""
 
     name = "embedded"
 
-    def __init__(self, timeout_s: float = 0.2, max_output_chars: int = 2000):
+    def __init__(self, timeout_s: float = 0.2, max_output_chars: int = 2000, pool: ToolWorkerPool | None = None):
         self.timeout_s = timeout_s
         self.max_output_chars = max_output_chars
+        self._pool = pool
+
+    @property
+    def pool(self) -> ToolWorkerPool:
+        return self._pool if self._pool is not None else shared_tool_pool()
 
     async def run_python(self, code: str) -> ToolOutput:
-        started = time.perf_counter()
-        result = run_code(code, time_limit_s=self.timeout_s, max_output_chars=self.max_output_chars)
+        result, duration_s = await self.pool.run(
+            "python", code, time_limit_s=self.timeout_s, max_output_chars=self.max_output_chars
+        )
         timed_out = bool(result.error and result.error.startswith("TimeoutError"))
-        return ToolOutput(result.text(), result.ok, timed_out, time.perf_counter() - started)
+        return ToolOutput(result.text(), result.ok, timed_out, duration_s)
+
+    async def run_calculator(self, expression: str, time_limit_s: float) -> ToolOutput:
+        """The calculator (one expression), in the same workers: it is untrusted input too."""
+        result, duration_s = await self.pool.run("calculator", expression, time_limit_s=time_limit_s)
+        timed_out = bool(result.error and result.error.startswith("TimeoutError"))
+        return ToolOutput(result.text(), result.ok, timed_out, duration_s)
 
     def episode_metrics(self) -> dict[str, float]:
         return {}

@@ -3,7 +3,9 @@
 An episode is one problem (`problems.py`) and at most `max_turns` replies. Each reply either
 calls a tool, `<tool_call>{"name": "python", "arguments": {"code": "print(4821 * 377)"}}</tool_call>`,
 whose output comes back as a `tool` message, or answers, `<answer>1817517</answer>`, which ends
-the episode: reward 1 when the answer equals the problem's (`rollhub.envs.math.answers`), else 0.
+the episode: reward 1 when the answer is the problem's as an integer literal, the form the question
+states (`rollhub.envs.math.answer_forms`; an expression such as `4821 * 377` is never evaluated,
+else copying the question would pay without a tool call), else 0.
 A reply that does both runs the call and ignores the answer (it was written before the model saw
 the output). A reply with neither, or with a call that cannot be read (bad JSON, unknown tool,
 missing argument), is an invalid action: the state stays, the reply says what was wrong and how
@@ -17,7 +19,8 @@ attributable to tool use). The tools are declared as JSON schemas (`tools`) and 
 agent with the model's chat template, or as a system block for templates that ignore `tools=`
 (SmolLM2; `rollhub.rollout.prompting`).
 
-Backends (`backend=`): `embedded` (a bounded arithmetic interpreter, no Docker) or `sandbox` (real
+Backends (`backend=`): `embedded` (a bounded arithmetic interpreter in worker processes off the
+event loop, `tool_worker.py`, no Docker) or `sandbox` (real
 `python3` in a pooled container; `backends.py`). Either way hostile code (loops, fork bombs, huge
 output, host files, network, huge powers) gets an error or a timeout as its output and the
 episode goes on; a failure of the machinery ends it as `infra_failure`, never scored.
@@ -38,11 +41,11 @@ import numpy as np
 
 from rollhub.envs.base import Env, Observation, StepResult, invalid_step_info, wrap_action
 from rollhub.envs.hack_battery import echoes_question
-from rollhub.envs.math.answers import MAX_ANSWER_CHARS, extract_answer, is_equivalent
+from rollhub.envs.math.answer_forms import answer_is_correct
+from rollhub.envs.math.answers import MAX_ANSWER_CHARS, extract_answer
 from rollhub.envs.math.env import ContentSplit
-from rollhub.envs.math.problems import Problem
-from rollhub.envs.mathtool.backends import DEFAULT_IMAGE, EmbeddedBackend, SandboxBackend, ToolOutput
-from rollhub.envs.mathtool.interpreter import evaluate_expression
+from rollhub.envs.math.problems import Problem, stated_question
+from rollhub.envs.mathtool.backends import DEFAULT_IMAGE, EmbeddedBackend, SandboxBackend
 from rollhub.envs.mathtool.problems import (
     KINDS,
     check_kinds,
@@ -236,6 +239,7 @@ class MathToolEnv(ContentSplit, Env):
         else:
             self.backend = EmbeddedBackend(timeout_s=tool_timeout_s or 0.2, max_output_chars=max_output_chars)
         self.calculator_timeout_s = min(tool_timeout_s or 0.2, 1.0)
+        self.calculator = EmbeddedBackend(timeout_s=self.calculator_timeout_s, max_output_chars=max_output_chars)
         self.problems = list(held_out_problems(self.kinds, test_size)) if split == "test" else None
         self._rng = np.random.default_rng()
         self._problem: Problem | None = None
@@ -268,7 +272,7 @@ class MathToolEnv(ContentSplit, Env):
         return self._opening(self._problem), {"anchor": self._anchor(), "success": False, "kind": self._problem.kind}
 
     def _opening(self, problem: Problem) -> Observation:
-        question = problem.question
+        question = stated_question(problem)
         if not self.tool_names:
             example: list[dict[str, str]] = [
                 {"role": "user", "content": EXAMPLE_QUESTION},
@@ -306,7 +310,7 @@ class MathToolEnv(ContentSplit, Env):
         if answer is None or not answer.strip():
             return self._invalid(problem, "no answer found", format_ok=False, last=last)
         graded = format_ok or not self.require_format
-        correct = graded and is_equivalent(answer, problem.answer)
+        correct = graded and answer_is_correct(answer, problem.answer, problem.answer_form, problem.unknown)
         metrics = self._metrics()  # before the episode's container goes
         await self._finish()
         info = {
@@ -352,8 +356,7 @@ class MathToolEnv(ContentSplit, Env):
             if name == "python":
                 output = await self.backend.run_python(argument)
             else:
-                result = evaluate_expression(argument, time_limit_s=self.calculator_timeout_s)
-                output = ToolOutput(result.text(), result.ok)
+                output = await self.calculator.run_calculator(argument, self.calculator_timeout_s)
         except SandboxError as exc:
             await self._finish()
             info = invalid_step_info(self._anchor(), "the tool's sandbox failed", format_ok=True)

@@ -13,8 +13,17 @@ Everything with a cost is capped *before* it is computed:
 * the size of every integer (`MAX_INT_BITS`), judged from the operands before a `*` or `**`
   happens (a power's result size is estimated as the exponent times log2 of the base); floats
   that overflow are errors, not `inf`;
-* nodes visited (`MAX_STEPS`) and a CPU-time deadline (`time_limit_s`), checked at every node;
-* printed output (`max_output_chars`, head and tail kept), and string sizes.
+* three-argument `pow` by its exponent's and modulus' bits (`MAX_MODULAR_POW_BITS`): its cost
+  grows with their product, so a cap on the result alone let one call run 0.5 s;
+* nodes visited (`MAX_STEPS`) and a CPU-time deadline (`time_limit_s`), checked every 8 nodes
+  (no node costs more than about 3 ms, so a run stops within a few ms of its limit);
+* string sizes, and printed text: one printed or `str()`'d value is rendered piece by piece and
+  refused the moment it passes `MAX_STRING_CHARS` (names of tuples of names describe 10^10
+  characters in 140), everything a run prints is capped at `MAX_PRINTED_CHARS`, and what comes
+  back is cut to `max_output_chars` (head and tail kept).
+
+The env never calls this module on its event loop: `tool_worker.py` runs it in worker processes
+with a memory limit and kills one that overruns, the backstop for any cost a cap here misses.
 
 What typical model-written code looks like is accepted: `print(4821 * 377)`, assignments
 (`a = 4821; b = 377; print(a * b)`), augmented assignments, `import math` and `math.sqrt(...)`,
@@ -38,7 +47,10 @@ MAX_SOURCE_CHARS = 4000
 MAX_STATEMENTS = 64
 MAX_STEPS = 20_000  # nodes visited per run
 MAX_INT_BITS = 4096  # about 1233 decimal digits: far beyond any problem here, far below a stall
-MAX_STRING_CHARS = 10_000
+MAX_STRING_CHARS = 10_000  # every string, and the text of one printed or str()'d value
+MAX_PRINTED_CHARS = 100_000  # everything one run prints, before the head-and-tail cut
+MAX_PRINT_DEPTH = 50  # nesting of a printed container
+MAX_MODULAR_POW_BITS = 1024  # exponent and modulus of pow(a, b, m): a 4096-bit one takes 0.5 s
 MAX_FACTORIAL = 300
 DEFAULT_TIME_LIMIT_S = 0.2
 DEFAULT_MAX_OUTPUT_CHARS = 2000
@@ -104,8 +116,11 @@ def _power(base: Any, exponent: Any, modulus: Any = None) -> Number:
             raise ToolError("TypeError", "pow() 3rd argument not allowed unless all arguments are integers")
         if modulus == 0:
             raise ToolError("ValueError", "pow() 3rd argument cannot be 0")
-        if _bits(base) > MAX_INT_BITS or _bits(exponent) > MAX_INT_BITS or _bits(modulus) > MAX_INT_BITS:
+        if _bits(base) > MAX_INT_BITS:
             raise ToolError("OverflowError", f"pow() argument over {MAX_INT_BITS} bits")
+        if _bits(exponent) > MAX_MODULAR_POW_BITS or _bits(modulus) > MAX_MODULAR_POW_BITS:
+            # its cost grows with the exponent's bits times the modulus' bits squared: judged here
+            raise ToolError("OverflowError", f"pow() exponent or modulus over {MAX_MODULAR_POW_BITS} bits")
         try:
             return pow(base, exponent, modulus)
         except ValueError as exc:  # base not invertible for a negative exponent
@@ -268,19 +283,50 @@ MATH_FUNCTIONS: dict[str, Callable[..., Any]] = {
 MATH_CONSTANTS = {"pi": math.pi, "e": math.e, "tau": math.tau}
 
 
-def _show(value: Any) -> str:
-    if isinstance(value, bool) or value is None:
-        return str(value)
-    if isinstance(value, int):
-        if value.bit_length() > MAX_INT_BITS:
-            raise ToolError("OverflowError", "integer too large to print")
-        return str(value)
-    if isinstance(value, (float, str)):
-        return str(value)
-    if isinstance(value, (list, tuple)):
-        inner = ", ".join(repr(v) if isinstance(v, str) else _show(v) for v in value)
-        return f"({inner})" if isinstance(value, tuple) and len(value) != 1 else f"[{inner}]"
-    raise ToolError("TypeError", f"cannot print a {type(value).__name__}")
+def _show(value: Any, limit: int = MAX_STRING_CHARS) -> str:
+    """`str(value)` as Python writes it, refused as soon as it would pass `limit` characters.
+
+    Judged piece by piece before each piece is made: a tuple of ten names of a tuple of ten
+    names... is 140 characters of code and 10^10 characters of text, so rendering first and
+    cutting after would take gigabytes and seconds. An integer's digits are bounded from its
+    bits before `str` runs."""
+    pieces: list[str] = []
+    room = [limit]
+
+    def emit(text: str) -> None:
+        room[0] -= len(text)
+        if room[0] < 0:
+            raise ToolError("MemoryError", f"value too large to print (over {limit} characters)")
+        pieces.append(text)
+
+    def render(item: Any, depth: int, quoted: bool) -> None:
+        if depth > MAX_PRINT_DEPTH:
+            raise ToolError("RecursionError", "value nested too deeply to print")
+        if isinstance(item, bool) or item is None or isinstance(item, float):
+            emit(str(item))
+        elif isinstance(item, int):
+            if item.bit_length() > MAX_INT_BITS:
+                raise ToolError("OverflowError", "integer too large to print")
+            if (item.bit_length() - 1) * 0.30102 > room[0]:  # its digits, at least, judged before str()
+                raise ToolError("MemoryError", f"value too large to print (over {limit} characters)")
+            emit(str(item))
+        elif isinstance(item, str):
+            if len(item) > room[0]:
+                raise ToolError("MemoryError", f"value too large to print (over {limit} characters)")
+            emit(repr(item) if quoted else item)
+        elif isinstance(item, (list, tuple)):
+            tuple_like = isinstance(item, tuple)
+            emit("(" if tuple_like else "[")
+            for index, element in enumerate(item):
+                if index:
+                    emit(", ")
+                render(element, depth + 1, True)
+            emit(",)" if tuple_like and len(item) == 1 else ")" if tuple_like else "]")
+        else:
+            raise ToolError("TypeError", f"cannot print a {type(item).__name__}")
+
+    render(value, 0, False)
+    return "".join(pieces)
 
 
 @dataclass(frozen=True)
@@ -299,8 +345,12 @@ class _Output:
         self.size = 0
         self.tail = ""
         self.dropped = 0
+        self.written = 0
 
     def write(self, text: str) -> None:
+        self.written += len(text)
+        if self.written > MAX_PRINTED_CHARS:
+            raise ToolError("RuntimeError", f"more than {MAX_PRINTED_CHARS} characters printed")
         half = self.limit // 2
         if self.size < half:
             take = text[: half - self.size]
@@ -331,7 +381,7 @@ class _Interpreter:
         self.steps += 1
         if self.steps > MAX_STEPS:
             raise ToolError("TimeoutError", f"more than {MAX_STEPS} evaluation steps")
-        if self.steps % 64 == 0 and time.thread_time() > self.deadline:
+        if self.steps % 8 == 0 and time.thread_time() > self.deadline:  # no step costs over ~3 ms
             raise ToolError("TimeoutError", "time limit exceeded")
 
     # --- statements ---------------------------------------------------------------------
@@ -485,7 +535,11 @@ class _Interpreter:
             sep, end = keywords.pop("sep", " "), keywords.pop("end", "\n")
             if keywords or not isinstance(sep, str) or not isinstance(end, str):
                 raise ToolError("TypeError", "print() takes values and the sep= and end= strings")
-            self.out.write(sep.join(_show(a) for a in args) + end)
+            if len(sep) > MAX_STRING_CHARS or len(end) > MAX_STRING_CHARS:
+                raise ToolError("MemoryError", "string too long")
+            for index, arg in enumerate(args):  # one argument at a time: each is bounded when made
+                self.out.write((sep if index else "") + _show(arg))
+            self.out.write(end)
             return None
         if keywords:
             raise ToolError("TypeError", f"{name}() takes no keyword arguments here")

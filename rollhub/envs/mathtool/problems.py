@@ -38,12 +38,12 @@ def _int(rng: np.random.Generator, low: int, high: int) -> int:
 
 def _product(rng: np.random.Generator) -> Problem:
     a, b = _int(rng, 100, 9999), _int(rng, 100, 999)
-    return Problem(f"Compute {a} * {b}.", str(a * b), "product")
+    return Problem(f"Compute {a} * {b}.", str(a * b), "product", answer_form="integer")
 
 
 def _sum(rng: np.random.Generator) -> Problem:
     terms = [_int(rng, 100, 9999) for _ in range(_int(rng, 5, 7))]
-    return Problem(f"Compute {' + '.join(map(str, terms))}.", str(sum(terms)), "sum")
+    return Problem(f"Compute {' + '.join(map(str, terms))}.", str(sum(terms)), "sum", answer_form="integer")
 
 
 def _expression(rng: np.random.Generator) -> Problem:
@@ -51,7 +51,9 @@ def _expression(rng: np.random.Generator) -> Problem:
     a, b, c, d, e = _int(rng, 100, 999), _int(rng, 11, 99), _int(rng, 100, 9999), _int(rng, 11, 99), _int(rng, 11, 99)
     first, second = "+-"[_int(rng, 0, 1)], "+-"[_int(rng, 0, 1)]
     value = a * b + (c if first == "+" else -c) + (d * e if second == "+" else -d * e)
-    return Problem(f"Compute {a} * {b} {first} {c} {second} {d} * {e}.", str(value), "expression")
+    return Problem(
+        f"Compute {a} * {b} {first} {c} {second} {d} * {e}.", str(value), "expression", answer_form="integer"
+    )
 
 
 def _modular(rng: np.random.Generator) -> Problem:
@@ -59,10 +61,10 @@ def _modular(rng: np.random.Generator) -> Problem:
     if rng.random() < 0.5:
         a, b = _int(rng, 1000, 99999), _int(rng, 100, 999)
         question = f"What is the remainder when {a} * {b} is divided by {m}?"
-        return Problem(question, str(a * b % m), "modular")
+        return Problem(question, str(a * b % m), "modular", answer_form="integer")
     base, power = _int(rng, 2, 19), _int(rng, 10, 40)
     question = f"What is the remainder when {base} to the power of {power} is divided by {m}?"
-    return Problem(question, str(pow(base, power, m)), "modular")
+    return Problem(question, str(pow(base, power, m)), "modular", answer_form="integer")
 
 
 _NAMES = ("Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Gus", "Hana")
@@ -85,7 +87,7 @@ def _word(rng: np.random.Generator) -> Problem:
     else:
         question = f"A farm packs {b} eggs a day for {a} days and sells {c} of them. How many eggs are still there?"
         answer = a * b - c
-    return Problem(question, str(answer), "word")
+    return Problem(question, str(answer), "word", answer_form="integer")
 
 
 _BUILDERS = {"product": _product, "sum": _sum, "expression": _expression, "modular": _modular, "word": _word}

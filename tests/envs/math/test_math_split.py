@@ -8,7 +8,13 @@ import pytest
 
 from rollhub.core.errors import UserError
 from rollhub.envs.math.env import MathEnv
-from rollhub.envs.math.problems import generate_problem, held_out_problems, in_test_partition, problem_key
+from rollhub.envs.math.problems import (
+    generate_problem,
+    held_out_problems,
+    in_test_partition,
+    problem_key,
+    stated_question,
+)
 
 ARITH_1 = {"kinds": ("arithmetic",), "difficulty": 1}
 
@@ -34,7 +40,8 @@ async def test_train_split_never_plays_a_test_problem_checked_by_content():
     seen = set()
     for seed in range(3000):  # far more than a 30-minute run draws; covers most of the train space
         obs, _ = await train_env.reset(seed=seed)
-        seen.add(obs[-1]["content"])
+        assert obs[-1]["content"] == stated_question(train_env.problem)
+        seen.add(train_env.problem.question)
     assert not seen & test_questions
     assert len(seen) > 450  # the train split is not a handful of problems
     assert not any(in_test_partition(q) for q in seen)
@@ -48,7 +55,7 @@ async def test_test_split_is_fixed_distinct_and_consecutive_seeds_play_each_once
     played = []
     for seed in range(1_000_000, 1_000_200):  # the recipe's evaluation seeds
         obs, _ = await env.reset(seed=seed)
-        played.append(obs[-1]["content"])
+        played.append(env.problem.question)
     assert len(set(played)) == 200 and set(played) == {p.question for p in a}
 
 
@@ -115,7 +122,7 @@ async def test_example_exchange_shows_the_format_before_the_problem_and_is_never
     env = MathEnv(**ARITH_1, split="test", example=True)
     obs, _ = await env.reset(seed=1_000_000)
     assert [m["role"] for m in obs] == ["system", "user", "assistant", "user"]
-    assert "<answer>42</answer>" in obs[2]["content"] and obs[3]["content"] == env.problem.question
+    assert "<answer>42</answer>" in obs[2]["content"] and obs[3]["content"] == stated_question(env.problem)
     assert EXAMPLE_EXCHANGE[0]["content"] not in _space(("arithmetic",), 1)  # no problem's answer is given away
     plain, _ = await MathEnv(**ARITH_1).reset(seed=0)
     assert [m["role"] for m in plain] == ["system", "user"]
