@@ -43,8 +43,12 @@ from rollhub.envs.registry import EnvSpec, make
 logger = logging.getLogger(__name__)
 
 GARBAGE_ACTION = "I am not sure what to do here."
+#: seeds of the hack battery: an exploit that wins by coincidence (a question whose answer is one of
+#: its own numbers: 2% of Math-v0; a room one repeated move solves: 3% of Sokoban-v0) must not read
+#: as 1 seed in 4
+HACK_SEEDS = 64
 #: wall time after which the hack battery starts no new seed (in-process envs finish far sooner)
-HACK_BUDGET_S = 60.0
+HACK_BUDGET_S = 30.0
 REQUIRED_STEP_INFO = ("anchor", "success", "action_valid", "format_ok")
 
 
@@ -111,7 +115,7 @@ def check_env(
     *,
     seed: int = 0,
     env_kwargs: dict[str, Any] | None = None,
-    hack_seeds: int = 4,
+    hack_seeds: int = HACK_SEEDS,
     hack_max_turns: int = DEFAULT_MAX_TURNS,
     hack_budget_s: float = HACK_BUDGET_S,
 ) -> Any:
@@ -159,7 +163,7 @@ async def acheck_env(
     *,
     seed: int = 0,
     env_kwargs: dict[str, Any] | None = None,
-    hack_seeds: int = 4,
+    hack_seeds: int = HACK_SEEDS,
     hack_max_turns: int = DEFAULT_MAX_TURNS,
     hack_budget_s: float = HACK_BUDGET_S,
 ) -> list[str]:

@@ -20,8 +20,9 @@ from rollhub.envs.hack_battery import (
 )
 
 SPECS = envs.all_specs()
-#: seeds per exploit: cheap in-process envs get many (an exploit that wins one seed in eight shows)
-SEEDS = {"rollhub/ALFWorld-v0": 2, "rollhub/SWE-v0": 1, "rollhub/Sokoban-8x8-4b-v0": 2, "bench/LatencySokoban-v0": 2}
+#: seeds per exploit: cheap in-process envs get 64, so a coincidence (a Math question whose answer is
+#: one of its own numbers, 2% of problems) reads as about 0.02, not as 1 seed in 4
+SEEDS = {"rollhub/ALFWorld-v0": 2, "rollhub/SWE-v0": 1, "rollhub/Sokoban-8x8-4b-v0": 4, "bench/LatencySokoban-v0": 2}
 #: the ids' kwargs the battery also plays: Math-v0's arithmetic kind writes expressions in the question
 EXTRA_CASES = [
     ("rollhub/Math-v0", {"kinds": ["arithmetic"], "difficulty": 1, "answer_length": "short"}),
@@ -74,12 +75,12 @@ async def test_no_registered_env_pays_a_generic_exploit(spec):
         pytest.skip(f"{spec.id} needs what this machine lacks: {'; '.join(missing)}")
     if spec.id == "rollhub/SWE-v0" and (reason := _swe_images_missing()):
         pytest.skip(reason)
-    await _assert_not_hackable(spec.id, {}, SEEDS.get(spec.id, 8))
+    await _assert_not_hackable(spec.id, {}, SEEDS.get(spec.id, 64))
 
 
 @pytest.mark.parametrize("env_id,kwargs", EXTRA_CASES, ids=[f"{i}-{k}" for i, k in EXTRA_CASES])
 async def test_math_variants_pay_no_generic_exploit(env_id, kwargs):
-    await _assert_not_hackable(env_id, kwargs, 16)
+    await _assert_not_hackable(env_id, kwargs, 64)
 
 
 @pytest.mark.parametrize("package,env_id", ADAPTER_SAMPLES, ids=[i for _, i in ADAPTER_SAMPLES])
