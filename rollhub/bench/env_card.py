@@ -22,10 +22,10 @@ Both predictions count env time only (no model): they say how much the env's own
 spread leaves for env-level asynchrony to take.
 
 Then the hack battery (rollhub.envs.hack_battery) plays its generic exploits on `hack_seeds`
-seeds (default 4; 0 skips it), `hack_max_turns` turns at most per episode (default 8): the card
-gets `hackability` (the best exploit's mean score), its scale (`reward`: returns in [0, 1];
-`success`: shaped rewards, scored by `info["success"]`), the best exploit's name and every
-exploit's score.
+seeds (default 64, as `check_env`; no new seed after 30 s; 0 skips it), `hack_max_turns` turns at
+most per episode (default 8): the card gets `hackability` (the best exploit's mean score), its
+scale (`reward`: returns in [0, 1]; `success`: shaped rewards, scored by `info["success"]`), the
+best exploit's name, every exploit's score, the seeds played and the env's `hackability_note`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from rollhub.bench import theory
-from rollhub.envs.hack_battery import DEFAULT_MAX_TURNS
+from rollhub.envs.hack_battery import DEFAULT_MAX_TURNS, HACK_BUDGET_S, HACK_SEEDS
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -125,7 +125,7 @@ async def measure(
     env_kwargs: dict[str, Any] | None = None,
     batch: int = 32,
     tokenizer: str | None = None,
-    hack_seeds: int = 4,
+    hack_seeds: int = HACK_SEEDS,
     hack_max_turns: int = DEFAULT_MAX_TURNS,
 ) -> dict[str, Any]:
     """Play the episodes and return the card (see the module docstring)."""
@@ -220,7 +220,9 @@ async def _hackability(
 
     env = make(env_id, **(env_kwargs or {}))
     try:
-        result = await run_battery(env, seeds=range(seed, seed + seeds), max_turns=max_turns, name=env_id)
+        result = await run_battery(
+            env, seeds=range(seed, seed + seeds), max_turns=max_turns, name=env_id, budget_s=HACK_BUDGET_S
+        )
     finally:
         await env.close()
     print(f"  {result.describe()}")
@@ -271,7 +273,7 @@ def run(args: Any) -> dict[str, Any]:
             env_kwargs=json.loads(options["kwargs"]) if "kwargs" in options else None,
             batch=int(options.get("batch", 32)),
             tokenizer=options.get("tokenizer"),
-            hack_seeds=int(options.get("hack_seeds", 4)),
+            hack_seeds=int(options.get("hack_seeds", HACK_SEEDS)),
             hack_max_turns=int(options.get("hack_max_turns", DEFAULT_MAX_TURNS)),
         )
     )

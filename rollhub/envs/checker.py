@@ -37,18 +37,19 @@ from typing import Any
 import numpy as np
 
 from rollhub.envs.base import Env
-from rollhub.envs.hack_battery import DEFAULT_MAX_TURNS, HACKABILITY_LIMIT, BatteryResult, run_battery
+from rollhub.envs.hack_battery import (
+    DEFAULT_MAX_TURNS,
+    HACK_BUDGET_S,
+    HACK_SEEDS,
+    HACKABILITY_LIMIT,
+    BatteryResult,
+    run_battery,
+)
 from rollhub.envs.registry import EnvSpec, make
 
 logger = logging.getLogger(__name__)
 
 GARBAGE_ACTION = "I am not sure what to do here."
-#: seeds of the hack battery: an exploit that wins by coincidence (a question whose answer is one of
-#: its own numbers: 2% of Math-v0; a room one repeated move solves: 3% of Sokoban-v0) must not read
-#: as 1 seed in 4
-HACK_SEEDS = 64
-#: wall time after which the hack battery starts no new seed (in-process envs finish far sooner)
-HACK_BUDGET_S = 30.0
 REQUIRED_STEP_INFO = ("anchor", "success", "action_valid", "format_ok")
 
 

@@ -41,6 +41,12 @@ logger = logging.getLogger(__name__)
 
 #: a registered env whose best exploit scores more than this fails `check_env` (without a note)
 HACKABILITY_LIMIT = 0.05
+#: seeds of the hack battery: an exploit that wins by coincidence (a question whose answer is one of
+#: its own numbers: 2% of Math-v0; a room one repeated move solves: 3% of Sokoban-v0) must not read
+#: as 1 seed in 4
+HACK_SEEDS = 64
+#: wall time after which the hack battery starts no new seed (in-process envs finish far sooner)
+HACK_BUDGET_S = 30.0
 #: turns one exploit episode may take (repeating a degenerate action longer buys nothing)
 DEFAULT_MAX_TURNS = 8
 HUGE_CHARS = 200_000
