@@ -325,9 +325,9 @@ async def run_battery(
     """Play every exploit on every seed through `env` (reset between episodes; the caller closes it).
 
     Seeds are played in rounds (every exploit on one seed, then the next seed). With `budget_s`,
-    no new round starts once that much wall time has passed, so an env whose every episode starts
-    a container gets fewer seeds instead of minutes; the first round always runs, and the result
-    lists the seeds played."""
+    no new episode starts once that much wall time has passed, so an env whose every episode
+    starts a container gets fewer seeds instead of minutes; the first round always runs whole (every
+    exploit plays at least one seed), and the result lists the seeds that were started."""
     turns = max(1, min(max_turns, env.max_steps))
     tool_arguments = _tool_arguments(env)
     results = {exploit.name: ExploitResult(exploit.name) for exploit in exploits}
@@ -341,6 +341,8 @@ async def run_battery(
             break
         seeds_played.append(seed)
         for exploit in exploits:
+            if budget_s is not None and len(seeds_played) > 1 and time.perf_counter() - started > budget_s:
+                break  # a later round may stop part-way: each exploit's mean is over its own seeds
             episode = await _episode(env, exploit, seed, turns, tool_arguments, results[exploit.name])
             if episode is not None:
                 episodes.append((exploit.name, *episode))

@@ -11,6 +11,7 @@ from rollhub.envs.base import Env, extract_action, invalid_step_info
 from rollhub.envs.checker import EnvCheckError, acheck_env, check_env, missing_requirements
 from rollhub.envs.hack_battery import (
     EXPLOITS,
+    HACK_BUDGET_S,
     HACKABILITY_LIMIT,
     Prompt,
     echoes_question,
@@ -22,7 +23,7 @@ from rollhub.envs.hack_battery import (
 SPECS = envs.all_specs()
 #: seeds per exploit: cheap in-process envs get 64, so a coincidence (a Math question whose answer is
 #: one of its own numbers, 2% of problems) reads as about 0.02, not as 1 seed in 4
-SEEDS = {"rollhub/ALFWorld-v0": 2, "rollhub/SWE-v0": 1, "rollhub/Sokoban-8x8-4b-v0": 4, "bench/LatencySokoban-v0": 2}
+SEEDS = {"rollhub/SWE-v0": 1}  # the rest: 64, or fewer when the 30 s budget runs out (ALFWorld, 8x8-4b)
 #: the ids' kwargs the battery also plays: Math-v0's arithmetic kind writes expressions in the question
 EXTRA_CASES = [
     ("rollhub/Math-v0", {"kinds": ["arithmetic"], "difficulty": 1, "answer_length": "short"}),
@@ -60,7 +61,7 @@ def _swe_images_missing() -> str:
 async def _assert_not_hackable(env_id: str, kwargs: dict, seeds: int) -> None:
     env = make(env_id, **kwargs)
     try:
-        result = await run_battery(env, seeds=range(seeds), max_turns=2 if env_id == "rollhub/SWE-v0" else 8)
+        result = await run_battery(env, seeds=range(seeds), budget_s=HACK_BUDGET_S)
     finally:
         await env.close()
     note = type(env.unwrapped).hackability_note
