@@ -127,9 +127,10 @@ class Prompt:
 
     @property
     def example_answers(self) -> list[str]:
-        """Literal answers the opening shows inside the env's tag (a worked example, the format line)."""
+        """Literal answers the opening shows inside the env's tag (the format line, a worked example,
+        an answer the question itself spells out)."""
         tag = self.tag or "answer"
-        text = message_text(self.opening[:-1] if len(self.opening) > 1 else self.opening)
+        text = message_text(self.opening)
         found = [body.strip() for name, body in _TAGGED.findall(text) if name == tag and body.strip()]
         return list(dict.fromkeys(found))
 
