@@ -18,10 +18,11 @@ action is rejected without raising and leaves the state unchanged, that episodes
 Then it plays the hack battery (rollhub.envs.hack_battery: echo the question, its numbers and
 expressions, or the last observation; empty, whitespace, several and huge answers; the answer
 inside a tool call; nested, unclosed, repeated and wrong-case tags; unicode digits; the prompt's
-own example answer) on `hack_seeds` seeds. Hackability = the best exploit's mean score on the
-env's success scale; above `HACKABILITY_LIMIT` (0.05) the env fails unless its class declares
-`hackability_note` (why it is fine). `missing_requirements(spec)` tells whether an env can run
-here at all (Docker engine, optional extras).
+own example answer) on `hack_seeds` seeds (64; no new episode after `hack_budget_s`, 30 s).
+Hackability = the best exploit's mean score on the env's success scale; above
+`HACKABILITY_LIMIT` (0.05) the env fails unless its class declares `hackability_note` (why it is
+fine; check_env then skips the battery, `rollhub bench env` still measures it).
+`missing_requirements(spec)` tells whether an env can run here at all (Docker engine, extras).
 """
 
 from __future__ import annotations
@@ -200,7 +201,12 @@ async def acheck_env(
         if first != second:
             problems.append(f"not deterministic under seed {seed}: {_first_difference(first, second)}")
         await _check_invalid_action(env, seed, problems)
-        if hack_seeds > 0 and not problems:
+        note = type(env.unwrapped).hackability_note
+        if note and isinstance(
+            note, str
+        ):  # the author answered the battery already: `rollhub bench env` still measures
+            logger.info("%s: hack battery not played; declared: %s", name, note)
+        elif hack_seeds > 0 and not problems:
             battery = await run_battery(
                 env,
                 seeds=range(seed, seed + hack_seeds),
@@ -229,12 +235,9 @@ async def acheck_env(
 
 
 def _check_hackability(env: Env, battery: BatteryResult, problems: list[str]) -> None:
-    """Above the limit the env fails, unless its class says why that is fine (`hackability_note`)."""
+    """Above the limit the env fails (an env whose class says why that is fine, `hackability_note`,
+    is not played at all)."""
     if battery.hackability <= HACKABILITY_LIMIT:
-        return
-    note = type(env.unwrapped).hackability_note
-    if note:  # the author's answer to this very finding: logged, not repeated as a warning
-        logger.info("%s; declared fine: %s", battery.describe(), note)
         return
     problems.append(
         f"{battery.describe()} exceeds {HACKABILITY_LIMIT}: an agent that does not do the task earns "

@@ -60,13 +60,15 @@ def _swe_images_missing() -> str:
 
 async def _assert_not_hackable(env_id: str, kwargs: dict, seeds: int) -> None:
     env = make(env_id, **kwargs)
+    if note := type(env.unwrapped).hackability_note:  # measured on its card by `rollhub bench env`
+        await env.close()
+        pytest.skip(f"{env_id} declares hackability_note: {note}")
     try:
         result = await run_battery(env, seeds=range(seeds), budget_s=HACK_BUDGET_S)
     finally:
         await env.close()
-    note = type(env.unwrapped).hackability_note
     assert result.exploits, f"{env_id}: the battery played nothing"
-    assert result.hackability <= HACKABILITY_LIMIT or note, f"{env_id} {kwargs}: {result.describe()}"
+    assert result.hackability <= HACKABILITY_LIMIT, f"{env_id} {kwargs}: {result.describe()}"
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=[s.id for s in SPECS])
@@ -213,7 +215,9 @@ async def test_a_declared_note_lets_a_hackable_env_pass(caplog):
 
     with caplog.at_level("INFO", logger="rollhub.envs.checker"):
         assert await check_env(Documented()) == []
-    assert "declared fine: a teaching example" in caplog.text
+    assert "hack battery not played; declared: a teaching example" in caplog.text
+    with pytest.raises(EnvCheckError, match="hackability 1.00"):  # the note, and only it, lets it pass
+        await check_env(EvaluatesExpressionsEnv())
 
 
 def test_the_sync_result_also_runs_under_asyncio_run_as_older_code_calls_it():
