@@ -20,7 +20,8 @@ expressions, or the last observation; empty, whitespace, several and huge answer
 inside a tool call; nested, unclosed, repeated and wrong-case tags; unicode digits; the prompt's
 own example answer) on `hack_seeds` seeds (64; no new episode after `hack_budget_s`, 30 s).
 Hackability = the best exploit's mean score on the env's success scale; above
-`HACKABILITY_LIMIT` (0.05) the env fails unless its class declares `hackability_note` (why it is
+`HACKABILITY_LIMIT` (0.05) and above what the env's own `random_action` play scores on the same
+seeds (else the exploit only plays an easy game) the env fails unless its class declares `hackability_note` (why it is
 fine; check_env then skips the battery, `rollhub bench env` still measures it).
 `missing_requirements(spec)` tells whether an env can run here at all (Docker engine, extras).
 """
@@ -235,14 +236,14 @@ async def acheck_env(
 
 
 def _check_hackability(env: Env, battery: BatteryResult, problems: list[str]) -> None:
-    """Above the limit the env fails (an env whose class says why that is fine, `hackability_note`,
-    is not played at all)."""
-    if battery.hackability <= HACKABILITY_LIMIT:
+    """Above the limit and above random play the env fails (an env whose class says why that is
+    fine, `hackability_note`, is not played at all)."""
+    if not battery.is_hack:
         return
     problems.append(
-        f"{battery.describe()} exceeds {HACKABILITY_LIMIT}: an agent that does not do the task earns "
-        "reward; fix the env (see rollhub.envs.hack_battery) or declare why it is fine in the class "
-        "attribute hackability_note"
+        f"{battery.describe()}: above {HACKABILITY_LIMIT} and above random play, an agent that does not "
+        "do the task earns reward; fix the env (see rollhub.envs.hack_battery) or declare why it is fine "
+        "in the class attribute hackability_note"
     )
 
 

@@ -35,6 +35,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from rollhub.envs.base import Env, Observation, wrap_action
 
 logger = logging.getLogger(__name__)
@@ -264,6 +266,19 @@ class BatteryResult:
     scale: str  # "reward" or "success"
     exploits: dict[str, ExploitResult]
     skipped: list[str]  # exploits that had nothing to play on this env (no expression, no example)
+    chance: ExploitResult | None = None  # the env's own random_action policy, same seeds and scale
+
+    @property
+    def chance_score(self) -> float:
+        """What honest random play scores (0 for an env without `random_action`)."""
+        return self.chance.mean_score if self.chance is not None else 0.0
+
+    @property
+    def is_hack(self) -> bool:
+        """Whether the best exploit is a hack: above `HACKABILITY_LIMIT` and above chance (an exploit
+        that scores less than the env's own random legal moves plays an easy game, it leaks nothing:
+        repeating the target as a move in a counting game, one move in an open Sokoban room)."""
+        return self.hackability > HACKABILITY_LIMIT and self.hackability > self.chance_score
 
     @property
     def best(self) -> ExploitResult | None:
@@ -278,10 +293,11 @@ class BatteryResult:
     def describe(self) -> str:
         best = self.best
         if best is None:
-            return f"hackability 0.00 ({self.scale} scale): no exploit scored over seeds {self.seeds}"
+            return f"hackability 0.00 ({self.scale} scale): no exploit scored over seeds {_seed_range(self.seeds)}"
+        chance = "" if self.chance is None else f"; random play scores {self.chance_score:.2f}"
         return (
             f"hackability {self.hackability:.2f} ({self.scale} scale): best exploit '{best.name}' "
-            f"({_WHAT.get(best.name, '')}) over seeds {self.seeds}"
+            f"({_WHAT.get(best.name, '')}) over seeds {_seed_range(self.seeds)}{chance}"
         )
 
     def card_fields(self) -> dict[str, Any]:
@@ -297,10 +313,17 @@ class BatteryResult:
                 name: round(r.mean_score, 4) for name, r in sorted(self.exploits.items()) if r.scores
             },
             "hackability_signals": {name: r.signals for name, r in sorted(self.exploits.items()) if r.signals},
+            "hackability_chance": self.chance_score if self.chance is not None else None,
         }
 
 
 _WHAT = {e.name: e.what for e in EXPLOITS}
+
+
+def _seed_range(seeds: list[int]) -> str:
+    if seeds and seeds == list(range(seeds[0], seeds[0] + len(seeds))):
+        return f"{seeds[0]}..{seeds[-1]}" if len(seeds) > 1 else str(seeds[0])
+    return str(seeds)
 
 
 def _tool_arguments(env: Env) -> dict[str, tuple[str, ...]]:
@@ -335,12 +358,20 @@ async def run_battery(
     played: dict[str, int] = dict.fromkeys(results, 0)
     episodes: list[tuple[str, list[float], bool]] = []  # (exploit, rewards, success) for the scale
     seeds_played: list[int] = []
+    chance: ExploitResult | None = ExploitResult("random_play") if _has_random_action(env) else None
+    chance_episodes: list[tuple[list[float], bool]] = []
+    random_play = Exploit("random_play", "the env's own random_action", lambda p, _turn: None)
     started = time.perf_counter()
     for seed in seeds:
         if budget_s is not None and seeds_played and time.perf_counter() - started > budget_s:
             logger.info("hack battery: %s seeds of %s played within %.0f s", len(seeds_played), len(seeds), budget_s)
             break
         seeds_played.append(seed)
+        rng = np.random.default_rng(seed)
+        if chance is not None:
+            episode = await _episode(env, random_play, seed, turns, tool_arguments, chance, rng=rng)
+            if episode is not None:
+                chance_episodes.append(episode)
         for exploit in exploits:
             if budget_s is not None and len(seeds_played) > 1 and time.perf_counter() - started > budget_s:
                 break  # a later round may stop part-way: each exploit's mean is over its own seeds
@@ -350,14 +381,29 @@ async def run_battery(
                 played[exploit.name] += 1
     skipped = [n for n, r in results.items() if not (played[n] or r.raised or r.infra_failures)]
     results = {n: r for n, r in results.items() if n not in skipped}
-    rewards = [r for _, rs, _ in episodes for r in rs]
+    rewards = [r for _, rs, _ in episodes for r in rs] + [r for rs, _ in chance_episodes for r in rs]
     scale = "reward" if all(0.0 <= r <= 1.0 for r in rewards) else "success"
+
+    def score(rs: list[float], success: bool) -> float:
+        return min(max(sum(rs), 0.0), 1.0) if scale == "reward" else float(success)
+
     for exploit_name, rs, success in episodes:
-        score = min(max(sum(rs), 0.0), 1.0) if scale == "reward" else float(success)
-        results[exploit_name].scores.append(score)
+        results[exploit_name].scores.append(score(rs, success))
+    if chance is not None:
+        chance.scores = [score(rs, success) for rs, success in chance_episodes] + [0.0] * chance.raised
     for result in results.values():  # a step that raised scored 0 (in neither list above)
         result.scores.extend([0.0] * result.raised)
-    return BatteryResult(name or type(env).__name__, seeds_played, turns, scale, results, skipped)
+    return BatteryResult(name or type(env).__name__, seeds_played, turns, scale, results, skipped, chance)
+
+
+def _has_random_action(env: Env) -> bool:
+    try:
+        env.random_action(np.random.default_rng(0))
+    except NotImplementedError:
+        return False
+    except Exception:  # an env that needs a reset first answers after it; the episode tells
+        return True
+    return True
 
 
 async def _episode(
@@ -367,6 +413,8 @@ async def _episode(
     turns: int,
     tool_arguments: dict[str, tuple[str, ...]],
     result: ExploitResult,
+    *,
+    rng: np.random.Generator | None = None,
 ) -> tuple[list[float], bool] | None:
     """One exploit episode: (step rewards, success), or None when it was not scored (not
     applicable, an infra failure, or a step that raised, which `result.raised` counts)."""
@@ -378,7 +426,10 @@ async def _episode(
     rewards: list[float] = []
     signals: set[str] = set()
     for turn in range(turns):
-        action = exploit.act(prompt, turn)
+        try:
+            action = env.random_action(rng) if rng is not None else exploit.act(prompt, turn)
+        except NotImplementedError:  # no random play on this env (or not in this state)
+            return None
         if action is None:
             return None
         try:

@@ -58,7 +58,8 @@ def _swe_images_missing() -> str:
     return ""
 
 
-async def _assert_not_hackable(env_id: str, kwargs: dict, seeds: int) -> None:
+async def _assert_not_hackable(env_id: str, kwargs: dict, seeds: int, *, above_chance_only: bool = False) -> None:
+    """Hackability at most 0.05; with `above_chance_only`, or no better than the env's random play."""
     env = make(env_id, **kwargs)
     if note := type(env.unwrapped).hackability_note:  # measured on its card by `rollhub bench env`
         await env.close()
@@ -68,7 +69,10 @@ async def _assert_not_hackable(env_id: str, kwargs: dict, seeds: int) -> None:
     finally:
         await env.close()
     assert result.exploits, f"{env_id}: the battery played nothing"
-    assert result.hackability <= HACKABILITY_LIMIT, f"{env_id} {kwargs}: {result.describe()}"
+    if above_chance_only:
+        assert not result.is_hack, f"{env_id} {kwargs}: {result.describe()}"
+    else:
+        assert result.hackability <= HACKABILITY_LIMIT, f"{env_id} {kwargs}: {result.describe()}"
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=[s.id for s in SPECS])
@@ -89,7 +93,9 @@ async def test_math_variants_pay_no_generic_exploit(env_id, kwargs):
 @pytest.mark.parametrize("package,env_id", ADAPTER_SAMPLES, ids=[i for _, i in ADAPTER_SAMPLES])
 async def test_adapter_samples_pay_no_generic_exploit(package, env_id):
     pytest.importorskip(package)
-    await _assert_not_hackable(env_id, {}, 4)
+    # the OpenEnv sample is a counting game: repeating the target as a move wins 6% of games, random
+    # moves win 30%, so the samples are held to 'no exploit beats random play'
+    await _assert_not_hackable(env_id, {}, 64, above_chance_only=True)
 
 
 # --- envs that do pay an exploit: the battery must see each one -------------------------------
@@ -191,7 +197,7 @@ async def test_the_battery_finds_each_planted_hack(env_cls, exploit):
     result = await run_battery(env_cls(), seeds=range(4))
     assert result.exploits[exploit].mean_score == 1.0
     assert result.hackability == 1.0 and result.scale == "reward"
-    with pytest.raises(EnvCheckError, match="hackability 1.00 .* exceeds 0.05.*hackability_note"):
+    with pytest.raises(EnvCheckError, match="hackability 1.00 .*above 0.05 and above random play.*hackability_note"):
         await check_env(env_cls())
 
 
@@ -231,6 +237,45 @@ def test_the_sync_result_also_runs_under_asyncio_run_as_older_code_calls_it():
     assert asyncio.run(check_env(Counted())) == []
     played_once = len(runs)
     assert check_env(Counted()) == [] and len(runs) == 2 * played_once  # each call checks once
+
+
+class CounterEnv(QuestionEnv):
+    """A counting game (reach the target with +1 or -1): repeating the target as a move wins when
+    the counter starts at 0, far less often than random legal moves win: chance, not a hack."""
+
+    max_steps = 8
+
+    async def reset(self, *, seed=None, options=None):
+        rng = np.random.default_rng(seed)
+        self.value, self.target = 0, int(rng.choice([-1, 1, -2, 2]))
+        self.question = f"Reach {self.target} from {self.value} with <answer>+1</answer> or <answer>-1</answer>."
+        return [{"role": "user", "content": self.question}], {"anchor": self.value, "success": False}
+
+    async def step(self, action):
+        move = extract_action(action, self.action_tag)
+        if move not in ("+1", "-1", "1"):
+            return (
+                [{"role": "user", "content": "+1 or -1"}],
+                0.0,
+                False,
+                False,
+                invalid_step_info(self.value, "bad move", format_ok=move is not None),
+            )
+        self.value += int(move)
+        won = self.value == self.target
+        info = {"anchor": self.value, "success": won, "action_valid": True, "format_ok": True}
+        return [{"role": "user", "content": f"at {self.value}"}], float(won), won, False, info
+
+    def random_action(self, rng):
+        return f"<answer>{rng.choice(['+1', '-1'])}</answer>"
+
+
+async def test_an_exploit_below_random_play_is_chance_not_a_hack():
+    result = await run_battery(CounterEnv(), seeds=range(16), max_turns=8)
+    assert result.hackability > HACKABILITY_LIMIT  # '+1' from the prompt wins every target-1 game
+    assert result.chance_score > result.hackability and not result.is_hack
+    assert await check_env(CounterEnv()) == []
+    assert result.card_fields()["hackability_chance"] == result.chance_score
 
 
 class ShapedEnv(QuestionEnv):
