@@ -371,3 +371,18 @@ async def test_the_time_budget_stops_new_seeds_but_plays_the_first():
     result = await run_battery(EvaluatesExpressionsEnv(), seeds=range(5), budget_s=0.0)
     assert result.seeds == [0] and result.hackability == 1.0
     assert (await run_battery(QuestionEnv(), seeds=range(3), budget_s=60.0)).seeds == [0, 1, 2]
+
+
+async def test_swe_env_reports_its_grader_suspicions_as_exploit_signals():
+    if reason := _swe_images_missing():
+        pytest.skip(reason)
+    env = make("rollhub/SWE-v0")
+    try:
+        await env.reset(seed=0)
+        for _ in range(4):  # the expert: the gold patch with one bash call, then submit
+            *_, terminated, truncated, info = await env.step(env.expert_action())
+            if terminated or truncated:
+                break
+    finally:
+        await env.close()
+    assert info["success"] and info["exploit_signals"] == {"hack_suspected": False, "patch_rejected": False}
