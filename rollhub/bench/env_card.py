@@ -308,6 +308,8 @@ def _hack_cell(card: dict[str, Any]) -> str:
     if "hackability" not in card:
         return "not measured"
     best = f", {card['hackability_best_exploit']}" if card["hackability"] > 0 else ""
+    if card["hackability"] > 0 and card.get("hackability_chance") is not None:
+        best += f"; random play {card['hackability_chance']:.2f}"
     noted = "; noted" if card.get("hackability_note") else ""
     return f"{card['hackability']:.2f} ({card['hackability_scale']}{best}{noted})"
 

@@ -22,6 +22,7 @@ def test_the_card_carries_hackability_and_the_table_shows_it(tmp_path, capsys):
 def test_a_noted_env_and_an_old_card_read_plainly():
     card = {"hackability": 0.5, "hackability_scale": "reward", "hackability_best_exploit": "echo_question"}
     assert _cell({**card, "hackability_note": "a simulation"}) == "0.50 (reward, echo_question; noted)"
+    assert _cell({**card, "hackability_chance": 0.3}) == "0.50 (reward, echo_question; random play 0.30)"
     assert _cell({}) == "not measured"  # a card written before the battery existed
 
 
