@@ -81,7 +81,7 @@ class Env(abc.ABC):
     CHECK_BY_BUILDING: ClassVar[bool] = False
     #: why this env may be scored by a generic exploit (rollhub.envs.hack_battery) and is still
     #: fine; "" = it must not be: `check_env` fails it when the battery's best exploit scores
-    #: above `HACKABILITY_LIMIT`
+    #: above `HACKABILITY_LIMIT` and above the env's own random play
     hackability_note: ClassVar[str] = ""
 
     @abc.abstractmethod

@@ -47,6 +47,7 @@ def report(
     wall = run.wall_s()  # a resumed run counts its earlier processes too
     before = state.warmstart_success if warmstart is None else warmstart.success_rate
     records = read_jsonl(run.run_dir / "metrics.jsonl")
+    exploit_warnings = rising_exploit_warnings(records)  # a train/exploit/* rate that rose over the run
     title = f"{config.env.id}: {config.algorithm.estimator}, alpha={config.rollout.async_ratio}"
     plot_learning_curve(records, run.run_dir / "learning_curve.png", title=title)
     summary = {
@@ -67,7 +68,7 @@ def report(
         },
         "wall_s": wall,
         "phases_s": run.phases,
-        "exploit_warnings": rising_exploit_warnings(records),
+        "exploit_warnings": exploit_warnings,
     }
     (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     if before is not None:
@@ -99,6 +100,6 @@ def report(
                 else "it is the last step's"
             )
         )
-    for line in rising_exploit_warnings(records):
+    for line in exploit_warnings:
         print_fn(line)
     return TrainingSummary(run.run_dir, warmstart, final, state.version, wall, run.phases, last, selected_step)
