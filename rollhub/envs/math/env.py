@@ -55,9 +55,11 @@ SYSTEM_PROMPT = (
 
 # `example=True`: one worked exchange before the problem, showing the format by doing it. Small
 # instruct models (SmolLM2-135M) mostly ignore the instruction alone and follow it after one
-# example. Its problem lies outside difficulty 1's space.
+# example. Its problem lies outside difficulty 1's space. It states the answer's form as every
+# problem does: with the sentence on the problem alone SmolLM2-135M's greedy accuracy on 64 test
+# problems fell from 35.9% to 28.1%; on both, 37.5%.
 EXAMPLE_EXCHANGE = (
-    {"role": "user", "content": "Compute 23 + 19."},
+    {"role": "user", "content": "Compute 23 + 19. Give the answer as an integer."},
     {"role": "assistant", "content": "23 + 19 = 42. <answer>42</answer>"},
 )
 

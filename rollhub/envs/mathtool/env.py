@@ -3,8 +3,8 @@
 An episode is one problem (`problems.py`) and at most `max_turns` replies. Each reply either
 calls a tool, `<tool_call>{"name": "python", "arguments": {"code": "print(4821 * 377)"}}</tool_call>`,
 whose output comes back as a `tool` message, or answers, `<answer>1817517</answer>`, which ends
-the episode: reward 1 when the answer is the problem's as an integer literal, the form the question
-states (`rollhub.envs.math.answer_forms`; an expression such as `4821 * 377` is never evaluated,
+the episode: reward 1 when the answer is the problem's as an integer literal, the form the system
+prompt states (`rollhub.envs.math.answer_forms`; an expression such as `4821 * 377` is never evaluated,
 else copying the question would pay without a tool call), else 0.
 A reply that does both runs the call and ignores the answer (it was written before the model saw
 the output). A reply with neither, or with a call that cannot be read (bad JSON, unknown tool,
@@ -44,7 +44,7 @@ from rollhub.envs.hack_battery import echoes_question
 from rollhub.envs.math.answer_forms import answer_is_correct
 from rollhub.envs.math.answers import MAX_ANSWER_CHARS, extract_answer
 from rollhub.envs.math.env import ContentSplit
-from rollhub.envs.math.problems import Problem, stated_question
+from rollhub.envs.math.problems import Problem
 from rollhub.envs.mathtool.backends import DEFAULT_IMAGE, EmbeddedBackend, SandboxBackend
 from rollhub.envs.mathtool.problems import (
     KINDS,
@@ -95,13 +95,18 @@ ARGUMENT = {"python": "code", "calculator": "expression"}
 # unless told plainly what comes first: with this system prompt and the question's `nudge`
 # SmolLM2-135M-Instruct writes a call in about a third of samples at T = 0.7; with a neutral
 # "use the tool to compute" and no nudge in none of 48 (experiments/mathtool/README.md).
+# It states the answer's form (every kind's answer is an integer, `answer_forms`), here and not
+# after the question: "Give the answer as an integer." there took SmolLM2-135M's greedy tool-call
+# rate on 32 test problems from 53% to 0% (placed before or after the nudge), stated here 50%.
 SYSTEM_PROMPT = (
     "You are bad at arithmetic. To solve a problem, first call the {tool} tool with code that prints the "
-    "result; when its output comes back, copy it into <answer></answer>, for example <answer>42</answer>."
+    "result; when its output comes back, copy it into <answer></answer> as an integer, for example "
+    "<answer>42</answer>."
 )
 NUDGE = " Use the {tool} tool."
 SYSTEM_PROMPT_NO_TOOL = (
-    "Solve the problem. Put only the final answer inside <answer></answer>, for example <answer>42</answer>."
+    "Solve the problem. Put only the final answer inside <answer></answer> as an integer, for example "
+    "<answer>42</answer>."
 )
 # The example's problem (a 2-digit factor) lies outside every kind's space.
 EXAMPLE_QUESTION = "Compute 12 * 345."
@@ -272,7 +277,7 @@ class MathToolEnv(ContentSplit, Env):
         return self._opening(self._problem), {"anchor": self._anchor(), "success": False, "kind": self._problem.kind}
 
     def _opening(self, problem: Problem) -> Observation:
-        question = stated_question(problem)
+        question = problem.question  # the form is stated by the system prompt (see SYSTEM_PROMPT)
         if not self.tool_names:
             example: list[dict[str, str]] = [
                 {"role": "user", "content": EXAMPLE_QUESTION},

@@ -141,6 +141,7 @@ class ToolWorkerPool:
         self._workers: list[ToolWorker] = []
         self._lock = threading.Lock()
         self._closed = False
+        self.pid = os.getpid()
 
     def _worker(self) -> ToolWorker:
         worker = getattr(self._local, "worker", None)
@@ -191,12 +192,13 @@ def shared_tool_pool() -> ToolWorkerPool:
     """The process's pool (any event loop may use it; the executor belongs to no loop)."""
     global _SHARED
     with _SHARED_LOCK:
-        if _SHARED is None or _SHARED._closed:
+        # a forked child inherits the object but not its threads: it makes its own pool
+        if _SHARED is None or _SHARED._closed or _SHARED.pid != os.getpid():
             _SHARED = ToolWorkerPool()
         return _SHARED
 
 
 @atexit.register
 def _close_shared() -> None:
-    if _SHARED is not None:
+    if _SHARED is not None and _SHARED.pid == os.getpid():
         _SHARED.close()

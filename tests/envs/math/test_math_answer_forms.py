@@ -62,7 +62,10 @@ async def test_echoing_the_question_scores_zero_and_the_gold_scores_one(env_clas
     for seed in SEEDS:
         obs, _ = await env.reset(seed=seed)
         problem = env.problem
-        assert FORM_STATEMENTS[problem.answer_form] in obs[-1]["content"]  # the form is stated
+        if env_class is MathEnv:  # the form is stated: after the question, or in MathTool's system prompt
+            assert FORM_STATEMENTS[problem.answer_form] in obs[-1]["content"]
+        else:
+            assert problem.answer_form == "integer" and "as an integer" in obs[0]["content"]
         for reply in echoes(problem.question):
             assert await _score(env, seed, f"<answer>{reply}</answer>") == 0.0, (problem.question, reply)
         assert await _score(env, seed, f"<answer>{problem.answer}</answer>") == 1.0, problem

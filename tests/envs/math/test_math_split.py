@@ -123,7 +123,9 @@ async def test_example_exchange_shows_the_format_before_the_problem_and_is_never
     obs, _ = await env.reset(seed=1_000_000)
     assert [m["role"] for m in obs] == ["system", "user", "assistant", "user"]
     assert "<answer>42</answer>" in obs[2]["content"] and obs[3]["content"] == stated_question(env.problem)
-    assert EXAMPLE_EXCHANGE[0]["content"] not in _space(("arithmetic",), 1)  # no problem's answer is given away
+    example_question = EXAMPLE_EXCHANGE[0]["content"].split(" Give the answer")[0]
+    assert example_question == "Compute 23 + 19."
+    assert example_question not in _space(("arithmetic",), 1)  # no problem's answer is given away
     plain, _ = await MathEnv(**ARITH_1).reset(seed=0)
     assert [m["role"] for m in plain] == ["system", "user"]
 

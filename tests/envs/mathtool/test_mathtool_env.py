@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from rollhub.envs.checker import check_env
-from rollhub.envs.math.problems import stated_question
 from rollhub.envs.mathtool.env import MathToolEnv
 from rollhub.envs.mathtool.problems import (
     KINDS,
@@ -154,7 +153,7 @@ async def test_calculator_tool_and_no_tool_baseline_on_the_same_problems():
     obs, _, _, _, info = await calc.step(call("12 * 345", "calculator", "expression"))
     assert obs[0]["content"] == "4140" and info["tool_ok"]
     opening, _ = await none.reset(seed=5)
-    assert "tool" not in json.dumps(opening) and opening[-1]["content"] == stated_question(calc.problem)
+    assert "tool" not in json.dumps(opening) and opening[-1]["content"] == calc.problem.question
     # without tools a call is no answer: invalid, nothing runs
     obs, reward, _, _, info = await none.step(call("print(1)"))
     assert not info["action_valid"] and reward == 0

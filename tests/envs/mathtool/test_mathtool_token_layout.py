@@ -27,7 +27,7 @@ CALL = '<tool_call>{"name": "python", "arguments": {"code": "print(6599 * 675)"}
 HEAD = (
     "<|im_start|>system\n"
     "You are bad at arithmetic. To solve a problem, first call the python tool with code that prints the result; "
-    "when its output comes back, copy it into <answer></answer>, for example <answer>42</answer>.\n\n"
+    "when its output comes back, copy it into <answer></answer> as an integer, for example <answer>42</answer>.\n\n"
     "Functions you may call, as JSON schemas:\n<tools>\n"
     '{"function": {"description": "Run a short Python program and return what it prints.", "name": "python", '
     '"parameters": {"properties": {"code": {"description": "the program; print the result", "type": "string"}}, '
@@ -39,7 +39,7 @@ HEAD = (
     '<tool_call>{"name": "python", "arguments": {"code": "print(12 * 345)"}}</tool_call><|im_end|>\n'
     "<|im_start|>tool\n4140<|im_end|>\n"
     "<|im_start|>assistant\n<answer>4140</answer><|im_end|>\n"
-    "<|im_start|>user\nCompute 6599 * 675. Give the answer as an integer. Use the python tool.<|im_end|>\n"
+    "<|im_start|>user\nCompute 6599 * 675. Use the python tool.<|im_end|>\n"
 )
 
 
@@ -106,7 +106,7 @@ async def test_two_turn_episode_token_layout_is_pinned(tokenizer):
     assert generation_prompt == [im_start, 520, 9531, 198] and close == [198]
     assert reply == [im_start, 19324, 198, 36, 36, 37, 36, 35, 34, 37, im_end, 198]  # one id per digit
     assert engine.prompts[0] == head + generation_prompt
-    assert len(head) == 296  # 289 before the sentence that states the answer form (7 tokens)
+    assert len(head) == 293  # 289 before the system prompt stated the answer form (" as an integer")
     assert engine.prompts[1] == head + generation_prompt + first + close + reply + generation_prompt
     assert trajectory.turns[0].response_ids == first and trajectory.turns[1].response_ids == second
     assert trajectory.turns[1].prompt_ids == engine.prompts[1]

@@ -209,3 +209,24 @@ async def test_a_worker_that_cannot_start_is_an_infra_failure_not_the_models(mon
         assert info["infra_failure"].startswith("mathtool sandbox") and reward == 0 and truncated
     finally:
         env.backend.pool.close()
+
+
+async def test_a_forked_child_gets_its_own_pool():
+    from rollhub.envs.mathtool.tool_worker import shared_tool_pool
+
+    parent_pool = shared_tool_pool()
+    await parent_pool.run("python", "print(1)", time_limit_s=0.2)  # the parent's threads and workers exist
+    pid = os.fork()
+    if pid == 0:  # the child: its inherited executor has no threads; a call there would hang
+        import signal
+
+        signal.alarm(20)
+        try:
+            pool = shared_tool_pool()
+            result, _ = asyncio.new_event_loop().run_until_complete(pool.run("python", "6 * 7", time_limit_s=0.2))
+            code = 0 if pool is not parent_pool and result.output == "42\n" else 1
+        except BaseException:
+            code = 2
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
