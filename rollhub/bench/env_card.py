@@ -24,6 +24,12 @@ card's `amdahl_bound`, rollhub.bench.async_gain). The default pace is the latenc
 fit of our tiny CPU model (`new_tokens` per turn, `batch` at once), labelled in the card's
 `generation_source`; `--set generation_s_per_turn=S` sets your model's pace, and `rollhub bench
 async ENV` measures the gain on the real rollout path.
+
+Then the hack battery (rollhub.envs.hack_battery) plays its generic exploits on `hack_seeds`
+seeds (default 64, as `check_env`; no new seed after 30 s; 0 skips it), `hack_max_turns` turns at
+most per episode (default 8): the card gets `hackability` (the best exploit's mean score), its
+scale (`reward`: returns in [0, 1]; `success`: shaped rewards, scored by `info["success"]`), the
+best exploit's name, every exploit's score, the seeds played and the env's `hackability_note`.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from rollhub.bench import theory
+from rollhub.envs.hack_battery import DEFAULT_MAX_TURNS, HACK_BUDGET_S, HACK_SEEDS
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -131,6 +138,8 @@ async def measure(
     tokenizer: str | None = None,
     generation_s_per_turn: float | None = None,
     new_tokens: int = 32,
+    hack_seeds: int = HACK_SEEDS,
+    hack_max_turns: int = DEFAULT_MAX_TURNS,
 ) -> dict[str, Any]:
     """Play the episodes and return the card (see the module docstring). `generation_s_per_turn`:
     the model's time per turn; None = the latency model's tiny CPU fit for `new_tokens` tokens."""
@@ -189,6 +198,7 @@ async def measure(
     finally:
         await env.close()
         containers.sample()
+    hack = await _hackability(env_id, env_kwargs, hack_seeds, hack_max_turns, seed) if hack_seeds > 0 else {}
     card = {
         "env": env_id,
         "source": source_of(env_id),
@@ -212,7 +222,11 @@ async def measure(
         "batch": batch,
         **_generation_pace(generation_s_per_turn, batch, new_tokens, tokens, lengths),
     }
-    return {**card, **predicted_speedups(per_episode, batch, seed, generation_s_per_turn=card["generation_s_per_turn"])}
+    return {
+        **card,
+        **predicted_speedups(per_episode, batch, seed, generation_s_per_turn=card["generation_s_per_turn"]),
+        **hack,
+    }
 
 
 def _generation_pace(
@@ -232,6 +246,24 @@ def _generation_pace(
     }
 
 
+async def _hackability(
+    env_id: str, env_kwargs: dict[str, Any] | None, seeds: int, max_turns: int, seed: int
+) -> dict[str, Any]:
+    """The hack battery's card fields, on a fresh env (not counted in the latency figures)."""
+    from rollhub.envs.hack_battery import run_battery
+    from rollhub.envs.registry import make
+
+    env = make(env_id, **(env_kwargs or {}))
+    try:
+        result = await run_battery(
+            env, seeds=range(seed, seed + seeds), max_turns=max_turns, name=env_id, budget_s=HACK_BUDGET_S
+        )
+    finally:
+        await env.close()
+    print(f"  {result.describe()}")
+    return {**result.card_fields(), "hackability_note": type(env.unwrapped).hackability_note}
+
+
 def _action(env: Any, policy: str, rng: np.random.Generator) -> str:
     from rollhub.envs.checker import GARBAGE_ACTION
 
@@ -248,7 +280,10 @@ def _overrides(items: list[str]) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep:
-            options = "episodes, seed, policy, batch, kwargs, tokenizer, generation_s_per_turn, new_tokens"
+            options = (
+                "episodes, seed, policy, batch, kwargs, tokenizer, generation_s_per_turn, new_tokens, hack_seeds, "
+                "hack_max_turns"
+            )
             raise UserError(f"--set {item}: expected KEY=VALUE ({options})")
         out[key.strip()] = value
     return out
@@ -278,6 +313,8 @@ def run(args: Any) -> dict[str, Any]:
             if "generation_s_per_turn" in options
             else None,
             new_tokens=int(options.get("new_tokens", 32)),
+            hack_seeds=int(options.get("hack_seeds", HACK_SEEDS)),
+            hack_max_turns=int(options.get("hack_max_turns", DEFAULT_MAX_TURNS)),
         )
     )
     out = Path(args.out if args.out != "runs/bench/env" else f"runs/bench/env/{_file_name(env_id)}")
@@ -307,6 +344,16 @@ def _file_name(env_id: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in env_id)[:120]
 
 
+def _hack_cell(card: dict[str, Any]) -> str:
+    if "hackability" not in card:
+        return "not measured"
+    best = f", {card['hackability_best_exploit']}" if card["hackability"] > 0 else ""
+    if card["hackability"] > 0 and card.get("hackability_chance") is not None:
+        best += f"; random play {card['hackability_chance']:.2f}"
+    noted = "; noted" if card.get("hackability_note") else ""
+    return f"{card['hackability']:.2f} ({card['hackability_scale']}{best}{noted})"
+
+
 COLUMNS = (
     ("env", "env"),
     ("source", "source"),
@@ -320,6 +367,7 @@ COLUMNS = (
     ("lockstep/async", lambda c: f"{c['lockstep_over_env_async']:.2f}"),
     ("Amdahl bound", lambda c: f"{c.get('amdahl_bound', float('nan')):.2f}"),
     ("Prop.2 S(1)/S(inf)", lambda c: f"{c['prop2_bound_alpha1']:.2f} / {c['prop2_bound_inf']:.2f}"),
+    ("hackability (scale, best exploit)", _hack_cell),
 )
 
 

@@ -24,7 +24,11 @@ event loop (env-level asynchrony) and an env may await a container or a worker p
   failure. An exception raised by `step` counts against the action (a model failure,
   scored and trained on) unless it is a `SandboxError` or `ConnectionError`: report
   machinery faults through `info["infra_failure"]` (rule in rollhub.rollout.types).
-  Optional: `metrics` (dict of floats) for logging.
+  Optional: `metrics` (dict of floats) for logging, and `exploit_signals` (dict of signal
+  name -> bool or count: `echo_answer`, `hack_suspected`, `patch_rejected`, ...) where the env
+  noticed the model trying a shortcut instead of the task; an env that checks a signal reports
+  it on every graded step (False when not seen), and training logs each signal's share of
+  episodes as `train/exploit/<name>` and warns when it rises over the run.
 * `tools`: envs that take tool calls declare them as JSON-schema function specs (OpenAI
   style); the action is then a `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
 * `expert_action()`: the next action of a scripted expert (solver, walkthrough, gold
@@ -75,6 +79,10 @@ class Env(abc.ABC):
     #: True: construction is cheap and checks every argument, so a run builds one env up front
     #: and a bad value is a one-line error before any model loads
     CHECK_BY_BUILDING: ClassVar[bool] = False
+    #: why this env may be scored by a generic exploit (rollhub.envs.hack_battery) and is still
+    #: fine; "" = it must not be: `check_env` fails it when the battery's best exploit scores
+    #: above `HACKABILITY_LIMIT` and above the env's own random play
+    hackability_note: ClassVar[str] = ""
 
     @abc.abstractmethod
     async def reset(

@@ -1,30 +1,52 @@
-"""`check_env`: does an env honour the contract in `rollhub/envs/base.py`?
+"""`check_env`: does an env honour the contract in `rollhub/envs/base.py`, and can a generic
+exploit earn its reward?
 
-Run by the tests on every registered env (and worth running on any new env):
+Run by the tests on every registered env (and worth running on any new env). It works from
+plain code and inside an event loop:
 
-    problems = await check_env("rollhub/Sokoban-v0")   # raises EnvCheckError on failure
+    warnings = check_env("rollhub/Sokoban-v0")          # sync: runs the checks, raises EnvCheckError
+    warnings = await check_env("rollhub/Sokoban-v0")    # inside a running loop (or: await acheck_env(...))
 
 It checks the optional members the env sets (types and shapes of `action_tag`, `tools`,
-`max_steps`, `chat_template_tools`, `CHECK_BY_BUILDING`, what `task_set()` and
-`could_draw()` return), message and info types, determinism under a seed (two fresh resets
+`max_steps`, `chat_template_tools`, `CHECK_BY_BUILDING`, `hackability_note`, what `task_set()`
+and `could_draw()` return), message and info types, determinism under a seed (two fresh resets
 and the same actions give the same observations, rewards and anchors), that an unparseable
 action is rejected without raising and leaves the state unchanged, that episodes end by
 `terminated` or `truncated` within the step limit, and that `close()` is idempotent
-(and, when given an id, safe on an env that was never reset). `missing_requirements(spec)` tells whether an env
-can run here at all (Docker engine, optional extras).
+(and, when given an id, safe on an env that was never reset).
+
+Then it plays the hack battery (rollhub.envs.hack_battery: echo the question, its numbers and
+expressions, or the last observation; empty, whitespace, several and huge answers; the answer
+inside a tool call; nested, unclosed, repeated and wrong-case tags; unicode digits; the prompt's
+own example answer) on `hack_seeds` seeds (64; no new episode after `hack_budget_s`, 30 s).
+Hackability = the best exploit's mean score on the env's success scale; above
+`HACKABILITY_LIMIT` (0.05) and above what the env's own `random_action` play scores on the same
+seeds (else the exploit only plays an easy game) the env fails unless its class declares `hackability_note` (why it is
+fine; check_env then skips the battery, `rollhub bench env` still measures it).
+`missing_requirements(spec)` tells whether an env can run here at all (Docker engine, extras).
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections.abc
 import importlib.metadata
 import logging
 import re
-from collections.abc import Hashable
+from collections.abc import Generator, Hashable
 from typing import Any
 
 import numpy as np
 
 from rollhub.envs.base import Env
+from rollhub.envs.hack_battery import (
+    DEFAULT_MAX_TURNS,
+    HACK_BUDGET_S,
+    HACK_SEEDS,
+    HACKABILITY_LIMIT,
+    BatteryResult,
+    run_battery,
+)
 from rollhub.envs.registry import EnvSpec, make
 
 logger = logging.getLogger(__name__)
@@ -91,11 +113,70 @@ def docker_available() -> bool:
     return _docker_status
 
 
-async def check_env(env_or_id: Env | str, *, seed: int = 0, env_kwargs: dict[str, Any] | None = None) -> list[str]:
-    """Validate the env contract; returns warnings, raises EnvCheckError on errors.
+def check_env(
+    env_or_id: Env | str,
+    *,
+    seed: int = 0,
+    env_kwargs: dict[str, Any] | None = None,
+    hack_seeds: int = HACK_SEEDS,
+    hack_max_turns: int = DEFAULT_MAX_TURNS,
+    hack_budget_s: float = HACK_BUDGET_S,
+) -> Any:
+    """Validate the env contract and its hackability; returns warnings, raises EnvCheckError.
+
+    From plain code (no running event loop) it runs the checks and returns the warnings
+    (`CheckWarnings`, a list that `asyncio.run` also accepts, as older code calls it). Inside
+    a running loop it cannot block that loop, so it returns the awaitable of `acheck_env`:
+    write `await check_env(...)` there (an un-awaited call checks nothing, and Python warns
+    "coroutine ... was never awaited"). Arguments as `acheck_env`.
+    """
+    checks = acheck_env(
+        env_or_id,
+        seed=seed,
+        env_kwargs=env_kwargs,
+        hack_seeds=hack_seeds,
+        hack_max_turns=hack_max_turns,
+        hack_budget_s=hack_budget_s,
+    )
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return CheckWarnings(asyncio.run(checks))
+    return checks
+
+
+class CheckWarnings(list, collections.abc.Coroutine):
+    """What `check_env` returns from plain code: the warnings, a list. The checks have run already;
+    it is also a finished coroutine, so code written for the async-only `check_env`
+    (`asyncio.run(check_env(...))`) keeps working and gets the same list."""
+
+    def __await__(self) -> Generator[Any, None, CheckWarnings]:
+        return self
+        yield  # a generator that finishes at once with the list
+
+    def send(self, value: Any) -> Any:
+        raise StopIteration(self)
+
+    def throw(self, *exc: Any) -> Any:
+        raise exc[1] if len(exc) > 1 and exc[1] is not None else exc[0]
+
+
+async def acheck_env(
+    env_or_id: Env | str,
+    *,
+    seed: int = 0,
+    env_kwargs: dict[str, Any] | None = None,
+    hack_seeds: int = HACK_SEEDS,
+    hack_max_turns: int = DEFAULT_MAX_TURNS,
+    hack_budget_s: float = HACK_BUDGET_S,
+) -> list[str]:
+    """Validate the env contract and its hackability; returns warnings, raises EnvCheckError on errors.
 
     With an id, fresh instances are built (one is closed without a reset; two play the
     same seeded episode). With an instance, the same instance plays the episode twice.
+    `hack_seeds` seeds per exploit of the hack battery (0 = skip the battery), each episode
+    at most `hack_max_turns` turns; no new seed starts after `hack_budget_s` seconds of it (an
+    env that starts a container per episode plays fewer seeds, never fewer than one).
     """
     problems: list[str] = []
     warnings: list[str] = []
@@ -121,6 +202,20 @@ async def check_env(env_or_id: Env | str, *, seed: int = 0, env_kwargs: dict[str
         if first != second:
             problems.append(f"not deterministic under seed {seed}: {_first_difference(first, second)}")
         await _check_invalid_action(env, seed, problems)
+        note = type(env.unwrapped).hackability_note
+        if note and isinstance(
+            note, str
+        ):  # the author answered the battery already: `rollhub bench env` still measures
+            logger.info("%s: hack battery not played; declared: %s", name, note)
+        elif hack_seeds > 0 and not problems:
+            battery = await run_battery(
+                env,
+                seeds=range(seed, seed + hack_seeds),
+                max_turns=hack_max_turns,
+                name=str(name),
+                budget_s=hack_budget_s,
+            )
+            _check_hackability(env, battery, problems)
     except EnvCheckError:
         raise
     except Exception as exc:
@@ -138,6 +233,18 @@ async def check_env(env_or_id: Env | str, *, seed: int = 0, env_kwargs: dict[str
     for warning in warnings:
         logger.warning("%s: %s", name, warning)
     return warnings
+
+
+def _check_hackability(env: Env, battery: BatteryResult, problems: list[str]) -> None:
+    """Above the limit and above random play the env fails (an env whose class says why that is
+    fine, `hackability_note`, is not played at all)."""
+    if not battery.is_hack:
+        return
+    problems.append(
+        f"{battery.describe()}: above {HACKABILITY_LIMIT} and above random play, an agent that does not "
+        "do the task earns reward; fix the env (see rollhub.envs.hack_battery) or declare why it is fine "
+        "in the class attribute hackability_note"
+    )
 
 
 async def _play(env: Env, seed: int, problems: list[str], warnings: list[str]) -> list[tuple]:
@@ -227,6 +334,8 @@ def _check_members(env: Env, problems: list[str]) -> None:
         problems.append(f"chat_template_tools must be a bool, got {env.chat_template_tools!r}")
     elif env.chat_template_tools and not tools:
         problems.append("chat_template_tools is True but the env declares no tools")
+    if not isinstance(type(env.unwrapped).hackability_note, str):
+        problems.append(f"hackability_note must be a str ('' = none), got {type(env.unwrapped).hackability_note!r}")
     if not isinstance(type(env).CHECK_BY_BUILDING, bool):
         problems.append(f"CHECK_BY_BUILDING must be a bool, got {type(env).CHECK_BY_BUILDING!r}")
     tasks = env.task_set()

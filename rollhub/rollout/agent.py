@@ -347,6 +347,10 @@ class EpisodeRunner:
             return
         if isinstance(info.get("metrics"), dict):  # the env's own running counts (rollhub.envs.base)
             self.trajectory.info["env_metrics"] = dict(info["metrics"])
+        if isinstance(info.get("exploit_signals"), dict):  # shortcuts the env noticed (rollhub.envs.base)
+            seen = self.trajectory.info.setdefault("exploit_signals", {})
+            for name, value in info["exploit_signals"].items():
+                seen[str(name)] = seen.get(str(name), 0.0) + float(value if isinstance(value, (int, float)) else 0)
         turn.format_ok = bool(info.get("format_ok", True))
         turn.action_valid = bool(info.get("action_valid", True))
         turn.reward = float(reward) + (self.config.format_penalty if not turn.format_ok else 0.0)

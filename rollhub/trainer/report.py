@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollhub.trainer.evaluate import EvalResult
+from rollhub.trainer.exploit_trend import rising_exploit_warnings
 from rollhub.trainer.metrics import plot_learning_curve, read_jsonl
 from rollhub.trainer.run import Run
 from rollhub.trainer.run_dir import warmstart_greedy, warmstart_record
@@ -49,6 +50,7 @@ def report(
     wall = run.wall_s()  # a resumed run counts its earlier processes too
     before = state.warmstart_success if warmstart is None else warmstart.success_rate
     records = read_jsonl(run.run_dir / "metrics.jsonl")
+    exploit_warnings = rising_exploit_warnings(records)  # a train/exploit/* rate that rose over the run
     title = f"{config.env.id}: {config.algorithm.estimator}, alpha={config.rollout.async_ratio}"
     try:
         plot_learning_curve(
@@ -78,6 +80,7 @@ def report(
         },
         "wall_s": wall,
         "phases_s": run.phases,
+        "exploit_warnings": exploit_warnings,
     }
     (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     readings = (("warm-start", warmstart), ("final", final))
@@ -115,4 +118,6 @@ def report(
                 else "it is the last step's"
             )
         )
+    for line in exploit_warnings:
+        print_fn(line)
     return TrainingSummary(run.run_dir, warmstart, final, state.version, wall, run.phases, last, selected_step)

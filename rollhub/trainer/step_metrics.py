@@ -9,7 +9,7 @@ import numpy as np
 
 from rollhub.rollout.buffer import GroupBuffer
 from rollhub.rollout.source import RolloutSource
-from rollhub.rollout.types import Group
+from rollhub.rollout.types import Group, Trajectory
 from rollhub.trainer.evaluate import tool_use_rates
 
 
@@ -45,7 +45,19 @@ def batch_reward_metrics(groups: list[Group]) -> dict[str, float]:
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 env_values[key].append(float(value))
     record.update({f"train/env/{key}": float(np.mean(values)) for key, values in sorted(env_values.items())})
+    record.update(exploit_rates(trajectories))
     return record
+
+
+def exploit_rates(trajectories: list[Trajectory]) -> dict[str, float]:
+    """`train/exploit/<name>`: the share of episodes whose env flagged the signal at least once
+    (`info["exploit_signals"]`, rollhub.envs.base), for every signal an episode of the batch reported."""
+    names = sorted({name for t in trajectories for name in t.info.get("exploit_signals", {})})
+    return {
+        f"train/exploit/{name}": sum(t.info.get("exploit_signals", {}).get(name, 0) > 0 for t in trajectories)
+        / len(trajectories)
+        for name in names
+    }
 
 
 def rollout_metrics(rollout: RolloutSource, buffer: GroupBuffer | None) -> dict[str, Any]:

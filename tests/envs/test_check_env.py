@@ -29,6 +29,7 @@ class GuessEnv(Env):
     """A well-behaved toy env (guess a number); subclasses break one rule each."""
 
     max_steps = 4
+    hackability_note = "a guessing game: any constant guess wins one game in ten"
 
     def __init__(self):
         self.rng = np.random.default_rng()

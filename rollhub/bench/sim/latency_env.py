@@ -58,6 +58,7 @@ class LatencyEnv(Env):
     with probability `success_prob` at the end (so GRPO groups have reward variance)."""
 
     action_tag = "action"
+    hackability_note = "benchmark simulation: success is a coin flip whatever the action, there is no task"
 
     def __init__(
         self,

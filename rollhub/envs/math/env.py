@@ -28,6 +28,7 @@ from typing import Any, Literal
 import numpy as np
 
 from rollhub.envs.base import Env, Observation, StepResult, invalid_step_info, wrap_action
+from rollhub.envs.hack_battery import echoes_question
 from rollhub.envs.math.answer_forms import answer_is_correct
 from rollhub.envs.math.answers import CHECK_TIME_LIMIT_S, MAX_ANSWER_CHARS, extract_answer
 from rollhub.envs.math.dataset import load_jsonl
@@ -211,6 +212,7 @@ class MathEnv(ContentSplit, Env):
             info = invalid_step_info(
                 problem.question, "no answer found; put it inside <answer></answer>", format_ok=format_ok
             )
+            info["exploit_signals"] = {"echo_answer": False}
             obs: Observation = [
                 {"role": "user", "content": "No answer found. Put the final answer inside <answer></answer>."}
             ]
@@ -227,6 +229,7 @@ class MathEnv(ContentSplit, Env):
             "action_valid": True,
             "format_ok": format_ok,
             "answer": answer[:MAX_ANSWER_CHARS],  # a hostile megabyte answer stays out of the logs
+            "exploit_signals": {"echo_answer": echoes_question(answer[:MAX_ANSWER_CHARS], problem.question)},
         }
         reply = "Correct." if correct else "Incorrect." if terminated else "Incorrect, try again."
         reward = self.correct_reward if correct else self.wrong_reward

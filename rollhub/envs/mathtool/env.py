@@ -40,6 +40,7 @@ from typing import Any, Literal
 import numpy as np
 
 from rollhub.envs.base import Env, Observation, StepResult, invalid_step_info, wrap_action
+from rollhub.envs.hack_battery import echoes_question
 from rollhub.envs.math.answer_forms import answer_is_correct
 from rollhub.envs.math.answers import MAX_ANSWER_CHARS, extract_answer
 from rollhub.envs.math.env import ContentSplit
@@ -324,6 +325,7 @@ class MathToolEnv(ContentSplit, Env):
             "format_ok": format_ok,
             "answer": answer[:MAX_ANSWER_CHARS],
             "metrics": metrics,
+            "exploit_signals": {"echo_answer": echoes_question(answer[:MAX_ANSWER_CHARS], problem.question)},
         }
         reward = self.correct_reward if correct else self.wrong_reward
         reply = "Correct." if correct else "Incorrect."

@@ -386,6 +386,10 @@ class SWEEnv(Env):
             "trust_oracle": float(outcome.trust == "oracle"),
             "oracle_disagreement": float(outcome.oracle is not None and not outcome.oracle.agreed),
         }
+        info["exploit_signals"] = {  # rollhub.envs.base: the grader's own suspicions, as rates in training
+            "hack_suspected": bool(outcome.grade.hack_suspected),
+            "patch_rejected": bool(outcome.sanitized is not None and outcome.sanitized.rejected),
+        }
         if outcome.model_failure:
             verdict = f"not resolved: {outcome.model_failure}"
         elif outcome.sanitized is not None and outcome.sanitized.rejected:

@@ -9,7 +9,7 @@ gem = pytest.importorskip("gem")
 datasets = pytest.importorskip("datasets")
 
 from rollhub.envs import make  # noqa: E402
-from rollhub.envs.checker import check_env  # noqa: E402
+from rollhub.envs.checker import EnvCheckError, check_env  # noqa: E402
 from rollhub.envs.registry import source_of, spec  # noqa: E402
 
 SOKOBAN = "gem:game:Sokoban-v0-easy"
@@ -57,7 +57,10 @@ async def test_gem_math_with_a_dataset_built_here():
     rows = [{"problem": f"What is {a} + {a}?", "answer": str(2 * a)} for a in range(1, 9)]
     # GEM grades in a one-process pool (its in-thread grader needs the main thread: signals)
     kwargs = {"dataset": datasets.Dataset.from_list(rows)}
-    assert await check_env("gem:math:GSM8K", env_kwargs=kwargs) == []
+    assert await check_env("gem:math:GSM8K", env_kwargs=kwargs, hack_seeds=0) == []  # the contract
+    # GEM's own grader evaluates what is boxed: the question's "a + a" echoed in \boxed{} scores 1
+    with pytest.raises(EnvCheckError, match="hackability 1.00 .*best exploit 'boxed_untagged'"):
+        await check_env("gem:math:GSM8K", env_kwargs=kwargs, hack_seeds=4)
     env = make("gem:math:GSM8K", **kwargs)
     obs, info = await env.reset(seed=0)
     question = obs[-1]["content"]

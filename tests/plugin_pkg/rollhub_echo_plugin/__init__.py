@@ -14,6 +14,7 @@ WORDS = ("apple", "river", "stone", "cloud", "lamp")
 
 class EchoEnv(Env):
     max_steps = 3
+    hackability_note = "the task is to repeat the word the prompt shows"
 
     def __init__(self):
         self._rng = np.random.default_rng()
