@@ -96,11 +96,21 @@ def register(
         wrappers=dict(wrappers or {}),
     )
     _REGISTRY[id] = spec
-    if gymnasium_compat:
+    if gymnasium_compat and _gymnasium_installed():
         from rollhub.envs.gym_compat import register_in_gymnasium
 
         register_in_gymnasium(spec.id, make)
     return spec
+
+
+def _gymnasium_installed() -> bool:
+    """gymnasium is optional at import: rollhub's own envs and trainer never need it (a bare GPU box
+    runs without it); `gymnasium.make` works for every id once it is installed."""
+    try:
+        import gymnasium  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def load_plugins() -> None:
