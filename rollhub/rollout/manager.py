@@ -53,6 +53,7 @@ from rollhub.rollout.prompting import ChatSegments
 from rollhub.rollout.tasks import TaskOwner
 from rollhub.rollout.trajectory_log import TrajectoryWriter
 from rollhub.rollout.types import Group, RolloutFailureError, Trajectory, TrajectoryStatus
+from rollhub.rollout.weight_update import timed_weight_update
 
 logger = logging.getLogger(__name__)
 
@@ -261,22 +262,7 @@ class EnvManager(TaskOwner):
     async def update_weights(self, source: Any, version: int) -> None:
         """pause (in-flight requests abort) -> load weights -> resume (runners resubmit)."""
         async with self._update_lock:
-            started = time.perf_counter()
-            await self.engine.pause()
-            paused = time.perf_counter()
-            try:
-                await self.engine.update_weights(source, version)
-            finally:
-                updated = time.perf_counter()
-                await self.engine.resume()
-            self.metrics.weight_updates.append(
-                {
-                    "version": version,
-                    "pause_s": paused - started,
-                    "update_s": updated - paused,
-                    "resume_s": time.perf_counter() - updated,
-                }
-            )
+            self.metrics.weight_updates.append(await timed_weight_update(self.engine, source, version))
 
     def summary(self) -> dict[str, Any]:
         data = self.metrics.summary()

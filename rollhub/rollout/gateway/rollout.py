@@ -33,6 +33,7 @@ from rollhub.rollout.gateway.service import Gateway
 from rollhub.rollout.tasks import TaskOwner
 from rollhub.rollout.trajectory_log import TrajectoryWriter
 from rollhub.rollout.types import Group, RolloutFailureError, TrajectoryStatus
+from rollhub.rollout.weight_update import timed_weight_update
 
 logger = logging.getLogger(__name__)
 
@@ -162,18 +163,7 @@ class ProgramRollout(TaskOwner):
     async def update_weights(self, source: Any, version: int) -> None:
         """pause (in-flight generations abort) -> load -> resume (the gateway resumes them)."""
         async with self._update_lock:
-            started = time.perf_counter()
-            await self.engine.pause()
-            paused = time.perf_counter()
-            try:
-                await self.engine.update_weights(source, version)
-            finally:
-                updated = time.perf_counter()
-                await self.engine.resume()
-            self.weight_updates.append(
-                {"version": version, "pause_s": paused - started, "update_s": updated - paused,
-                 "resume_s": time.perf_counter() - updated}
-            )  # fmt: skip
+            self.weight_updates.append(await timed_weight_update(self.engine, source, version))
 
     def summary(self) -> dict[str, Any]:
         elapsed = time.perf_counter() - self._started_at

@@ -196,30 +196,19 @@ class Gateway:
         generations = await self._generate_choices(prompt, request.sampling)
         parse = request.tools is not None and request.tool_choice != "none"
         choices = [self._chat_choice(i, g, text, parse, request.tool_names) for i, (g, text) in enumerate(generations)]
-        kind = None
-        if session is not None:
-            nodes = [
-                Node(
-                    node_id=c.node_id,
-                    parent=parent,
-                    message_keys=keys,
-                    tools_key=tools_key,
-                    answer_key=message_key(
-                        {"role": "assistant", "content": c.content, "tool_calls": c.tool_calls}, len(keys)
-                    ),
-                    prompt_ids=prompt,
-                    response_ids=c.token_ids,
-                    logprobs=c.logprobs,
-                    versions=c.versions,
-                    text=c.text,
-                    finish_reason=c.engine_finish_reason,
-                )
-                for c in choices
-            ]
-            kind = self._record(session, parent, nodes)
-        else:
-            self.metrics.stateless_calls += 1
-        return CallResult(prompt, choices, session.session_id if session else None, kind)
+        return self._result(
+            session,
+            parent,
+            prompt,
+            choices,
+            lambda c: {
+                "message_keys": keys,
+                "tools_key": tools_key,
+                "answer_key": message_key(
+                    {"role": "assistant", "content": c.content, "tool_calls": c.tool_calls}, len(keys)
+                ),
+            },
+        )
 
     def _chat_choice(self, index: int, generation: Generation, text: str, parse: bool, names: set[str]) -> Choice:
         choice = self._choice(index, generation, text)
@@ -259,22 +248,38 @@ class Gateway:
             raise ApiError("the prompt encodes to no tokens", param="prompt")
         generations = await self._generate_choices(prompt, request.sampling)
         choices = [self._choice(i, g, text) for i, (g, text) in enumerate(generations)]
+        return self._result(
+            session,
+            parent,
+            prompt,
+            choices,
+            lambda c: {"message_keys": None, "tools_key": "", "answer_key": None, "prompt_text": request.prompt_text},
+        )
+
+    # --- shared -------------------------------------------------------------------------
+
+    def _result(
+        self,
+        session: Session | None,
+        parent: Node | None,
+        prompt: list[int],
+        choices: list[Choice],
+        keys_of: Callable[[Choice], dict[str, Any]],
+    ) -> CallResult:
+        """Record each choice as a node of the session's tree (`keys_of`: how the call kind names it)."""
         kind = None
         if session is not None:
             nodes = [
                 Node(
                     node_id=c.node_id,
                     parent=parent,
-                    message_keys=None,
-                    tools_key="",
-                    answer_key=None,
                     prompt_ids=prompt,
                     response_ids=c.token_ids,
                     logprobs=c.logprobs,
                     versions=c.versions,
                     text=c.text,
                     finish_reason=c.engine_finish_reason,
-                    prompt_text=request.prompt_text,
+                    **keys_of(c),
                 )
                 for c in choices
             ]
@@ -282,8 +287,6 @@ class Gateway:
         else:
             self.metrics.stateless_calls += 1
         return CallResult(prompt, choices, session.session_id if session else None, kind)
-
-    # --- shared -------------------------------------------------------------------------
 
     def _check_model(self, model: str) -> None:
         if model != self.config.model_name:
