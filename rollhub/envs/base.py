@@ -48,7 +48,6 @@ never the global `random`/`numpy` state (threads and workers would break it).
 from __future__ import annotations
 
 import abc
-import re
 from collections.abc import Hashable
 from typing import Any, ClassVar, TypedDict
 
@@ -154,10 +153,16 @@ def extract_action(text: str, tag: str) -> str | None:
     """
     if not tag:
         return text.strip() or None
-    matches = re.findall(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", text, flags=re.DOTALL)
-    if not matches:
-        return None
-    return matches[-1].strip()
+    # what re.findall(<tag>(.*?)</tag>) finds, scanned with str.find: the regex retries every opening
+    # against the rest of the text, quadratic in a reply of many unclosed tags (seconds on the loop)
+    opening, closing = f"<{tag}>", f"</{tag}>"
+    last, position = None, 0
+    while (start := text.find(opening, position)) != -1:
+        end = text.find(closing, start + len(opening))
+        if end == -1:
+            break
+        last, position = text[start + len(opening) : end], end + len(closing)
+    return None if last is None else last.strip()
 
 
 def wrap_action(action: str, tag: str) -> str:
