@@ -40,7 +40,11 @@ _REPLY_CONTEXT = [{"role": "user", "content": "x"}, {"role": "assistant", "conte
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:
-    return list(tokenizer.encode(text, add_special_tokens=False)) if text else []
+    """Ids of rendered text. Env text can hold lone surrogates (a tool printing '\\ud800'), which the
+    tokenizer refuses: they become '?' here, so a program's output can never fail its episode."""
+    if not text:
+        return []
+    return list(tokenizer.encode(text.encode("utf-8", "replace").decode("utf-8"), add_special_tokens=False))
 
 
 class ChatSegments:

@@ -158,3 +158,18 @@ async def test_a_malformed_call_is_a_format_error_the_next_prompt_shows(tokenize
     assert "Tool call error: tool call is not valid JSON" in second
     assert "Tool call error: unknown tool 'bash'" in third
     assert trajectory.status == TrajectoryStatus.COMPLETED and not trajectory.success
+
+
+async def test_a_lone_surrogate_printed_by_the_tool_ends_nothing(tokenizer):
+    """A program can print a lone surrogate ('\\ud800'), which the tokenizer refuses: the episode must
+    go on (a crash here was an infra failure the policy could use to redraw a failed episode)."""
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    code = '<tool_call>{"name": "python", "arguments": {"code": "print(\'\\\\ud800\')"}}</tool_call>'
+    call = encode(tokenizer, code) + [im_end]
+    answer = encode(tokenizer, "<answer>0</answer>") + [im_end]
+    engine = ScriptedEngine([call, answer])
+    env = MathToolEnv(split="test")
+    trajectory = await run_episode(env, engine, tokenizer, AgentConfig(max_context_tokens=1024), seed=1_000_000)
+    assert trajectory.status == TrajectoryStatus.COMPLETED and len(trajectory.turns) == 2
+    assert tool_use_rates([trajectory]) == (1.0, 1.0)  # the call ran; its output reached the next prompt
+    assert "?" in tokenizer.decode(engine.prompts[1][len(engine.prompts[0]) :])
