@@ -15,7 +15,10 @@ Forms:
 * `number` (a dataset gold that is a plain number, where the problem states no form): any one
   of the above, unreduced fractions included, compared by value.
 * `expression` (a dataset gold that is no plain number, e.g. MATH's `2\\sqrt{2}`): the bounded
-  evaluating checker `answers.is_equivalent`, since there the answer's form is an expression.
+  evaluating checker `answers.is_equivalent`, since there the answer's form is an expression; but
+  an answer that restates one of the question's own math spans (`$\\sqrt{50}$` answered
+  `\\sqrt{50}`) is 0 however it evaluates, unless it is the gold itself: "simplify" and "expand"
+  questions are equivalent to their answers by construction, so evaluating would pay the copy.
 
 Harmless wrapping a real model writes is removed first: surrounding whitespace, one trailing full
 stop, paired `$...$`, `\\(...\\)`, `\\[...\\]` or `**...**`, a dollar sign in front (`$12`), and,
@@ -110,11 +113,35 @@ def infer_form(gold: str) -> str:
 
 
 def answer_is_correct(
-    answer: str | None, gold: str, form: str = "", unknown: str = "", *, time_limit_s: float = 0.05
+    answer: str | None,
+    gold: str,
+    form: str = "",
+    unknown: str = "",
+    *,
+    time_limit_s: float = 0.05,
+    question: str = "",
 ) -> bool:
     """Whether `answer` is the gold in the problem's form (`form` "" = inferred from the gold)."""
     form = form or infer_form(gold)
     if form == "expression":
+        if answer is not None and restates_question_math(answer, question) and _squeezed(answer) != _squeezed(gold):
+            return False
         return is_equivalent(answer, gold, time_limit_s=time_limit_s)
     value = read_literal(answer, form, unknown)
     return value is not None and value == read_literal(gold, form, unknown)
+
+
+#: the math a question writes: `$$...$$`, `$...$`, `\\(...\\)`, `\\[...\\]`
+_MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
+
+
+def _squeezed(text: str) -> str:
+    return "".join(text.split()).strip("$").removeprefix("\\(").removesuffix("\\)").rstrip(".")
+
+
+def restates_question_math(answer: str, question: str) -> bool:
+    """Whether `answer` (spaces ignored, harmless wrapping removed) is one of `question`'s math spans."""
+    if not question:
+        return False
+    spans = {_squeezed(next(g for g in match.groups() if g)) for match in _MATH_SPAN.finditer(question[:4000])}
+    return _squeezed(answer) in spans - {""}

@@ -29,7 +29,7 @@ import numpy as np
 
 from rollhub.envs.base import Env, Observation, StepResult, invalid_step_info, wrap_action
 from rollhub.envs.hack_battery import echoes_question
-from rollhub.envs.math.answer_forms import answer_is_correct
+from rollhub.envs.math.answer_forms import answer_is_correct, restates_question_math
 from rollhub.envs.math.answers import CHECK_TIME_LIMIT_S, MAX_ANSWER_CHARS, extract_answer
 from rollhub.envs.math.dataset import load_jsonl
 from rollhub.envs.math.problems import (
@@ -219,7 +219,12 @@ class MathEnv(ContentSplit, Env):
             return obs, float(self.invalid_reward), False, out_of_attempts, info
         graded = format_ok or not self.require_format
         correct = graded and answer_is_correct(
-            answer, problem.answer, problem.answer_form, problem.unknown, time_limit_s=self.check_time_limit_s
+            answer,
+            problem.answer,
+            problem.answer_form,
+            problem.unknown,
+            time_limit_s=self.check_time_limit_s,
+            question=problem.question,
         )
         terminated = correct or out_of_attempts
         self._done = terminated
@@ -229,7 +234,10 @@ class MathEnv(ContentSplit, Env):
             "action_valid": True,
             "format_ok": format_ok,
             "answer": answer[:MAX_ANSWER_CHARS],  # a hostile megabyte answer stays out of the logs
-            "exploit_signals": {"echo_answer": echoes_question(answer[:MAX_ANSWER_CHARS], problem.question)},
+            "exploit_signals": {
+                "echo_answer": echoes_question(answer[:MAX_ANSWER_CHARS], problem.question)
+                or restates_question_math(answer[:MAX_ANSWER_CHARS], problem.question)
+            },
         }
         reply = "Correct." if correct else "Incorrect." if terminated else "Incorrect, try again."
         reward = self.correct_reward if correct else self.wrong_reward

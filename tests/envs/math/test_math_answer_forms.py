@@ -177,7 +177,8 @@ async def test_a_gsm8k_file_still_scores_honest_answers(tmp_path):
         (1, "<answer>1250</answer>", 1.0),
         (1, "<answer>1,250</answer>", 1.0),
         (1, "<answer>1000 + 250</answer>", 0.0),
-        (2, "<answer>\\sqrt{8}</answer>", 1.0),  # an expression gold keeps the evaluating checker
+        (2, "<answer>2 \\sqrt{2}</answer>", 1.0),  # an expression gold keeps the evaluating checker
+        (2, "<answer>\\sqrt{8}</answer>", 0.0),  # but restating the question's own math is no answer
     ]
     for index, reply, reward in cases:
         await env.reset(options={"index": index})
@@ -194,3 +195,37 @@ async def test_hard_and_long_math_problems_too(kind):
         for reply in echoes(problem.question):
             assert await _score(env, seed, f"<answer>{reply}</answer>") == 0.0, (problem.question, reply)
         assert await _score(env, seed, f"<answer>{problem.answer}</answer>") == 1.0, problem
+
+
+MATH_STYLE = [
+    {"problem": "Simplify $\\sqrt{50}$.", "solution": "$\\sqrt{50}=\\boxed{5\\sqrt{2}}$"},
+    {"problem": "Expand $(x+1)(x+2)$.", "solution": "\\boxed{x^2+3x+2}"},
+    {"problem": "Rationalize $\\frac{1}{\\sqrt{2}}$.", "solution": "\\boxed{\\frac{\\sqrt{2}}{2}}"},
+]
+
+
+async def test_a_dataset_expression_answer_may_not_restate_the_questions_math(tmp_path):
+    """MATH-style golds are expressions, checked by evaluation; a 'simplify' question equals its answer by
+    construction, so restating the question's math must score 0 (and be flagged), the gold still 1."""
+    import json
+
+    from rollhub.envs import make
+
+    path = tmp_path / "math.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in MATH_STYLE))
+    echoes = ["\\sqrt{50}", "(x+1)(x+2)", "\\frac{1}{\\sqrt{2}}"]
+    golds = ["5\\sqrt{2}", "x^2 + 3x + 2", "\\frac{\\sqrt{2}}{2}"]
+    env = make("rollhub/Math-v0", dataset_path=str(path))
+    seen = set()
+    for seed in range(40):
+        obs, _ = await env.reset(seed=seed)
+        row = next(i for i, r in enumerate(MATH_STYLE) if r["problem"] in obs[-1]["content"])
+        if row in seen:
+            continue
+        seen.add(row)
+        _, reward, _, _, info = await env.step(f"<answer>${echoes[row]}$</answer>")
+        assert reward == 0.0 and info["exploit_signals"]["echo_answer"], echoes[row]
+        await env.reset(seed=seed)
+        _, reward, _, _, _ = await env.step(f"<answer>{golds[row]}</answer>")
+        assert reward == 1.0, golds[row]
+    assert seen == {0, 1, 2}
