@@ -22,7 +22,8 @@ Forms:
 
 Harmless wrapping a real model writes is removed first: surrounding whitespace, one trailing full
 stop, paired `$...$`, `\\(...\\)`, `\\[...\\]` or `**...**`, a dollar sign in front (`$12`), and,
-when the problem asks for an unknown, `x =` in front (`x = 5` for "Solve for x"). Characters: ASCII
+when the problem asks for an unknown, `x =` in front (`x = 5` for "Solve for x"), and an opening
+"The answer is" or "Answer:" (the untagged reading accepts that prose too). Characters: ASCII
 digits only; the one non-ASCII character read is the minus sign U+2212 (typeset minus). Fullwidth,
 Arabic-Indic, superscript or other look-alike digits, spaces inside a number, several answers
 (`5, 6`, `5 or 6`), prose, units, parentheses, operators and an empty answer are no answer: 0.
@@ -52,11 +53,14 @@ _DECIMAL_RE = re.compile(rf"(?P<sign>-?)(?P<int>{_INTEGER})?\.(?P<frac>\d+)", re
 _SLASH_RE = re.compile(r"(?P<sign>-?)(?P<num>\d+)/(?P<den>\d+)", re.ASCII)
 _LATEX_RE = re.compile(r"(?P<sign>-?)\\[dt]?frac\{(?P<num>\d+)\}\{(?P<den>\d+)\}", re.ASCII)
 _WRAPPERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"), ("**", "**"))
+#: "The answer is 42." / "Answer: 42" inside the tag: refusing it would teach a policy to drop the tag,
+#: which untagged grading reads the same way
+_ANSWER_PHRASE = re.compile(r"^(?:the\s+)?(?:final\s+)?answer\s*(?:is\s*:?|:)\s*", re.IGNORECASE)
 
 
 def _unwrap(text: str, unknown: str) -> str:
     """The answer without the harmless wrapping listed in the module docstring."""
-    text = text.strip()
+    text = _ANSWER_PHRASE.sub("", text.strip(), count=1)
     if text.endswith(".") and not text.endswith(".."):
         text = text[:-1].rstrip()
     for opening, closing in _WRAPPERS:

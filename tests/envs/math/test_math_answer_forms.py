@@ -229,3 +229,11 @@ async def test_a_dataset_expression_answer_may_not_restate_the_questions_math(tm
         _, reward, _, _, _ = await env.step(f"<answer>{golds[row]}</answer>")
         assert reward == 1.0, golds[row]
     assert seen == {0, 1, 2}
+
+
+def test_an_answer_phrase_inside_the_tag_is_harmless_wrapping():
+    """Untagged prose 'The answer is 42.' is read; the same inside the tag must be too, or the tag costs."""
+    for text in ("The answer is 42.", "Answer: 42", "the final answer is 42", "ANSWER IS: 42"):
+        assert read_literal(text, "integer") == 42, text
+    for text in ("The answer is 40 + 2", "answer 42", "The answer is 42 apples"):
+        assert read_literal(text, "integer") is None, text
