@@ -305,6 +305,10 @@ async def test_user_mistakes_get_openai_errors(tool_engine, reasoning_tokenizer)
             async with http.post(f"{url}/v1/chat/completions", data=raw, headers=headers) as response:
                 body = await response.json()
                 assert response.status == 400 and body["error"]["code"] == "invalid_json"
+            deep = b"[" * 100_000 + b"]" * 100_000  # deeper than the parser recurses: the client's mistake, a 400
+            async with http.post(f"{url}/v1/chat/completions", data=deep, headers=headers) as response:
+                body = await response.json()
+                assert response.status == 400 and body["error"]["code"] == "invalid_json"
             async with http.get(f"{url}/v2/nothing") as response:
                 body = await response.json()
                 assert response.status == 404 and body["error"]["type"] == "not_found_error"

@@ -62,6 +62,8 @@ async def _json(request: web.Request) -> Any:
         return json.loads(raw) if raw else {}
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(f"the request body is not valid JSON ({exc})", code="invalid_json") from None
+    except RecursionError:  # a body nested deeper than the parser recurses is the client's mistake
+        raise ApiError("the request body nests too deeply to parse", code="invalid_json") from None
 
 
 def _gateway(request: web.Request) -> Gateway:

@@ -54,7 +54,7 @@ def message_tool_calls(message: dict[str, Any], where: str) -> list[ToolCall]:
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments) if arguments.strip() else {}
-            except ValueError:
+            except (ValueError, RecursionError):
                 raise bad_param(
                     f"{where}.tool_calls[{index}]", f"{where}.tool_calls[{index}]: arguments are not JSON"
                 ) from None
