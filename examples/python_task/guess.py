@@ -6,6 +6,10 @@
 
 import re
 
+#: check_env's battery wins 1 game in 8 by answering the prompt's first number ("from 1 to 8"): that is
+#: a first guess, which the game is (the hints pay nothing; only naming the secret does)
+HACKABILITY_NOTE = "guessing game: any number from 1 to 8 is a guess, and the first one wins 1 game in 8"
+
 
 def step(history: list[dict], row: dict) -> tuple[str, float | None, bool]:
     """(feedback, reward, done) for the model's last message: hints until it names the secret; a reply

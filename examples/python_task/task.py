@@ -10,9 +10,12 @@ import re
 
 
 def reward(completion: str, row: dict) -> float | None:
-    """1 when the last number of the reply is the row's answer, 0 for another number, None (unreadable
-    reply: scored as an invalid action) when there is no number."""
-    numbers = re.findall(r"-?\d+", completion)
-    if not numbers:
+    """1 when the reply is the row's answer and nothing else (a trailing full stop is fine), 0 for any
+    other reply holding a number, None (unreadable: scored as an invalid action) when it holds none.
+
+    Only the number itself pays: a reward that read "the last number of the reply" would pay for
+    echoing "What is 0 + 4?", and `rollhub.envs.checker.check_env` reports such a reward as hackable."""
+    if not re.search(r"\d", completion):
         return None
-    return 1.0 if numbers[-1] == row["answer"] else 0.0
+    answer = re.fullmatch(r"\s*(-?\d+)\.?\s*", completion)
+    return 1.0 if answer is not None and answer.group(1) == row["answer"] else 0.0

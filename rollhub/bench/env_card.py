@@ -261,7 +261,7 @@ async def _hackability(
     finally:
         await env.close()
     print(f"  {result.describe()}")
-    return {**result.card_fields(), "hackability_note": type(env.unwrapped).hackability_note}
+    return {**result.card_fields(), "hackability_note": env.unwrapped.hackability_note}
 
 
 def _action(env: Any, policy: str, rng: np.random.Generator) -> str:

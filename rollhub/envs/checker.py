@@ -202,7 +202,7 @@ async def acheck_env(
         if first != second:
             problems.append(f"not deterministic under seed {seed}: {_first_difference(first, second)}")
         await _check_invalid_action(env, seed, problems)
-        note = type(env.unwrapped).hackability_note
+        note = env.unwrapped.hackability_note
         if note and isinstance(
             note, str
         ):  # the author answered the battery already: `rollhub bench env` still measures
@@ -334,8 +334,8 @@ def _check_members(env: Env, problems: list[str]) -> None:
         problems.append(f"chat_template_tools must be a bool, got {env.chat_template_tools!r}")
     elif env.chat_template_tools and not tools:
         problems.append("chat_template_tools is True but the env declares no tools")
-    if not isinstance(type(env.unwrapped).hackability_note, str):
-        problems.append(f"hackability_note must be a str ('' = none), got {type(env.unwrapped).hackability_note!r}")
+    if not isinstance(env.unwrapped.hackability_note, str):
+        problems.append(f"hackability_note must be a str ('' = none), got {env.unwrapped.hackability_note!r}")
     if not isinstance(type(env).CHECK_BY_BUILDING, bool):
         problems.append(f"CHECK_BY_BUILDING must be a bool, got {type(env).CHECK_BY_BUILDING!r}")
     tasks = env.task_set()

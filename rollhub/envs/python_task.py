@@ -244,6 +244,11 @@ class PythonFileEnv(FunctionEnv):
     def __init__(self, target: str, dataset: str | list[dict[str, Any]] | None = None, **kwargs: Any):
         function, path = load_function(target)
         super().__init__(function, dataset, label=f"python:{target}", near=path.parent, **kwargs)
+        # a task file says why a generic exploit's score is no hack (e.g. a guessing game's first guess)
+        # in a module-level HACKABILITY_NOTE, as an env class does in its hackability_note
+        note = getattr(_modules.get(path), "HACKABILITY_NOTE", "")
+        if note:
+            self.hackability_note = str(note)  # type: ignore[misc]
 
 
 def from_function(
