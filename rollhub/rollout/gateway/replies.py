@@ -80,18 +80,7 @@ def chat_response(
         if with_tokens:
             entry["rollhub"] = _choice_extension(choice)
         choices.append(entry)
-    response: dict[str, Any] = {
-        "id": f"chatcmpl-{result.choices[0].node_id}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": choices,
-        "usage": _usage(result),
-        "system_fingerprint": None,
-    }
-    if with_tokens:
-        response["rollhub"] = _call_extension(result)
-    return response
+    return _response(result, model, "chatcmpl", "chat.completion", choices, with_tokens, system_fingerprint=None)
 
 
 def chat_stream_chunks(
@@ -179,13 +168,27 @@ def completion_response(
         if with_tokens:
             entry["rollhub"] = _choice_extension(choice)
         choices.append(entry)
+    return _response(result, model, "cmpl", "text_completion", choices, with_tokens)
+
+
+def _response(
+    result: CallResult,
+    model: str,
+    id_prefix: str,
+    kind: str,
+    choices: list[dict[str, Any]],
+    with_tokens: bool,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The envelope both endpoints answer with, the call's token extension added when asked."""
     response: dict[str, Any] = {
-        "id": f"cmpl-{result.choices[0].node_id}",
-        "object": "text_completion",
+        "id": f"{id_prefix}-{result.choices[0].node_id}",
+        "object": kind,
         "created": int(time.time()),
         "model": model,
         "choices": choices,
         "usage": _usage(result),
+        **extra,
     }
     if with_tokens:
         response["rollhub"] = _call_extension(result)
