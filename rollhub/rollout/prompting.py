@@ -44,7 +44,10 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
     tokenizer refuses: they become '?' here, so a program's output can never fail its episode."""
     if not text:
         return []
-    return list(tokenizer.encode(text.encode("utf-8", "replace").decode("utf-8"), add_special_tokens=False))
+    try:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    except TypeError:  # only text the tokenizer refuses pays for the copy
+        return list(tokenizer.encode(text.encode("utf-8", "replace").decode("utf-8"), add_special_tokens=False))
 
 
 class ChatSegments:
