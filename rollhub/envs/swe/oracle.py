@@ -321,7 +321,18 @@ def same_answer(gold: list[str], candidate: list[str]) -> bool:
     another way. Where the gold returned, everything must match."""
     if gold[0].startswith("raise:") and not gold[0].startswith("raise:SystemExit"):
         return candidate[0].startswith("raise:") and candidate[2] == gold[2]
-    return candidate == gold
+    return [_eager(gold[0]), *gold[1:]] == [_eager(candidate[0]), *candidate[1:]]
+
+
+_LAZY = "return:('iterator', "
+
+
+def _eager(answer: str) -> str:
+    """A lazy result as the list it yields: a fix that returns a list where the original returned
+    a generator or map (or the reverse) answers the same items, and is no less a fix."""
+    if answer.startswith(_LAZY) and answer.endswith(")"):
+        return "return:" + answer[len(_LAZY) : -1]
+    return answer
 
 
 def compare(gold: GoldAnswers, candidate: list[list[str]] | None) -> OracleVerdict:

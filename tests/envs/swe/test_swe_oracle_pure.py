@@ -179,3 +179,16 @@ def test_where_the_gold_raises_any_exception_agrees_and_a_return_does_not():
     assert compare(gold, [["return:1", "(1,){}", ""], ["raise:AttributeError", "('x',){}", ""]]).agreed
     assert not compare(gold, [["return:1", "(1,){}", ""], ["return:None", "('x',){}", ""]]).agreed
     assert not compare(gold, [["return:2", "(1,){}", ""], ["raise:TypeError", "", ""]]).agreed
+
+
+def test_a_list_agrees_with_the_generator_it_replaces_and_values_still_must_match():
+    """An honest fix may return a list where the original returned a generator (or the reverse);
+    the items must still be the original's, and a raise still cannot stand in for a return."""
+    from rollhub.envs.swe.oracle import same_answer
+
+    lazy = ["return:('iterator', [1, 2, 3])", "()" + "{}", ""]
+    assert same_answer(lazy, ["return:[1, 2, 3]", "(){}", ""])
+    assert same_answer(["return:[1, 2, 3]", "(){}", ""], lazy)
+    assert not same_answer(lazy, ["return:[1, 2, 4]", "(){}", ""])
+    assert not same_answer(lazy, ["raise:ValueError", "(){}", ""])
+    assert not same_answer(lazy, ["return:[1, 2, 3]", "([9],){}", ""])  # arguments changed differently
