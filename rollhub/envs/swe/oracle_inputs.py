@@ -12,7 +12,9 @@ show and compares what they return (rollhub.envs.swe.oracle). The inputs come fr
   reversed or shortened), so the oracle also asks what the tests never ask.
 
 Everything is seeded by the task's id: the same task always gets the same inputs, and they are
-computed at grading time on the host, never written where the agent's container can read them.
+computed at grading time on the host, after the episode: the agent never sees them, though the
+graded module can read them while the harness runs, so the oracle rests on the gold answers
+being unknown to the patch, not on the inputs being secret.
 """
 
 from __future__ import annotations
