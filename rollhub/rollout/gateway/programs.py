@@ -95,14 +95,13 @@ def command_program(command: Sequence[str], *, extra_env: dict[str, str] | None 
         tail = bytearray()
         reader = asyncio.ensure_future(_read_tail(process.stderr, tail))
         try:
-            await process.wait()
+            await _exited(process)
             _kill_group(process.pid)  # its children exit with it, closing their copies of stderr
             await asyncio.wait({reader}, timeout=5.0)  # one that left the group keeps it open: not waited on
         finally:  # ended, failed, timed out or cancelled: nothing it started may outlive the session
             _kill_group(process.pid)
             reader.cancel()
-            if process.returncode is None:
-                await process.wait()
+            await _exited(process)
         if process.returncode != 0:
             text = bytes(tail).decode(errors="replace")
             raise RuntimeError(f"agent program exited with {process.returncode}: {text}")
@@ -111,6 +110,13 @@ def command_program(command: Sequence[str], *, extra_env: dict[str, str] | None 
 
 
 _STDERR_TAIL_BYTES = 400
+
+
+async def _exited(process: asyncio.subprocess.Process) -> None:
+    """Wait for the process itself to exit. Not `process.wait()`: on Python 3.11 that also waits for
+    its pipes to close, which a child it left running keeps open (the group kill comes after)."""
+    while process.returncode is None:
+        await asyncio.sleep(0.05)
 
 
 async def _read_tail(stream: asyncio.StreamReader | None, tail: bytearray) -> None:
