@@ -37,15 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_gateway(args: argparse.Namespace) -> int:
-    from aiohttp import web
-    from transformers import AutoTokenizer
-
     from rollhub.core.errors import UserError
-    from rollhub.rollout.gateway.app import build_gateway_app
     from rollhub.rollout.gateway.config import GatewayConfig
-    from rollhub.rollout.gateway.service import Gateway
-    from rollhub.rollout.gateway.sessions import group_trajectories
-    from rollhub.rollout.trajectory_log import TrajectoryWriter
 
     from_env = os.environ.get("ROLLHUB_GATEWAY_API_KEY")
     keys = args.api_key or ([from_env] if from_env else [])
@@ -59,6 +52,14 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
             f"--host {args.host} is reachable from other machines: give it a key (--api-key KEY or "
             "$ROLLHUB_GATEWAY_API_KEY), or serve on loopback (--host 127.0.0.1)"
         )
+    from aiohttp import web
+    from transformers import AutoTokenizer
+
+    from rollhub.rollout.gateway.app import build_gateway_app
+    from rollhub.rollout.gateway.service import Gateway
+    from rollhub.rollout.gateway.sessions import group_trajectories
+    from rollhub.rollout.trajectory_log import TrajectoryWriter
+
     if args.engine_url and not args.tokenizer:
         raise UserError("--engine-url needs --tokenizer DIR: the gateway renders chat templates itself")
 
