@@ -29,13 +29,21 @@ import hmac
 import json
 import logging
 import time
+import uuid
 from typing import Any
 
 from aiohttp import web
 
 from rollhub.rollout.gateway.errors import ApiError, bad_param
-from rollhub.rollout.gateway.replies import chat_response, chat_stream_chunks, completion_response
-from rollhub.rollout.gateway.requests import parse_chat_request, parse_completion_request, pin_sampling
+from rollhub.rollout.gateway.replies import (
+    LiveText,
+    chat_chunk,
+    chat_response,
+    chat_stream_chunks,
+    chat_stream_end,
+    completion_response,
+)
+from rollhub.rollout.gateway.requests import ChatRequest, parse_chat_request, parse_completion_request, pin_sampling
 from rollhub.rollout.gateway.rewards import checked_reward
 from rollhub.rollout.gateway.service import Gateway
 from rollhub.rollout.gateway.sessions import Session
@@ -121,11 +129,76 @@ async def handle_models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [model]})
 
 
+def _sse(chunk: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(chunk)}\n\n".encode()
+
+
+async def _stream_live(
+    request: web.Request, gateway: Gateway, parsed: ChatRequest, session: Session | None
+) -> web.StreamResponse:
+    """A streamed chat call whose content is sent as the engine samples it (replies.LiveText). A call
+    that fails before its first token still answers with an error status; one that fails later ends
+    its stream with an error event (the status is sent by then)."""
+    tokens: asyncio.Queue[list[int]] = asyncio.Queue()
+    sampling = parsed.sampling
+    async with gateway.admit(session):
+        call = asyncio.ensure_future(gateway.chat(parsed, session, on_token=tokens.put_nowait))
+        waiting = asyncio.ensure_future(tokens.get())
+        response: web.StreamResponse | None = None
+        try:
+            await asyncio.wait({call, waiting}, return_when=asyncio.FIRST_COMPLETED)
+            if call.done() and call.exception() is not None and not waiting.done():
+                raise call.exception()  # type: ignore[misc]
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            await response.prepare(request)
+            response_id, created = f"chatcmpl-{uuid.uuid4().hex[:16]}", int(time.time())
+            live = LiveText(gateway.tokenizer)
+            await response.write(
+                _sse(chat_chunk(response_id, created, parsed.model, 0, {"role": "assistant", "content": ""}))
+            )
+            while True:
+                if waiting.done():
+                    delta = live.add(waiting.result())
+                    if delta:
+                        await response.write(
+                            _sse(chat_chunk(response_id, created, parsed.model, 0, {"content": delta}))
+                        )
+                    waiting = asyncio.ensure_future(tokens.get())
+                    continue
+                if call.done() and tokens.empty():
+                    break
+                await asyncio.wait({call, waiting}, return_when=asyncio.FIRST_COMPLETED)
+            try:
+                result = call.result()
+            except ApiError as exc:
+                await response.write(_sse(exc.body()))
+                await response.write(b"data: [DONE]\n\n")
+                return response
+            rest = live.rest(result.choices[0].content or "")
+            if rest:
+                await response.write(_sse(chat_chunk(response_id, created, parsed.model, 0, {"content": rest})))
+            end = chat_stream_end(
+                result, response_id, created, parsed.model, with_tokens=gateway.config.return_tokens,
+                include_usage=sampling.include_usage,
+            )  # fmt: skip
+            for chunk in end:
+                await response.write(_sse(chunk))
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+            return response
+        finally:
+            waiting.cancel()
+            if not call.done():  # the client went away mid-stream: the generation is aborted, not recorded
+                call.cancel()
+
+
 async def handle_chat(request: web.Request) -> web.StreamResponse:
     gateway = _gateway(request)
     session = _session(request)
     body = pin_sampling(await _json(request), gateway.config.temperature, gateway.config.top_p)
     parsed = parse_chat_request(body, gateway.config.max_choices)
+    if parsed.sampling.stream and gateway.streams_incrementally(parsed):
+        return await _stream_live(request, gateway, parsed, session)
     async with gateway.admit(session):
         result = await gateway.chat(parsed, session)
     sampling = parsed.sampling
@@ -146,7 +219,7 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
     for chunk in chunks:
-        await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await response.write(_sse(chunk))
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
     return response

@@ -224,8 +224,21 @@ class Gateway:
 
     # --- chat ----------------------------------------------------------------------------
 
-    async def chat(self, request: ChatRequest, session: Session | None) -> CallResult:
-        """Answer one chat call; on a session, record its choices as nodes of the session tree."""
+    def streams_incrementally(self, request: ChatRequest) -> bool:
+        """Whether a streamed call can send tokens as they are sampled: the engine hands them out
+        (`streams_tokens`), one choice, no stop strings, no tool calls to parse (the text of a tool
+        call is not content: it is known only once the generation is whole). Else one chunk per part."""
+        parse = request.tools is not None and request.tool_choice != "none"
+        sampling = request.sampling
+        return (
+            bool(getattr(self.engine, "streams_tokens", False)) and sampling.n == 1 and not sampling.stop and not parse
+        )
+
+    async def chat(
+        self, request: ChatRequest, session: Session | None, on_token: Callable[[list[int]], None] | None = None
+    ) -> CallResult:
+        """Answer one chat call; on a session, record its choices as nodes of the session tree. `on_token`
+        (only where `streams_incrementally`) is told each engine step's new ids."""
         self._check_model(request.model)
         keys = [message_key(m, i) for i, m in enumerate(request.messages)]
         takes_tools = self.segments.template_takes_tools
@@ -247,7 +260,7 @@ class Gateway:
             raise
         except Exception as exc:  # jinja errors: roles or orders the model's template refuses
             raise ApiError(f"the model's chat template refused these messages: {exc}", param="messages") from None
-        generations = await self._generate_choices(prompt, request.sampling)
+        generations = await self._generate_choices(prompt, request.sampling, on_token)
         parse = request.tools is not None and request.tool_choice != "none"
         choices = [self._chat_choice(i, g, text, parse, request.tool_names) for i, (g, text) in enumerate(generations)]
         return self._result(
@@ -374,7 +387,9 @@ class Gateway:
             engine_finish_reason=generation.finish_reason,
         )
 
-    async def _generate_choices(self, prompt: list[int], sampling: Sampling) -> list[tuple[Generation, str]]:
+    async def _generate_choices(
+        self, prompt: list[int], sampling: Sampling, on_token: Callable[[list[int]], None] | None = None
+    ) -> list[tuple[Generation, str]]:
         """`sampling.n` generations of `prompt` (concurrently), each with its text after stop strings."""
         room = self.max_context_tokens - len(prompt)
         if room < 1:
@@ -386,10 +401,21 @@ class Gateway:
             )
         max_new = min(sampling.max_tokens or self.config.default_max_tokens, room)
         seeds = [None if sampling.seed is None else sampling.seed + i for i in range(sampling.n)]
-        generations = await asyncio.gather(*(self._generate(prompt, max_new, sampling, seed) for seed in seeds))
+        if on_token is not None and sampling.n != 1:
+            raise ValueError("on_token streams one choice only")
+        generations = await asyncio.gather(
+            *(self._generate(prompt, max_new, sampling, seed, on_token) for seed in seeds)
+        )
         return [self._apply_stops(g, sampling.stop) for g in generations]
 
-    async def _generate(self, prompt: list[int], max_new: int, sampling: Sampling, seed: int | None) -> Generation:
+    async def _generate(
+        self,
+        prompt: list[int],
+        max_new: int,
+        sampling: Sampling,
+        seed: int | None,
+        on_token: Callable[[list[int]], None] | None = None,
+    ) -> Generation:
         """One generation, resumed after aborts (module docstring)."""
         ids: list[int] = []
         logprobs: list[float] = []
@@ -403,7 +429,10 @@ class Gateway:
                 seed=seed if not ids else None,
             )
             try:
-                generation = await self.engine.generate(prompt + ids, params)
+                if on_token is not None:  # resumed after an abort: the new ids follow the ones already sent
+                    generation = await self.engine.generate(prompt + ids, params, on_token=on_token)  # type: ignore[call-arg]
+                else:
+                    generation = await self.engine.generate(prompt + ids, params)
             except ValueError as exc:  # the engine refused the request itself (ids, lengths)
                 raise ApiError(f"the engine refused the request: {exc}") from None
             except Exception as exc:  # the machinery: a server down, a connection lost
