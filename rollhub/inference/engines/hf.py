@@ -30,7 +30,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,8 @@ class _Request:
     finish_reason: str | None = None
     weights_epoch: int = -1  # weight load counter when its KV was computed (prefix-cache safety)
     submitted_at: float = field(default_factory=time.perf_counter)
+    on_token: Callable[[list[int]], None] | None = None  # streaming: told each step's new ids (event loop)
+    streamed: int = 0  # output ids already handed to `on_token`
 
 
 @dataclass
@@ -203,9 +205,18 @@ class HFEngine(InferenceEngine):
     def paused(self) -> bool:
         return self._paused
 
+    #: `generate` takes `on_token` (the gateway streams tokens as they are sampled)
+    streams_tokens = True
+
     async def generate(
-        self, input_ids: list[int], sampling: SamplingParams, request_id: str | None = None
+        self,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        request_id: str | None = None,
+        on_token: Callable[[list[int]], None] | None = None,
     ) -> Generation:
+        """`on_token`, if given, is called on the event loop with each decode step's new ids, before
+        the Generation returns (so a caller can stream them; the Generation still has them all)."""
         self._ensure_started()
         if self._closed:
             raise RuntimeError("engine is closed")
@@ -228,7 +239,7 @@ class HFEngine(InferenceEngine):
         generator = torch.Generator().manual_seed(
             sampling.seed if sampling.seed is not None else next(self._seed_counter)
         )
-        request = _Request(rid, list(input_ids), sampling, loop.create_future(), generator)
+        request = _Request(rid, list(input_ids), sampling, loop.create_future(), generator, on_token=on_token)
         self._by_id[rid] = request
         self._waiting.append(request)
         self._wakeup.set()
@@ -346,7 +357,20 @@ class HFEngine(InferenceEngine):
             self._drained.clear()
             self._wakeup.set()
 
+    @staticmethod
+    def _emit(request: _Request) -> None:
+        """Hand a streaming request the ids sampled since the last call (never from the model thread)."""
+        if request.on_token is not None and request.streamed < len(request.output_ids):
+            fresh = request.output_ids[request.streamed :]
+            request.streamed = len(request.output_ids)
+            try:
+                request.on_token(fresh)
+            except Exception:  # a listener's bug must not stop the engine
+                logger.exception("on_token of request %s failed", request.rid)
+                request.on_token = None
+
     def _finish(self, request: _Request, reason: str) -> None:
+        self._emit(request)
         self._by_id.pop(request.rid, None)
         if reason == "abort":
             self.stats.requests_aborted += 1
@@ -396,6 +420,8 @@ class HFEngine(InferenceEngine):
                 await loop.run_in_executor(self._executor, self._step, newcomers)
                 self.stats.busy_s += time.perf_counter() - started
                 newcomers = []  # in the batch now
+                for request in list(self._by_id.values()):
+                    self._emit(request)
                 self._retire_finished()
             except Exception as exc:  # a model failure must not leave callers hanging
                 self._fail_all(exc, newcomers)

@@ -8,7 +8,8 @@ exports as `Trajectory` objects when it ends. docs/gateway.md is the user's guid
 * `config`: GatewayConfig;  `errors`: OpenAI-shaped errors;  `requests`: request parsing;
 * `messages`: comparing and rendering chat messages;  `sessions`: the session tree, export, metrics;
 * `service`: Gateway, the calls turned into engine requests;  `replies`: response JSON and SSE;
-* `app`: the aiohttp routes;  `programs`: agent programs (functions or commands) as producers of groups;
+* `rewards`: the check every reported reward passes;
+* `app`: the aiohttp routes and authentication;  `programs`: agent programs (functions or commands) as producers of groups;
 * `cli`: `rollhub gateway`.
 """
 

@@ -6,6 +6,7 @@ Import-light: torch, transformers and aiohttp are imported inside the handler.
 from __future__ import annotations
 
 import argparse
+import os
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -17,8 +18,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument("--engine-url", help="a running 'rollhub serve' or SGLang server (needs --tokenizer)")
     gateway.add_argument("--tokenizer", default=None, help="tokenizer dir (default: --model)")
     gateway.add_argument("--engine-api-key", default=None, help="the server's key (default $ROLLHUB_API_KEY)")
+    gateway.add_argument("--host", default="127.0.0.1", help="address to listen on; beyond loopback it needs --api-key")
     gateway.add_argument(
-        "--host", default="127.0.0.1", help="loopback address to listen on (the gateway has no authentication)"
+        "--api-key",
+        action="append",
+        default=None,
+        help="a key callers must send as 'Authorization: Bearer KEY' (repeatable; default $ROLLHUB_GATEWAY_API_KEY, "
+        "else none: loopback only)",
     )
     gateway.add_argument("--port", type=int, default=8000)
     gateway.add_argument("--model-name", default="rollhub-policy", help="the id /v1/models lists")
@@ -31,26 +37,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_gateway(args: argparse.Namespace) -> int:
-    from aiohttp import web
-    from transformers import AutoTokenizer
-
     from rollhub.core.errors import UserError
-    from rollhub.rollout.gateway.app import build_gateway_app
     from rollhub.rollout.gateway.config import GatewayConfig
-    from rollhub.rollout.gateway.service import Gateway
-    from rollhub.rollout.gateway.sessions import group_trajectories
-    from rollhub.rollout.trajectory_log import TrajectoryWriter
 
-    config = GatewayConfig(model_name=args.model_name, max_in_flight=args.max_in_flight)
+    from_env = os.environ.get("ROLLHUB_GATEWAY_API_KEY")
+    keys = args.api_key or ([from_env] if from_env else [])
+    config = GatewayConfig(model_name=args.model_name, max_in_flight=args.max_in_flight, api_keys=tuple(keys))
     try:
         config.validate()
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not keys:
         raise UserError(
-            "the gateway has no authentication: serve it on a loopback address (--host 127.0.0.1) "
-            "and let agent programs on other machines reach it through an SSH tunnel"
+            f"--host {args.host} is reachable from other machines: give it a key (--api-key KEY or "
+            "$ROLLHUB_GATEWAY_API_KEY), or serve on loopback (--host 127.0.0.1)"
         )
+    from aiohttp import web
+    from transformers import AutoTokenizer
+
+    from rollhub.rollout.gateway.app import build_gateway_app
+    from rollhub.rollout.gateway.service import Gateway
+    from rollhub.rollout.gateway.sessions import group_trajectories
+    from rollhub.rollout.trajectory_log import TrajectoryWriter
+
     if args.engine_url and not args.tokenizer:
         raise UserError("--engine-url needs --tokenizer DIR: the gateway renders chat templates itself")
 

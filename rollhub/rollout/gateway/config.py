@@ -27,6 +27,17 @@ class GatewayConfig:
     temperature: float | None = None
     top_p: float | None = None
     top_k: int = -1  # sample among the k likeliest tokens (not in OpenAI's API): -1 = off
+    # keys a caller must send as `Authorization: Bearer KEY` (empty = no authentication, loopback only);
+    # with keys set, each session also gets its own key that opens that session's routes only
+    api_keys: tuple[str, ...] = ()
+    # a reward beyond +-max_abs_reward is refused (400): no task pays 1e308, a bug or an attack does
+    max_abs_reward: float = 1e6
+    # hostile or broken programs: a session idle this long without /end is ended as failed (None = never)
+    session_idle_timeout_s: float | None = 900.0
+    max_calls_per_session: int | None = 1000  # one more call on the session gets 400 session_call_limit
+    max_open_sessions: int | None = 10000  # one more POST /rl/sessions gets 429 with Retry-After
+    # generation calls one session may have running at once (a flooding program waits its own turn: 429)
+    max_in_flight_per_session: int | None = 64
 
     def validate(self) -> None:
         if not self.model_name:
@@ -45,5 +56,15 @@ class GatewayConfig:
             raise ValueError(f"top_p must be in (0, 1] or null, got {self.top_p}")
         if self.top_k != -1 and self.top_k < 1:
             raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if any(not isinstance(key, str) or len(key) < 8 for key in self.api_keys):
+            raise ValueError("each api key must be a string of at least 8 characters")
+        if not self.max_abs_reward > 0:
+            raise ValueError(f"max_abs_reward must be > 0, got {self.max_abs_reward}")
+        if self.session_idle_timeout_s is not None and not self.session_idle_timeout_s > 0:
+            raise ValueError(f"session_idle_timeout_s must be > 0 or null, got {self.session_idle_timeout_s}")
+        for name in ("max_calls_per_session", "max_open_sessions", "max_in_flight_per_session"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 or null (no cap), got {value}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")

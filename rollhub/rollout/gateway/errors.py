@@ -3,7 +3,7 @@
 An `ApiError` raised anywhere below a handler becomes `{"error": {"message", "type", "param",
 "code"}}` with its HTTP status (the middleware in rollhub.rollout.gateway.app). The `openai`
 package maps the status to its exception classes (400 BadRequestError, 404 NotFoundError,
-409 ConflictError, 429 RateLimitError), so a user mistake reads the same as it does against
+409 ConflictError, 429 RateLimitError, 401 AuthenticationError), so a user mistake reads the same as it does against
 OpenAI: what was wrong and how to fix it.
 """
 
@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-_TYPES = {400: "invalid_request_error", 404: "not_found_error", 409: "conflict_error", 429: "rate_limit_error"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    429: "rate_limit_error",
+}
 
 
 class ApiError(Exception):

@@ -6,10 +6,12 @@ The extension field carries what an RL trainer needs and OpenAI does not return:
 tool_call_errors}. Clients that do not know it ignore it (the `openai` package keeps it in
 `model_extra`).
 
-Streaming (`stream: true`) sends the same completion as server-sent events: a role chunk,
-the content token by token (each delta the text one more token adds), tool calls as one
-delta, a finish chunk, optionally a usage chunk, then `[DONE]`. The engine contract returns
-whole generations, so the events follow the generation rather than racing it.
+Streaming (`stream: true`) sends the completion as server-sent events: a role chunk, the
+content (each delta the text new tokens add), tool calls as one delta, a finish chunk,
+optionally a usage chunk, then `[DONE]`. Where the engine hands out tokens as it samples them
+(`Gateway.streams_incrementally`) the content deltas are sent live (`LiveText`); otherwise
+(n > 1, stop strings, tool calls to parse, an engine that returns whole generations) the same
+events are sent once the generation is whole (`chat_stream_chunks`).
 """
 
 from __future__ import annotations
@@ -81,6 +83,58 @@ def chat_response(
             entry["rollhub"] = _choice_extension(choice)
         choices.append(entry)
     return _response(result, model, "chatcmpl", "chat.completion", choices, with_tokens, system_fingerprint=None)
+
+
+def chat_chunk(
+    response_id: str, created: int, model: str, index: int, delta: dict[str, Any], finish: str | None = None,
+    **extra: Any,
+) -> dict[str, Any]:  # fmt: skip
+    """One `chat.completion.chunk` with one choice."""
+    choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": extra.pop("logprobs", None)}
+    choice.update(extra)
+    return {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [choice]}  # fmt: skip
+
+
+class LiveText:
+    """The content deltas of a generation streamed as its ids arrive: a character whose bytes
+    are split across tokens is held back until it is whole."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.sent = ""
+
+    def add(self, ids: list[int]) -> str:
+        """The text `ids` add (possibly empty)."""
+        self.ids += ids
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd") or not text.startswith(self.sent):
+            return ""
+        delta, self.sent = text[len(self.sent) :], text
+        return delta
+
+    def rest(self, content: str) -> str:
+        """What of the final `content` was not sent yet."""
+        return content[len(self.sent) :] if content.startswith(self.sent) else ""
+
+
+def chat_stream_end(
+    result: CallResult, response_id: str, created: int, model: str, *, with_tokens: bool, include_usage: bool
+) -> list[dict[str, Any]]:
+    """The chunks after a live stream's content: the finish chunk (with the choice's token extension),
+    the usage chunk when asked, the call's extension on the last."""
+    (choice,) = result.choices
+    extra = {"rollhub": _choice_extension(choice)} if with_tokens else {}
+    chunks = [chat_chunk(response_id, created, model, choice.index, {}, choice.finish_reason, **extra)]
+    if include_usage:
+        chunks.append(
+            {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model,
+             "choices": [], "usage": _usage(result)}
+        )  # fmt: skip
+    if with_tokens:
+        chunks[-1]["rollhub"] = _call_extension(result)
+    return chunks
 
 
 def chat_stream_chunks(

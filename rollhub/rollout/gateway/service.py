@@ -9,6 +9,11 @@ loop builds them: a call that extends its session appends to the earlier call's 
 (`close_assistant` + `encode_reply` of the new messages + `generation_prompt_ids`); a call
 that starts a root or a branch renders its messages whole (`encode_conversation`).
 
+Hostile or broken programs cost only their own session: a session's calls are capped
+(`max_calls_per_session`, `max_in_flight_per_session`: 400 / 429), open sessions are capped
+(429 on the next start), and a session idle past `session_idle_timeout_s` is ended as failed by
+`end_idle_sessions` (the app runs it periodically), so no session stays open forever.
+
 A generation aborted by a weight update (finish reason "abort") is resumed with its partial
 output appended to the prompt, like the agent loop's partial rollouts, so each token keeps
 the version that produced it; after `max_resubmits` aborts the call fails with 503.
@@ -24,6 +29,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -103,10 +110,22 @@ class Gateway:
         metadata: dict[str, Any] | None = None,
     ) -> Session:
         """A new session; sessions of the same task (env id and seed) share a group unless one is named."""
+        cap = self.config.max_open_sessions
+        if cap is not None and len(self.sessions) >= cap:
+            self.metrics.rejected_busy += 1
+            raise ApiError(
+                f"the gateway has {cap} sessions open (max_open_sessions); end some, or retry after "
+                f"{self.config.retry_after_s} s",
+                status=429,
+                code="too_many_sessions",
+                headers={"Retry-After": str(self.config.retry_after_s)},
+            )
         session_id = uuid.uuid4().hex
         env_id = env_id or "gateway"
         group = group_id or (f"{env_id}:{seed}" if seed is not None else session_id)
         session = Session(session_id, env_id=env_id, seed=seed, group_id=group, metadata=dict(metadata or {}))
+        if self.config.api_keys:
+            session.api_key = f"rh-session-{secrets.token_urlsafe(24)}"
         self.sessions[session_id] = session
         self.metrics.sessions_started += 1
         return session
@@ -123,10 +142,13 @@ class Gateway:
             )
         return session
 
-    def end_session(self, session_id: str) -> list[Trajectory]:
-        """End a session: its leaves become trajectories (kept for `take_trajectories`) and it is forgotten."""
+    def end_session(self, session_id: str, failure: str | None = None) -> list[Trajectory]:
+        """End a session: its leaves become trajectories (kept for `take_trajectories`) and it is forgotten.
+        With `failure` (why it ended without its program) they are INFRA_FAILED: kept, never scored."""
         session = self.session(session_id)
         session.ended = True
+        if failure is not None:
+            session.failure = failure
         trajectories = session.to_trajectories()
         del self.sessions[session_id]
         self.ended_session_ids.add(session_id)
@@ -136,6 +158,19 @@ class Gateway:
         self.metrics.sessions_ended += 1
         self.metrics.leaves_exported += len(trajectories)
         return trajectories
+
+    def end_idle_sessions(self, now: float | None = None) -> list[str]:
+        """End (as failed) every session with no call running and none for `session_idle_timeout_s`."""
+        timeout = self.config.session_idle_timeout_s
+        if timeout is None:
+            return []
+        now = time.monotonic() if now is None else now
+        idle = [s for s in self.sessions.values() if s.in_flight == 0 and now - s.last_active_s > timeout]
+        for session in idle:
+            logger.warning("session %s idle for over %.0f s without /end: ended as failed", session.session_id, timeout)
+            self.end_session(session.session_id, failure=f"session idle for over {timeout:g} s without /end")
+            self.metrics.sessions_timed_out += 1
+        return [s.session_id for s in idle]
 
     def claim_trajectories(self, session_id: str) -> list[Trajectory]:
         """Take the trajectories of one ended session out of the finished ones (a producer that owns it)."""
@@ -150,28 +185,60 @@ class Gateway:
 
     # --- back-pressure -----------------------------------------------------------------
 
+    def _busy(self, message: str) -> ApiError:
+        self.metrics.rejected_busy += 1
+        return ApiError(
+            f"{message}; retry after {self.config.retry_after_s} s",
+            status=429,
+            code="too_many_requests",
+            headers={"Retry-After": str(self.config.retry_after_s)},
+        )
+
     @contextlib.asynccontextmanager
-    async def admit(self) -> AsyncIterator[None]:
-        """Hold one in-flight slot for a generation call; 429 with Retry-After when all are taken."""
+    async def admit(self, session: Session | None = None) -> AsyncIterator[None]:
+        """Hold one in-flight slot for a generation call (and one of its session's); 429 with Retry-After
+        when all are taken; 400 when the session has used up its calls (a program calling in a loop)."""
         cap = self.config.max_in_flight
         if cap is not None and self.in_flight >= cap:
-            self.metrics.rejected_busy += 1
-            raise ApiError(
-                f"the gateway is at its limit of {cap} calls in flight; retry after {self.config.retry_after_s} s",
-                status=429,
-                code="too_many_requests",
-                headers={"Retry-After": str(self.config.retry_after_s)},
-            )
+            raise self._busy(f"the gateway is at its limit of {cap} calls in flight")
+        if session is not None:
+            per_session = self.config.max_in_flight_per_session
+            if per_session is not None and session.in_flight >= per_session:
+                raise self._busy(f"this session already has {per_session} calls in flight")
+            calls = self.config.max_calls_per_session
+            if calls is not None and session.calls + session.in_flight >= calls:
+                raise ApiError(
+                    f"this session has made its {calls} calls (max_calls_per_session); end it",
+                    code="session_call_limit",
+                )
+            session.in_flight += 1
+            session.last_active_s = time.monotonic()
         self.in_flight += 1
         try:
             yield
         finally:
             self.in_flight -= 1
+            if session is not None:
+                session.in_flight -= 1
+                session.last_active_s = time.monotonic()
 
     # --- chat ----------------------------------------------------------------------------
 
-    async def chat(self, request: ChatRequest, session: Session | None) -> CallResult:
-        """Answer one chat call; on a session, record its choices as nodes of the session tree."""
+    def streams_incrementally(self, request: ChatRequest) -> bool:
+        """Whether a streamed call can send tokens as they are sampled: the engine hands them out
+        (`streams_tokens`), one choice, no stop strings, no tool calls to parse (the text of a tool
+        call is not content: it is known only once the generation is whole). Else one chunk per part."""
+        parse = request.tools is not None and request.tool_choice != "none"
+        sampling = request.sampling
+        return (
+            bool(getattr(self.engine, "streams_tokens", False)) and sampling.n == 1 and not sampling.stop and not parse
+        )
+
+    async def chat(
+        self, request: ChatRequest, session: Session | None, on_token: Callable[[list[int]], None] | None = None
+    ) -> CallResult:
+        """Answer one chat call; on a session, record its choices as nodes of the session tree. `on_token`
+        (only where `streams_incrementally`) is told each engine step's new ids."""
         self._check_model(request.model)
         keys = [message_key(m, i) for i, m in enumerate(request.messages)]
         takes_tools = self.segments.template_takes_tools
@@ -193,7 +260,7 @@ class Gateway:
             raise
         except Exception as exc:  # jinja errors: roles or orders the model's template refuses
             raise ApiError(f"the model's chat template refused these messages: {exc}", param="messages") from None
-        generations = await self._generate_choices(prompt, request.sampling)
+        generations = await self._generate_choices(prompt, request.sampling, on_token)
         parse = request.tools is not None and request.tool_choice != "none"
         choices = [self._chat_choice(i, g, text, parse, request.tool_names) for i, (g, text) in enumerate(generations)]
         return self._result(
@@ -320,7 +387,9 @@ class Gateway:
             engine_finish_reason=generation.finish_reason,
         )
 
-    async def _generate_choices(self, prompt: list[int], sampling: Sampling) -> list[tuple[Generation, str]]:
+    async def _generate_choices(
+        self, prompt: list[int], sampling: Sampling, on_token: Callable[[list[int]], None] | None = None
+    ) -> list[tuple[Generation, str]]:
         """`sampling.n` generations of `prompt` (concurrently), each with its text after stop strings."""
         room = self.max_context_tokens - len(prompt)
         if room < 1:
@@ -332,10 +401,21 @@ class Gateway:
             )
         max_new = min(sampling.max_tokens or self.config.default_max_tokens, room)
         seeds = [None if sampling.seed is None else sampling.seed + i for i in range(sampling.n)]
-        generations = await asyncio.gather(*(self._generate(prompt, max_new, sampling, seed) for seed in seeds))
+        if on_token is not None and sampling.n != 1:
+            raise ValueError("on_token streams one choice only")
+        generations = await asyncio.gather(
+            *(self._generate(prompt, max_new, sampling, seed, on_token) for seed in seeds)
+        )
         return [self._apply_stops(g, sampling.stop) for g in generations]
 
-    async def _generate(self, prompt: list[int], max_new: int, sampling: Sampling, seed: int | None) -> Generation:
+    async def _generate(
+        self,
+        prompt: list[int],
+        max_new: int,
+        sampling: Sampling,
+        seed: int | None,
+        on_token: Callable[[list[int]], None] | None = None,
+    ) -> Generation:
         """One generation, resumed after aborts (module docstring)."""
         ids: list[int] = []
         logprobs: list[float] = []
@@ -349,7 +429,10 @@ class Gateway:
                 seed=seed if not ids else None,
             )
             try:
-                generation = await self.engine.generate(prompt + ids, params)
+                if on_token is not None:  # resumed after an abort: the new ids follow the ones already sent
+                    generation = await self.engine.generate(prompt + ids, params, on_token=on_token)  # type: ignore[call-arg]
+                else:
+                    generation = await self.engine.generate(prompt + ids, params)
             except ValueError as exc:  # the engine refused the request itself (ids, lengths)
                 raise ApiError(f"the engine refused the request: {exc}") from None
             except Exception as exc:  # the machinery: a server down, a connection lost

@@ -74,6 +74,10 @@ class Session:
     success: bool = False  # the program says the task was solved (`POST /sessions/{id}/reward`)
     rewards: dict[str | None, float] = field(default_factory=dict)  # node id (None = whole session) -> reward
     started_s: float = field(default_factory=time.perf_counter)
+    last_active_s: float = field(default_factory=time.monotonic)  # a call began or ended (the idle timeout)
+    in_flight: int = 0  # generation calls running now
+    api_key: str | None = None  # opens this session's routes only (set when the gateway has keys)
+    failure: str | None = None  # why the session ended without the program ending it (exported as INFRA_FAILED)
 
     def find_chat_parent(self, keys: list[str], tools_key: str) -> tuple[Node | None, int]:
         """The deepest node this call extends and how many of `keys` it covers (its messages + answer)."""
@@ -147,7 +151,8 @@ class Session:
                     env_id=self.env_id,
                     seed=self.seed,
                     turns=turns,
-                    status=TrajectoryStatus.COMPLETED,
+                    status=TrajectoryStatus.COMPLETED if self.failure is None else TrajectoryStatus.INFRA_FAILED,
+                    infra_error=self.failure,
                     success=self.success,
                     group_id=self.group_id,
                     trajectory_id=f"{self.session_id}-{index}",
@@ -184,6 +189,7 @@ class GatewayMetrics:
     stateless_calls: int = 0  # calls outside any session (not recorded)
     kinds: dict[str, int] = field(default_factory=lambda: {"first": 0, "extend": 0, "fork": 0, "new_root": 0})
     rejected_busy: int = 0  # answered 429
+    sessions_timed_out: int = 0  # ended by the idle timeout, exported as failed
     sessions_started: int = 0
     sessions_ended: int = 0
     leaves_exported: int = 0
@@ -200,6 +206,7 @@ class GatewayMetrics:
             "rejected_busy": self.rejected_busy,
             "sessions_started": self.sessions_started,
             "sessions_ended": self.sessions_ended,
+            "sessions_timed_out": self.sessions_timed_out,
             "leaves_exported": self.leaves_exported,
             "completion_tokens": self.completion_tokens,
         }
