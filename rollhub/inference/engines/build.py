@@ -49,7 +49,9 @@ class EngineConfig:
     watchdog_generate_timeout_s: float = 30.0
     request_timeout_s: float = 3600.0  # one HTTP call; a hung server is caught by the watchdog long before
     max_reroutes: int = 1  # re-sends of a request whose replica failed; then it fails as infra
-    weight_sync: Literal["disk", "distributed"] = "disk"  # how new weights reach the servers
+    # how new weights reach the servers; lora_adapter: a LoRA policy's adapter through SGLang's
+    # /load_lora_adapter (servers launched with --enable-lora), instead of merged weights
+    weight_sync: Literal["disk", "distributed", "lora_adapter"] = "disk"
     # distributed sync: auto = nccl when every server has GPUs of its own, gloo when one shares the trainer's
     weight_sync_backend: Literal["auto", "nccl", "gloo"] = "auto"
     # where servers reach the trainer for the update group: loopback only serves servers on this machine
