@@ -173,9 +173,15 @@ def build_engine(config: RunConfig, model_dir: Path) -> InferenceEngine:
             "engine.backend=server and cluster.backend=ray both place engine servers; with Ray the servers are "
             "its actors (cluster.engine, cluster.num_engines): keep engine.backend=inprocess"
         )
-    return build_from_section(
+    engine = build_from_section(
         config.engine_config, model_dir, device=model_device(config), run_dir=Path(config.run_dir)
     )
+    lora = config.model.lora
+    if config.engine.weight_sync == "lora_adapter" and lora is not None and hasattr(engine, "server_args"):
+        from rollhub.inference.weight_sync import sglang_lora_args
+
+        engine.server_args = sglang_lora_args(lora.rank, lora.target_modules)  # launched SGLang servers
+    return engine
 
 
 async def start_engine(engine: InferenceEngine) -> None:

@@ -421,10 +421,16 @@ class RunConfig:
             )
         if self.model.lora is not None and self.trainer.world_size > 1:
             raise ValueError("model.lora runs on one trainer process: set trainer.world_size=1")
-        if self.engine.weight_sync == "lora_adapter" and (self.model.lora is None or self.engine.backend != "server"):
+        engine = self.engine
+        if engine.weight_sync == "lora_adapter" and (
+            self.model.lora is None
+            or engine.backend != "server"
+            or (not engine.urls and (engine.launch or "rollhub").strip() == "rollhub")
+        ):
             raise ValueError(
-                "engine.weight_sync=lora_adapter pushes LoRA adapters to SGLang servers: it needs model.lora and "
-                "engine.backend=server"
+                "engine.weight_sync=lora_adapter pushes LoRA adapters to SGLang servers: it needs model.lora, "
+                "engine.backend=server and SGLang servers (engine.launch or engine.urls); rollhub serve loads the "
+                "merged weights (weight_sync disk or distributed)"
             )
         from rollhub.trainer.logprob_check import refuse_truncated_sampling
 

@@ -282,6 +282,8 @@ def make_weight_sync(
     if build_weight_sync is not None:
         if kind == "disk":
             return build_weight_sync("disk", weights_dir=weights_dir, config_dir=model_path)
+        if kind == "lora_adapter":
+            return build_weight_sync("lora_adapter", weights_dir=weights_dir)
         if kind == "distributed" and backend != "gloo":
             backend = update_backend(backend, shared_gpu=shared_gpu, server_python=server_python)
         return build_weight_sync(kind, backend=backend, master_address=master_address, dtype=dtype)
