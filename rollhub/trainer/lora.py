@@ -140,6 +140,22 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def tied_duplicates(model: torch.nn.Module) -> set[str]:
+    """Base names of weights that share another's storage (a head tied to the input embedding): a saved
+    model leaves them out, as transformers does, so the folder has the base model's own files."""
+    seen: set[tuple[int, tuple[int, ...]]] = set()
+    duplicates = set()
+    for name, tensor in model.state_dict().items():
+        key = (
+            tensor.untyped_storage().data_ptr() + tensor.storage_offset() * tensor.element_size(),
+            tuple(tensor.shape),
+        )
+        if key in seen:
+            duplicates.add(base_name(name))
+        seen.add(key)
+    return duplicates
+
+
 def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The adapters' weights (the trainable state), detached CPU copies under the model's own names."""
     return {name: t.detach().to("cpu", copy=True) for name, t in model.state_dict().items() if is_adapter_key(name)}

@@ -677,11 +677,12 @@ class Policy:
         if out.is_dir() and any(out.iterdir()) and not (out / "config.json").is_file():
             raise ValueError(f"{out} is not empty and holds no model; refusing to replace it with one")
         if self.peft is not None:  # the merged model, and the adapter it came from in a subfolder
-            from rollhub.trainer.lora import ADAPTER_SUBDIR, write_adapter
+            from rollhub.trainer.lora import ADAPTER_SUBDIR, tied_duplicates, write_adapter
 
             state = self.engine_state_dict()
+            tied = tied_duplicates(self.model)
             with staged_dir(out) as tmp:
-                self.model.save_pretrained(tmp, state_dict=dict(state))
+                self.model.save_pretrained(tmp, state_dict={k: v for k, v in state.items() if k not in tied})
                 self.tokenizer.save_pretrained(tmp)
                 write_adapter(tmp / ADAPTER_SUBDIR, state.adapter, state.adapter_config)
             return
