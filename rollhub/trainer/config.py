@@ -406,6 +406,13 @@ class RunConfig:
         if not self.run_dir.strip():
             raise ValueError("run_dir must name a folder")
         self._check_seed_ranges()
+        if self.model.lora is not None and self.trainer.world_size > 1:
+            raise ValueError("model.lora runs on one trainer process: set trainer.world_size=1")
+        if self.model.lora is not None and self.eval.in_trainer:
+            raise ValueError(
+                "eval.in_trainer plays on the trainer's own modules, and the engine's fast decoder reads their base "
+                "weights, not the LoRA adapters: unset eval.in_trainer with model.lora (servers hold merged weights)"
+            )
         if self.eval.in_trainer and (
             self.engine.backend != "server" or self.trainer.world_size != 1 or self.cluster.backend != "local"
         ):
@@ -419,8 +426,6 @@ class RunConfig:
                 "optim.pack_tokens (packing already runs a prompt shared by whole rows once) or "
                 "model.gradient_checkpointing"
             )
-        if self.model.lora is not None and self.trainer.world_size > 1:
-            raise ValueError("model.lora runs on one trainer process: set trainer.world_size=1")
         engine = self.engine
         if engine.weight_sync == "lora_adapter" and (
             self.model.lora is None

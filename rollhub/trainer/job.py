@@ -144,6 +144,7 @@ async def _locked_job(
     # build, from the warm-start
     t = time.perf_counter()
     policy = sft_policy if ranks is None and config.model.lora is None else None
+    sft_policy = None  # with LoRA the RL policy loads the merged SFT model: this one is freed
     run = build_run(config, sft_dir if sft_done else model_dir, policy=policy, ranks=ranks, started=job_started)
     run.phases = phases
     run.progress = progress

@@ -154,6 +154,7 @@ def test_a_checkpoint_holds_the_adapters_and_restores_them_exactly(tiny_model_di
         ("model.lora.target_modules=[q_proj, q_proj]", "names a module twice"),
         ("model.lora.rank=2.5", "expected int"),
         ("trainer.world_size=2", "model.lora runs on one trainer process"),
+        ("eval.in_trainer=true", "unset eval.in_trainer with model.lora"),
         ("engine.weight_sync=lora_adapter", "lora_adapter pushes LoRA adapters to SGLang servers"),
     ],
 )
