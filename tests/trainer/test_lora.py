@@ -205,3 +205,30 @@ def test_the_cli_reports_a_bad_lora_value_in_one_line(tiny_model_dir, tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert "Traceback" not in "\n".join(err)
     assert "embedding or output head" in err[-1]
+
+
+def test_the_trainers_other_paths_give_the_adapters_the_same_gradient(tiny_model_dir, trajectories):
+    """Activation checkpointing and packed micro-batches run through the adapted layers as the plain path does."""
+    from rollhub.trainer.lora import lora_layers
+
+    def gradients(packed: bool = False, **options) -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)  # A's random init
+        policy = Policy(tiny_model_dir, device="cpu", temperature=0.7, lora=LoraConfig(**LORA), **options)
+        with torch.no_grad():  # the same nonzero adapters in every policy
+            for name, param in policy.model.named_parameters():
+                if ".lora_B." in name:
+                    param.copy_(torch.linspace(-0.05, 0.05, param.numel()).reshape(param.shape))
+        assert lora_layers(policy.model)
+        batch = _batch(trajectories, policy)
+        logp, _ = policy.token_logprobs(batch, packed=packed)
+        (logp * batch.advantages).sum().backward()
+        return {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+
+    plain = gradients()
+    checkpointed = gradients(gradient_checkpointing=True)
+    packed_grads = gradients(packed=True)
+    assert plain.keys() == checkpointed.keys() == packed_grads.keys()
+    for name, grad in plain.items():
+        assert grad.abs().sum() > 0 or ".lora_A." in name, name
+        assert torch.allclose(grad, checkpointed[name], atol=1e-6), name
+        assert torch.allclose(grad, packed_grads[name], atol=1e-5), name
