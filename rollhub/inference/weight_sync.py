@@ -1,6 +1,6 @@
-"""Weight sync from the trainer to inference servers, over both of SGLang's protocols.
+"""Weight sync from the trainer to inference servers, over SGLang's protocols.
 
-Two pushers with one call, `await pusher.push(clients, state_or_path, version) -> timings`:
+Pushers with one call, `await pusher.push(clients, state_or_path, version) -> timings`:
 
 * `DiskWeightSync` (`/update_weights_from_disk`): the weights are written once as an HF
   checkpoint folder `v{version}` under the run's weights folder, atomically (written into a
@@ -11,6 +11,9 @@ Two pushers with one call, `await pusher.push(clients, state_or_path, version) -
   the trainer is rank 0 of a process group with one rank per server (world size = 1 +
   servers) and broadcasts every tensor over it while the servers receive; no disk involved.
   NCCL on GPU, gloo on CPU (`rollhub serve` implements the receiving side of both).
+* `LoraAdapterSync` (`/load_lora_adapter`): a LoRA policy's adapter alone, as a peft folder
+  `lora-v{version}`, loaded by SGLang servers started with --enable-lora; requests then name it.
+  Every other pusher gets the same push as merged weights (rollhub.trainer.lora.LoraWeights).
 
 The update group is a process group of its own, built from a `TCPStore` and the backend
 class directly. It is never the default torch.distributed group and never touches it,
