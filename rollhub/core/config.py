@@ -85,6 +85,9 @@ def coerce_value(value: Any, tp: Any, path: str, *, finite: bool = True) -> Any:
         if value is None and type(None) in options:
             return None
         errors = []
+        real = [option for option in options if option is not type(None)]
+        if len(real) == 1 and dataclasses.is_dataclass(real[0]) and isinstance(value, dict):
+            return coerce_value(value, real[0], path, finite=finite)  # an optional section: its own error
         for option in options:
             if option is type(None):
                 continue

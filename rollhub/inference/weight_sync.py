@@ -1,6 +1,6 @@
-"""Weight sync from the trainer to inference servers, over both of SGLang's protocols.
+"""Weight sync from the trainer to inference servers, over SGLang's protocols.
 
-Two pushers with one call, `await pusher.push(clients, state_or_path, version) -> timings`:
+Pushers with one call, `await pusher.push(clients, state_or_path, version) -> timings`:
 
 * `DiskWeightSync` (`/update_weights_from_disk`): the weights are written once as an HF
   checkpoint folder `v{version}` under the run's weights folder, atomically (written into a
@@ -11,6 +11,9 @@ Two pushers with one call, `await pusher.push(clients, state_or_path, version) -
   the trainer is rank 0 of a process group with one rank per server (world size = 1 +
   servers) and broadcasts every tensor over it while the servers receive; no disk involved.
   NCCL on GPU, gloo on CPU (`rollhub serve` implements the receiving side of both).
+* `LoraAdapterSync` (`/load_lora_adapter`): a LoRA policy's adapter alone, as a peft folder
+  `lora-v{version}`, loaded by SGLang servers started with --enable-lora; requests then name it.
+  Every other pusher gets the same push as merged weights (rollhub.trainer.lora.LoraWeights).
 
 The update group is a process group of its own, built from a `TCPStore` and the backend
 class directly. It is never the default torch.distributed group and never touches it,
@@ -493,6 +496,122 @@ class DiskWeightSync:
         """Nothing held between pushes."""
 
 
+LORA_FOLDER = re.compile(r"^lora-v(\d+)$")
+
+
+def write_adapter_folder(
+    adapter: Mapping[str, torch.Tensor], config: Mapping[str, Any], weights_dir: Path, version: int
+) -> tuple[Path, int]:
+    """Write the peft adapter folder `weights_dir/lora-v{version}` atomically (as `write_version_folder`)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    weights_dir.mkdir(parents=True, exist_ok=True)
+    final = weights_dir / f"lora-v{version}"
+    partial = weights_dir / f"{_PARTIAL_PREFIX}lora-v{version}-{uuid.uuid4().hex[:8]}"
+    partial.mkdir()
+    try:
+        save_file(
+            {k: v.detach().contiguous().cpu() for k, v in adapter.items()}, str(partial / "adapter_model.safetensors")
+        )
+        (partial / "adapter_config.json").write_text(json.dumps(dict(config), indent=1))
+        _fsync_tree(partial)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    written = sum(item.stat().st_size for item in partial.iterdir() if item.is_file())
+    if final.exists():
+        shutil.rmtree(final)
+    os.rename(partial, final)
+    _fsync_dir(weights_dir)
+    return final, written
+
+
+def adapter_name(version: int) -> str:
+    """The name an adapter version is loaded under: one per version, since SGLang refuses a name twice."""
+    return f"rollhub-v{int(version)}"
+
+
+@dataclass
+class LoraAdapterSync:
+    """Push a LoRA policy's adapter (`rollhub.trainer.lora.LoraWeights`) instead of merged weights.
+
+    The adapter (a few MB where the model is GBs) is written as a peft folder `lora-v{version}` under
+    `weights_dir`, every server loads it (`/load_lora_adapter`, under a name of its own per version),
+    takes the version (`/update_weight_version`) and serves the next requests with it (the client
+    sends `lora_path` = that name); then the previous adapter is unloaded and its folder removed.
+    Servers must run with --enable-lora, --max-lora-rank >= model.lora.rank and --lora-target-modules
+    covering model.lora.target_modules (`sglang_lora_args`). Pushing a version a server already holds
+    (the router's retry over the replicas left) loads nothing again there.
+    """
+
+    weights_dir: str | Path
+    method: Literal["lora_adapter"] = field(default="lora_adapter", init=False)
+
+    def __post_init__(self) -> None:
+        self.weights_dir = Path(self.weights_dir)
+
+    async def push(self, clients: list[SGLangEngine], state_or_path: Any, version: int) -> dict[str, Any]:
+        if not clients:
+            raise WeightSyncError("no servers to push weights to")
+        adapter = getattr(state_or_path, "adapter", None)
+        if adapter is None:
+            raise WeightSyncError(
+                "engine.weight_sync=lora_adapter pushes a LoRA policy's adapter; this push holds none (set model.lora)"
+            )
+        started = time.perf_counter()
+        name = adapter_name(version)
+        folder, written = await asyncio.to_thread(
+            write_adapter_folder, adapter, state_or_path.adapter_config, Path(self.weights_dir), int(version)
+        )
+        written_at = time.perf_counter()
+        pending = [client for client in clients if client.lora_name != name]
+        await _all_or_raise(
+            "load_lora_adapter", pending, (client.load_lora_adapter(name, str(folder)) for client in pending)
+        )
+        await _all_or_raise(
+            "update_weight_version", pending, (client.update_weight_version(int(version)) for client in pending)
+        )
+        previous = {client.lora_name for client in pending} - {None, name}
+        for client in pending:
+            client.lora_name, client.weight_version = name, int(version)
+        for old in previous:  # no request runs on them any more (the router pushes while paused)
+            results = await asyncio.gather(*(c.unload_lora_adapter(old) for c in pending), return_exceptions=True)
+            for client, result in zip(pending, results):
+                if isinstance(result, Exception):
+                    logger.warning("%s: could not unload LoRA adapter %s: %s", client.url, old, result)
+        removed = await asyncio.to_thread(_remove_old_adapters, Path(self.weights_dir), folder)
+        return {
+            "method": "lora_adapter",
+            "version": int(version),
+            "servers": len(clients),
+            "bytes": written,
+            "write_s": written_at - started,
+            "load_s": time.perf_counter() - written_at,
+            "total_s": time.perf_counter() - started,
+            "removed_versions": len(removed),
+            "path": str(folder),
+        }
+
+    async def close(self) -> None:
+        """Nothing held between pushes."""
+
+
+def _remove_old_adapters(weights_dir: Path, keep: Path) -> list[Path]:
+    removed = []
+    for item in weights_dir.iterdir():
+        if item != keep and item.is_dir() and LORA_FOLDER.match(item.name):
+            shutil.rmtree(item, ignore_errors=True)
+            removed.append(item)
+    return removed
+
+
+def sglang_lora_args(rank: int, target_modules: Iterable[str]) -> list[str]:
+    """The SGLang server flags an adapter of this rank and these target modules needs."""
+    return ["--enable-lora", "--max-lora-rank", str(int(rank)), "--lora-target-modules", *sorted(target_modules)]
+
+
 @dataclass
 class DistributedWeightSync:
     """Push by broadcasting every tensor from rank 0 of a weight-update process group.
@@ -786,19 +905,23 @@ def _close_quietly(future: asyncio.Future) -> None:
         future.result().close()
 
 
-WeightSync = DiskWeightSync | DistributedWeightSync
+WeightSync = DiskWeightSync | DistributedWeightSync | LoraAdapterSync
 
 
 def build_weight_sync(method: str, *, weights_dir: str | Path | None = None, **options: Any) -> WeightSync:
-    """A pusher by name: "disk" (needs `weights_dir`) or "distributed" (options as in
-    DistributedWeightSync)."""
+    """A pusher by name: "disk" or "lora_adapter" (both need `weights_dir`), or "distributed" (options as
+    in DistributedWeightSync)."""
     if method == "disk":
         if weights_dir is None:
             raise ValueError("the disk weight sync needs a weights_dir every server can read")
         return DiskWeightSync(weights_dir, config_dir=options.get("config_dir"))
     if method == "distributed":
         return DistributedWeightSync(**options)
-    raise ValueError(f"weight sync method must be 'disk' or 'distributed', got {method!r}")
+    if method == "lora_adapter":
+        if weights_dir is None:
+            raise ValueError("the LoRA adapter sync needs a weights_dir every server can read")
+        return LoraAdapterSync(weights_dir)
+    raise ValueError(f"weight sync method must be 'disk', 'distributed' or 'lora_adapter', got {method!r}")
 
 
 NcclVersion = tuple[int, ...]

@@ -31,6 +31,7 @@ from rollhub.rollout.seed_sources import SeedCursor, SeedSource
 from rollhub.rollout.source import RolloutSource
 from rollhub.rollout.trajectory_log import RUN_TRAJECTORY_LOG
 from rollhub.trainer.config import RunConfig
+from rollhub.trainer.lora import AdapterlessReference
 from rollhub.trainer.metrics import MetricsLog
 from rollhub.trainer.policy import Policy
 from rollhub.trainer.progress import NO_PROGRESS, JobProgress
@@ -128,13 +129,17 @@ def build_policy(config: RunConfig, model_dir: Path) -> Policy:
         fsdp=config.model.fsdp,
         dtype=config.model.dtype,
         share_prefix=config.optim.share_prefix,
+        lora=config.model.lora,
     )
 
 
-def build_reference(config: RunConfig, model_dir: Path, policy: Policy) -> Policy | None:
-    """The frozen KL anchor (the warm-start), only when the loss has a KL term."""
+def build_reference(config: RunConfig, model_dir: Path, policy: Policy) -> Policy | AdapterlessReference | None:
+    """The frozen KL anchor (the warm-start), only when the loss has a KL term; with LoRA the policy
+    itself with its adapters off (the base it loaded is the warm-start), not a second copy."""
     if config.loss.kl_coef <= 0:
         return None
+    if policy.peft is not None:
+        return AdapterlessReference(policy)
     return Policy(
         model_dir,
         device=model_device(config),
@@ -149,7 +154,7 @@ def build_optimizer(policy: Policy, config: RunConfig) -> torch.optim.Optimizer:
     """AdamW over the trainable weights; with optim.train_embeddings false it also freezes
     the embeddings (requires_grad off), so no gradient is computed for them either."""
     o = config.optim
-    if not o.train_embeddings:
+    if not o.train_embeddings and policy.peft is None:  # LoRA leaves every base weight frozen already
         for module in (policy.model.get_input_embeddings(), policy.model.get_output_embeddings()):
             if module is not None:
                 module.weight.requires_grad_(False)
@@ -168,9 +173,15 @@ def build_engine(config: RunConfig, model_dir: Path) -> InferenceEngine:
             "engine.backend=server and cluster.backend=ray both place engine servers; with Ray the servers are "
             "its actors (cluster.engine, cluster.num_engines): keep engine.backend=inprocess"
         )
-    return build_from_section(
+    engine = build_from_section(
         config.engine_config, model_dir, device=model_device(config), run_dir=Path(config.run_dir)
     )
+    lora = config.model.lora
+    if config.engine.weight_sync == "lora_adapter" and lora is not None and hasattr(engine, "server_args"):
+        from rollhub.inference.weight_sync import sglang_lora_args
+
+        engine.server_args = sglang_lora_args(lora.rank, lora.target_modules)  # launched SGLang servers
+    return engine
 
 
 async def start_engine(engine: InferenceEngine) -> None:

@@ -309,14 +309,16 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 
 def load_checkpoint(
-    path: str | Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, restore_rng: bool = True
+    path: str | Path, *, model: Any, optimizer: torch.optim.Optimizer | None, restore_rng: bool = True
 ) -> dict[str, Any]:
     """Load model/optimizer state in place, restore RNGs; returns the whole payload.
 
+    `model`: a module, or a Policy (whose `load_training_state` takes a LoRA run's adapters alone).
     `weights_only=True`: a checkpoint is data; loading one cannot execute code from the file.
     """
     payload = read_checkpoint(path)
-    model.load_state_dict(payload["model"])
+    load = getattr(model, "load_training_state", None) or model.load_state_dict
+    load(payload["model"])
     if optimizer is not None and payload.get("optimizer") is not None:
         optimizer.load_state_dict(payload["optimizer"])
     if restore_rng:

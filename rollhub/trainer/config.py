@@ -29,6 +29,7 @@ from rollhub.rollout.cluster.config import ClusterConfig
 from rollhub.rollout.config import EnvConfig, RolloutConfig
 from rollhub.trainer.batch import AlgorithmConfig
 from rollhub.trainer.logprob_check import CheckConfig
+from rollhub.trainer.lora import LoraConfig
 from rollhub.trainer.losses import LossConfig
 
 #: training seeds reserved beyond train.steps x groups_per_batch x (1 + ceil(async_ratio)):
@@ -75,6 +76,10 @@ class ModelConfig:
     gradient_checkpointing: bool = False
     # FSDP2 across the torch.distributed group; always on with trainer.world_size > 1 (or torchrun)
     fsdp: bool = False
+    # LoRA adapters (rank, alpha, dropout, target_modules) train instead of every weight; the KL reference
+    # is the base with the adapters off; engines get the merged weights (or the adapter: weight_sync
+    # lora_adapter). null = full fine-tuning (rollhub.trainer.lora)
+    lora: LoraConfig | None = None
 
     def validate(self) -> None:
         _at_least("model.threads", self.threads, 1)
@@ -87,6 +92,8 @@ class ModelConfig:
             raise ValueError(f"model.dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
         if not self.path.strip():
             raise ValueError("model.path must name a checkpoint dir")
+        if self.lora is not None and self.fsdp:
+            raise ValueError("model.lora runs on one trainer process: set model.fsdp=false")
 
 
 @dataclass
@@ -399,6 +406,13 @@ class RunConfig:
         if not self.run_dir.strip():
             raise ValueError("run_dir must name a folder")
         self._check_seed_ranges()
+        if self.model.lora is not None and self.trainer.world_size > 1:
+            raise ValueError("model.lora runs on one trainer process: set trainer.world_size=1")
+        if self.model.lora is not None and self.eval.in_trainer:
+            raise ValueError(
+                "eval.in_trainer plays on the trainer's own modules, and the engine's fast decoder reads their base "
+                "weights, not the LoRA adapters: unset eval.in_trainer with model.lora (servers hold merged weights)"
+            )
         if self.eval.in_trainer and (
             self.engine.backend != "server" or self.trainer.world_size != 1 or self.cluster.backend != "local"
         ):
@@ -411,6 +425,17 @@ class RunConfig:
                 "optim.share_prefix runs padded micro-batches without activation checkpointing: unset "
                 "optim.pack_tokens (packing already runs a prompt shared by whole rows once) or "
                 "model.gradient_checkpointing"
+            )
+        engine = self.engine
+        if engine.weight_sync == "lora_adapter" and (
+            self.model.lora is None
+            or engine.backend != "server"
+            or (not engine.urls and (engine.launch or "rollhub").strip() == "rollhub")
+        ):
+            raise ValueError(
+                "engine.weight_sync=lora_adapter pushes LoRA adapters to SGLang servers: it needs model.lora, "
+                "engine.backend=server and SGLang servers (engine.launch or engine.urls); rollhub serve loads the "
+                "merged weights (weight_sync disk or distributed)"
             )
         from rollhub.trainer.logprob_check import refuse_truncated_sampling
 

@@ -132,7 +132,9 @@ async def _locked_job(
     phases = {"prepare_s": prepare_s + time.perf_counter() - t}
 
     # SFT, unless done: the policy it trains is the one RL trains on (with ranks SFT runs on rank 0
-    # alone, on an unsharded policy, and every rank then loads its shard of the SFT model)
+    # alone, on an unsharded policy, and every rank then loads its shard of the SFT model). With LoRA
+    # SFT trains adapters too, its merged model is RL's base, and RL starts fresh adapters on it, so the
+    # KL reference (the base with adapters off) is the warm-start
     sft_policy = None
     if checkpoint is None and config.sft.enabled and not sft_done:
         sft_policy = build_policy(config if ranks is None else unsharded_config(config), model_dir)
@@ -141,7 +143,8 @@ async def _locked_job(
 
     # build, from the warm-start
     t = time.perf_counter()
-    policy = sft_policy if ranks is None else None
+    policy = sft_policy if ranks is None and config.model.lora is None else None
+    sft_policy = None  # with LoRA the RL policy loads the merged SFT model: this one is freed
     run = build_run(config, sft_dir if sft_done else model_dir, policy=policy, ranks=ranks, started=job_started)
     run.phases = phases
     run.progress = progress

@@ -8,7 +8,10 @@ turn. The plan adds up, per trainer GPU, what the run will hold at its peak:
   (the compute autocasts), so full-parameter training costs 4 + 4 + 8 = 16 bytes per trainable
   parameter, the figure the ZeRO paper gives for mixed-precision Adam; FSDP ranks split all
   three evenly;
-* the frozen KL reference (only with `loss.kl_coef > 0`), sharded like the policy;
+* with LoRA (`model.lora`) gradients and AdamW moments only for the adapters (rank x (in + out)
+  per targeted linear layer, fp32) beside the frozen fp32 base;
+* the frozen KL reference (only with `loss.kl_coef > 0`), sharded like the policy; none with LoRA,
+  whose reference is the same model with its adapters off;
 * the activations one micro-batch keeps for the backward pass (every layer's, or with
   activation checkpointing only each layer's input plus one layer's), and its logits;
 * an engine sharing the GPU (`engine.share_gpu`): SGLang's static share of the whole card,
@@ -30,12 +33,15 @@ from pathlib import Path
 from typing import Any
 
 from rollhub.core.errors import UserError
+from rollhub.trainer.lora import DEFAULT_TARGETS
 
 GIB = 1024**3
 #: CUDA context, cuBLAS workspaces and the allocator's slack, per process
 CUDA_OVERHEAD_BYTES = int(1.0 * GIB)
 #: a plan must leave this share of the card free for fragmentation
 FRAGMENTATION_MARGIN = 0.05
+#: the LoRA rank a plan that does not fit tries (with the default target modules)
+DEFAULT_LORA_RANK = 16
 #: the card a plan assumes when none is present and `trainer.gpu_memory_gib` is unset (H100 80 GB)
 DEFAULT_GPU_MEMORY_GIB = 79.6
 
@@ -97,6 +103,21 @@ class ModelShape:
         head = 0 if self.tied_embeddings else self.vocab * self.hidden
         return self.vocab * self.hidden + self.layers * per_layer + self.hidden + head
 
+    def lora_parameters(self, rank: int, targets: tuple[str, ...]) -> int:
+        """Adapter parameters: rank x (in + out) for each targeted linear layer of every decoder layer
+        (names this shape does not know count nothing)."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        dims = {
+            "q_proj": (self.hidden, q),
+            "k_proj": (self.hidden, kv),
+            "v_proj": (self.hidden, kv),
+            "o_proj": (q, self.hidden),
+            "gate_proj": (self.hidden, self.intermediate),
+            "up_proj": (self.hidden, self.intermediate),
+            "down_proj": (self.intermediate, self.hidden),
+        }
+        return self.layers * sum(rank * sum(dims[t]) for t in set(targets) if t in dims)
+
     def layer_activation_elements(self) -> int:
         """Elements one token keeps for the backward pass in one decoder layer: the two norms'
         inputs and outputs, q/k/v before and after rotary embedding, attention's output, and the
@@ -124,6 +145,8 @@ class PlanInputs:
     response_tokens: int | None = None
     gradient_checkpointing: bool = False
     kl_reference: bool = False
+    lora_rank: int | None = None  # model.lora.rank; None = full fine-tuning
+    lora_targets: tuple[str, ...] = ()
     engine: str = "none"  # none | sglang_shared | inprocess
     engine_mem_fraction: float = 0.3
     engine_batch: int = 64
@@ -168,9 +191,12 @@ def plan_memory(inputs: PlanInputs) -> MemoryPlan:
     trainable = int(params * inputs.trainable_fraction)
     plan = MemoryPlan(inputs)
     plan.items["weights (fp32)"] = math.ceil(4 * params / ranks)
+    if inputs.lora_rank is not None:  # the base frozen: gradients and moments of the adapters alone
+        trainable = shape.lora_parameters(inputs.lora_rank, inputs.lora_targets)
+        plan.items["LoRA adapters (fp32)"] = math.ceil(4 * trainable / ranks)
     plan.items["gradients (fp32)"] = math.ceil(4 * trainable / ranks)
     plan.items["AdamW moments (fp32)"] = math.ceil(8 * trainable / ranks)
-    if inputs.kl_reference:
+    if inputs.kl_reference and inputs.lora_rank is None:  # LoRA's reference: its adapters switched off
         plan.items["KL reference (fp32)"] = math.ceil(4 * params / ranks)
     tokens = inputs.packed_tokens or inputs.micro_batch_rows * inputs.context_tokens
     per_layer = tokens * shape.layer_activation_elements() * inputs.compute_bytes
@@ -208,12 +234,20 @@ def _remedies(inputs: PlanInputs) -> list[Remedy]:
         options.append(("model.gradient_checkpointing=true", lambda i: replace(i, gradient_checkpointing=True)))
     if inputs.packed_tokens is None and inputs.micro_batch_rows > 1:
         options.append(("optim.micro_batch_size=1", lambda i: replace(i, micro_batch_rows=1)))
-    if inputs.trainable_fraction > 0.5:
+    if inputs.trainable_fraction > 0.5 and inputs.lora_rank is None:
         options.append(
             ("optim.train_embeddings=false", lambda i: replace(i, trainable_fraction=_without_embeddings(i.shape)))
         )
     if inputs.engine == "sglang_shared" and inputs.engine_mem_fraction > 0.15:
         options.append(("engine.mem_fraction=0.15", lambda i: replace(i, engine_mem_fraction=0.15)))
+    # last: LoRA changes what the run learns (adapters on a frozen base), not only how it computes
+    if inputs.lora_rank is None and inputs.ranks == 1:
+        options.append(
+            (
+                f"model.lora.rank={DEFAULT_LORA_RANK}",
+                lambda i: replace(i, lora_rank=DEFAULT_LORA_RANK, lora_targets=tuple(DEFAULT_TARGETS)),
+            )
+        )
     return options
 
 
@@ -233,14 +267,36 @@ def knobs_that_fit(inputs: PlanInputs, *, max_ranks: int = 8) -> list[str]:
     for name, change in remedies:
         combined, names = change(combined), [*names, name]
         if plan_memory(combined).fits:
-            return names
+            return _needed(inputs, remedies, names)
+    # ranks: LoRA trains on one process, so the groups tried are without it
+    sharded, sharded_names = inputs, []
+    for name, change in remedies:
+        if not name.startswith("model.lora"):
+            sharded, sharded_names = change(sharded), [*sharded_names, name]
     ranks = inputs.ranks * 2
-    while ranks <= max_ranks:
-        for base, base_names in ((inputs, []), (combined, names)):
+    while ranks <= max_ranks and inputs.lora_rank is None:
+        for base, base_names in ((inputs, []), (sharded, sharded_names)):
             if plan_memory(replace(base, ranks=ranks)).fits:
                 return [*base_names, f"trainer.world_size={ranks}"]
         ranks *= 2
     return []
+
+
+def _needed(inputs: PlanInputs, remedies: list[Remedy], names: list[str]) -> list[str]:
+    """`names` without the knobs the others make unneeded (frozen embeddings once LoRA freezes every weight)."""
+    changes = dict(remedies)
+
+    def fits(chosen: list[str]) -> bool:
+        changed = inputs
+        for name in chosen:
+            changed = changes[name](changed)
+        return plan_memory(changed).fits
+
+    kept = list(names)
+    for name in names:
+        if fits([n for n in kept if n != name]):
+            kept.remove(name)
+    return kept
 
 
 def refuse_unless_fits(plan: MemoryPlan) -> None:
@@ -254,8 +310,8 @@ def refuse_unless_fits(plan: MemoryPlan) -> None:
             fix += " (each rank on a GPU of its own)"
     else:
         fix = (
-            "no combination of activation checkpointing, a smaller micro-batch, frozen embeddings, a smaller "
-            "engine share and up to 8 ranks fits it: use a smaller model or a shorter context"
+            "no combination of activation checkpointing, a smaller micro-batch, LoRA, frozen embeddings, a "
+            "smaller engine share and up to 8 ranks fits it: use a smaller model or a shorter context"
         )
     raise UserError(
         f"{plan.table()}\nthis run needs {plan.total_bytes / GIB:.1f} GiB per GPU and "
@@ -314,6 +370,8 @@ def memory_plan_inputs(config: Any, shape: ModelShape, gpu_bytes: int) -> PlanIn
         ),
         gradient_checkpointing=config.model.gradient_checkpointing,
         kl_reference=config.loss.kl_coef > 0,
+        lora_rank=config.model.lora.rank if config.model.lora is not None else None,
+        lora_targets=tuple(config.model.lora.target_modules) if config.model.lora is not None else (),
         engine=engine_kind,
         engine_mem_fraction=engine.mem_fraction if engine.mem_fraction is not None else SHARED_MEM_FRACTION,
         engine_batch=engine.max_batch_size,

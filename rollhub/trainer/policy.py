@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from rollhub.core.errors import UserError
 
 if TYPE_CHECKING:
+    from rollhub.trainer.lora import LoraConfig
     from rollhub.trainer.prefix_kv import PrefixKV
 
 logger = logging.getLogger(__name__)
@@ -213,6 +214,7 @@ class Policy:
         fsdp: bool = False,
         dtype: str | None = None,
         share_prefix: bool = False,
+        lora: LoraConfig | None = None,
     ):
         from rollhub.inference.models import load_model_and_tokenizer
 
@@ -237,6 +239,15 @@ class Policy:
             self._split_head = self._check_head_path()
         if self._split_head:
             setattr(self.model, _SELECTED_LOGITS, self._selected_logits)
+        # LoRA (model.lora): adapters injected in place, base frozen; `self.model` stays the same module
+        # tree, `self.peft` is peft's wrapper around it (adapter files, switching the adapters off)
+        self.lora, self.peft = lora, None
+        if lora is not None:
+            if fsdp:
+                raise UserError("model.lora runs on one trainer process: set trainer.world_size=1 and model.fsdp=false")
+            from rollhub.trainer.lora import attach_lora
+
+            self.peft = attach_lora(self.model, lora)
         self.model.train()
         self.temperature = temperature
         self.micro_batch_size = micro_batch_size
@@ -596,6 +607,34 @@ class Policy:
             rows.append(F.pad(logp.float().cpu(), (0, width - logp.shape[1]), value=0.0))
         return torch.cat(rows, dim=0)
 
+    # --- LoRA ------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def adapters_disabled(self) -> Iterator[None]:
+        """The base model inside the block (the LoRA policy's KL reference); nothing changes without LoRA."""
+        if self.peft is None:
+            yield
+            return
+        with self.peft.disable_adapter():
+            yield
+
+    def training_state(self) -> dict[str, torch.Tensor]:
+        """What a checkpoint keeps of the model: every weight, or with LoRA the adapters alone (the base
+        is the warm-start folder the run reloads)."""
+        if self.peft is None:
+            return self.model.state_dict()
+        from rollhub.trainer.lora import adapter_state_dict
+
+        return adapter_state_dict(self.model)
+
+    def load_training_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Put back what `training_state` saved."""
+        if self.peft is None:
+            self.model.load_state_dict(state)
+            return
+        from rollhub.trainer.lora import load_adapter_state
+
+        load_adapter_state(self.model, state)
+
     # --- weights ----------------------------------------------------------------------
     def engine_state_dict(self) -> dict[str, torch.Tensor]:
         """Detached CPU copies of the weights (HF names), as the inference engine loads them.
@@ -603,8 +642,13 @@ class Policy:
         Under FSDP this is a collective: every rank calls it (rank 0 of a trainer group tells
         the others to, through `announce`), the shards are gathered, and rank 0 gets the full
         state dict while the other ranks get {}. Only rank 0 pushes weights to the engines.
+        With LoRA: the merged weights under the base names, the adapter beside them (`LoraWeights`).
         """
         self._check_weights()
+        if self.peft is not None:
+            from rollhub.trainer.lora import LoraWeights, adapter_files, merged_state_dict
+
+            return LoraWeights(merged_state_dict(self.model), *adapter_files(self.peft, self.lora))
         if self.announce is not None:
             self.announce("engine")
         keep = not self.fsdp or _rank() == 0
@@ -632,6 +676,16 @@ class Policy:
         out = Path(out_dir)
         if out.is_dir() and any(out.iterdir()) and not (out / "config.json").is_file():
             raise ValueError(f"{out} is not empty and holds no model; refusing to replace it with one")
+        if self.peft is not None:  # the merged model, and the adapter it came from in a subfolder
+            from rollhub.trainer.lora import ADAPTER_SUBDIR, tied_duplicates, write_adapter
+
+            state = self.engine_state_dict()
+            tied = tied_duplicates(self.model)
+            with staged_dir(out) as tmp:
+                self.model.save_pretrained(tmp, state_dict={k: v for k, v in state.items() if k not in tied})
+                self.tokenizer.save_pretrained(tmp)
+                write_adapter(tmp / ADAPTER_SUBDIR, state.adapter, state.adapter_config)
+            return
         if self.fsdp:  # gather the shards (collective); rank 0 writes the full weights
             state = self.engine_state_dict()
             if _rank() != 0:

@@ -151,6 +151,8 @@ def save(run: Run, state: JobState) -> None:
     }
     # with ranks: every rank's shard gathered into the full state, on this rank (rank 0)
     model_state, optimizer_state = run.ranks.checkpoint_state() if run.ranks else (None, None)
+    if model_state is None:  # every weight, or with LoRA the adapters alone
+        model_state = run.policy.training_state()
     save_checkpoint(
         run.run_dir,
         state.version,
@@ -176,7 +178,7 @@ async def restore(run: Run, checkpoint: Path, *, print_fn: Callable[[str], None]
         run.ranks.load_state(payload["model"], payload["optimizer"])
         set_rng_state(payload["rng"])
     else:
-        payload = load_checkpoint(checkpoint, model=run.policy.model, optimizer=run.optimizer)
+        payload = load_checkpoint(checkpoint, model=run.policy, optimizer=run.optimizer)
     run.state = JobState(**payload["trainer"])
     run.prior_wall_s = run.state.wall_s
     # checkpoints from before seed sources hold next_seed alone

@@ -15,7 +15,14 @@ What it reproduces, read from SGLang's `srt/entrypoints/http_server.py` and `tok
 * per `release`: 0.5.23 has `/begin_weight_update` and `/end_weight_update` and refuses
   `/update_weights_from_distributed` (400) outside that session, with the messages of its
   scheduler's weight updater; 0.5.6 has neither route (404) and no session rule
-  (tests/inference/test_sglang_conformance.py reads both rules from the wheels).
+  (tests/inference/test_sglang_conformance.py reads both rules from the wheels);
+* LoRA (`tokenizer_communicator_mixin.py`, `lora_manager.py`, `lora_registry.py`, both releases):
+  `/load_lora_adapter` answers 400 `{"success": false, "error_message"}` without --enable-lora, for
+  a name already loaded, and for an adapter whose rank exceeds --max-lora-rank or whose target
+  modules (normalised: q/k/v -> qkv_proj, gate/up -> gate_up_proj) are not among
+  --lora-target-modules; it reads the adapter's adapter_config.json from `lora_path`;
+  `/unload_lora_adapter` refuses a name not loaded; `/generate` with `lora_path` (an adapter's
+  name) refuses one never loaded, and each reply records which adapter served it (`served_by`).
 Only what cannot run here (a GPU model) is stubbed: tokens are a fixed sequence.
 """
 
@@ -24,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -48,9 +56,25 @@ class StubState:
     server_info: dict[str, Any] = field(default_factory=lambda: {"tp_size": 1, "dp_size": 1, "pp_size": 1})
     release: str = "0.5.23"  # whose weight-update rules it follows: "0.5.23" (sessions) or "0.5.6"
     session_open: bool = False
+    # LoRA: --enable-lora, --max-lora-rank, --lora-target-modules (None = inferred from adapters)
+    enable_lora: bool = False
+    max_lora_rank: int = 64
+    lora_target_modules: list[str] | None = None
+    loras: dict[str, str] = field(default_factory=dict)  # loaded adapters: name -> lora_path
+    served_by: list[str | None] = field(default_factory=list)  # the adapter name of each /generate, in order
 
     def __post_init__(self) -> None:
         self.resumed.set()
+
+
+#: SGLang's names for the modules it stacks (`lora/utils.py` get_normalized_target_modules)
+_NORMALISED = {
+    "q_proj": "qkv_proj",
+    "k_proj": "qkv_proj",
+    "v_proj": "qkv_proj",
+    "gate_proj": "gate_up_proj",
+    "up_proj": "gate_up_proj",
+}
 
 
 def _control(success: bool, message: str) -> web.Response:
@@ -103,7 +127,14 @@ def make_app(state: StubState) -> web.Application:
                 f"{state.context_length} tokens. You requested a total of {len(ids) + max_new} tokens"
             )
             return web.json_response({"error": {"message": message}}, status=400)
+        adapter = body.get("lora_path")
+        if state.enable_lora and adapter is not None and adapter not in state.loras:
+            message = (
+                f"Got LoRA adapter that has never been loaded: {adapter}\nAll loaded adapters: {list(state.loras)}."
+            )
+            return web.json_response({"error": {"message": message}}, status=400)
         await state.resumed.wait()
+        state.served_by.append(adapter if state.enable_lora else None)  # SGLang ignores it without --enable-lora
         state.in_flight += 1
         state.most_in_flight = max(state.most_in_flight, state.in_flight)
         try:
@@ -207,7 +238,48 @@ def make_app(state: StubState) -> web.Application:
         state.weight_version = str(body["new_version"])
         return web.json_response({"success": True, "message": "Weight version updated"})
 
+    def lora_reply(success: bool, error: str | None = None) -> web.Response:
+        body = {"success": success, "error_message": error, "loaded_adapters": dict(state.loras)}
+        return web.json_response(body, status=200 if success else 400)
+
+    async def load_lora(request: web.Request) -> web.Response:
+        body = await body_of(request)
+        name, path = body["lora_name"], body["lora_path"]
+        if not state.enable_lora:
+            return lora_reply(False, "LoRA is not enabled. Please set `--enable-lora` to enable LoRA.")
+        if name in state.loras:
+            return lora_reply(False, f"Failed to load LoRA adapter {name} because it is already loaded")
+        try:
+            config = json.loads((Path(path) / "adapter_config.json").read_text())
+        except (OSError, ValueError) as exc:
+            return lora_reply(False, f"Failed to load LoRA adapter {name}: {exc}")
+        targets = {_NORMALISED.get(t.split(".")[-1], t.split(".")[-1]) for t in config["target_modules"]}
+        allowed = None
+        if state.lora_target_modules is not None:
+            allowed = {_NORMALISED.get(t, t) for t in state.lora_target_modules}
+        if int(config["r"]) > state.max_lora_rank or (allowed is not None and not targets <= allowed):
+            return lora_reply(
+                False,
+                f"LoRA adapter {name} with rank {config['r']} is incompatible with the current LoRA memory pool "
+                "configuration. Please ensure that the LoRA adapter's rank is within the configured "
+                "`--max-lora-rank` and that the target modules are included in `--lora-target-modules`.",
+            )
+        state.loras[name] = path
+        return lora_reply(True)
+
+    async def unload_lora(request: web.Request) -> web.Response:
+        body = await body_of(request)
+        name = body["lora_name"]
+        if not state.enable_lora:
+            return lora_reply(False, "LoRA is not enabled. Please set `--enable-lora` to enable LoRA.")
+        if name not in state.loras:
+            return lora_reply(False, f"LoRA with name {name} does not exist. Loaded LoRAs: {list(state.loras)}")
+        del state.loras[name]
+        return lora_reply(True)
+
     app = web.Application(middlewares=[auth])
+    app.router.add_post("/load_lora_adapter", load_lora)
+    app.router.add_post("/unload_lora_adapter", unload_lora)
     app.router.add_post("/update_weights_from_distributed", update_distributed)
     if state.release != "0.5.6":
         app.router.add_post("/begin_weight_update", begin_session)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -37,6 +38,8 @@ REQUEST_CLASSES = {
     "/pause_generation": "PauseGenerationReqInput",
     "/continue_generation": "ContinueGenerationReqInput",
     "/update_weight_version": "UpdateWeightVersionReqInput",
+    "/load_lora_adapter": "LoadLoRAAdapterReqInput",
+    "/unload_lora_adapter": "UnloadLoRAAdapterReqInput",
 }
 #: the weight-update session, in the releases that have it (0.5.23 on)
 SESSION_CLASSES = {
@@ -115,9 +118,11 @@ def _check(body: dict, fields: dict[str, tuple[str, bool]], what: str) -> None:
 
 async def _client_bodies(release: str) -> list[tuple[str, dict]]:
     """Every request body the client sends, as a server of `release` receives it."""
-    state = StubState(token_delay_s=0.0, release=release)
+    state = StubState(token_delay_s=0.0, release=release, enable_lora=True)
     runner, url = await start_stub(state)
     client = SGLangEngine(url, api_key="")
+    adapter = tempfile.TemporaryDirectory()
+    (Path(adapter.name) / "adapter_config.json").write_text(json.dumps({"r": 4, "target_modules": ["q_proj"]}))
     try:
         await client.generate([1, 2, 3], SamplingParams(max_new_tokens=2, stop_token_ids=(7,), seed=5), "g-1-0")
         await client.generate([1, 2, 3], SamplingParams(max_new_tokens=2, temperature=0.0, top_k=1))
@@ -144,9 +149,14 @@ async def _client_bodies(release: str) -> list[tuple[str, dict]]:
             await client.end_weight_update()
         await client.destroy_weights_update_group("g")
         await client.update_weight_version(3)
+        await client.load_lora_adapter("rollhub-v4", adapter.name)
+        client.lora_name = "rollhub-v4"
+        await client.generate([1, 2, 3], SamplingParams(max_new_tokens=2))  # carries lora_path
+        await client.unload_lora_adapter("rollhub-v4")
     finally:
         await client.close()
         await runner.cleanup()
+        adapter.cleanup()
     return [(path, body) for path, body in state.calls if body is not None]
 
 
@@ -166,6 +176,38 @@ async def test_every_body_the_client_sends_fits_sglangs_request_classes(version)
             _check(body["sampling_params"], sampling, f"{version} sampling_params")
     pause = next(body for path, body in bodies if path == "/pause_generation")
     assert pause["mode"] == "abort"
+
+
+#: what the stub answers on the LoRA routes, as each release says it (module: its source)
+LORA_MESSAGES = (
+    "LoRA is not enabled. Please set `--enable-lora` to enable LoRA.",
+    "because it is already loaded",
+    "is incompatible with the current",
+    "does not exist. Loaded LoRAs",
+    "Got LoRA adapter that has never been loaded",
+    '"gate_proj": "gate_up_proj"',  # the target-module normalisation the stub applies
+)
+
+
+@pytest.mark.parametrize("version", SUPPORTED_SGLANG)
+def test_the_stubs_lora_routes_and_messages_are_the_releases(version):
+    """The LoRA routes the adapter push uses exist, and the stub's refusals are the release's own words."""
+    wheel = _wheel(version)
+    if wheel is None:
+        pytest.skip(f"no sglang-{version} wheel in {WHEELS} (see this module's docstring)")
+    with zipfile.ZipFile(wheel) as archive:
+        sources = {
+            name: archive.read(name).decode(errors="replace")
+            for name in archive.namelist()
+            if name.startswith("sglang/srt/") and name.endswith(".py")
+        }
+    http = sources["sglang/srt/entrypoints/http_server.py"]
+    assert '@app.api_route("/load_lora_adapter", methods=["POST"])' in http
+    assert '@app.api_route("/unload_lora_adapter", methods=["POST"])' in http
+    stub = (Path(__file__).parent / "sglang_stub.py").read_text()
+    for message in LORA_MESSAGES:
+        assert any(message in text for text in sources.values()), f"{version} no longer says {message!r}"
+        assert message.replace('"', "") in stub.replace('"', "").replace("\n", ""), f"the stub does not say {message!r}"
 
 
 @pytest.mark.parametrize("version", SUPPORTED_SGLANG)

@@ -436,8 +436,10 @@ def test_dtypes_names_and_configuration_are_checked():
         DistributedWeightSync(backend="mpi")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="weights_dir"):
         build_weight_sync("disk")
-    with pytest.raises(ValueError, match="'disk' or 'distributed'"):
+    with pytest.raises(ValueError, match="'disk', 'distributed' or 'lora_adapter'"):
         build_weight_sync("ipc")
+    with pytest.raises(ValueError, match="weights_dir"):
+        build_weight_sync("lora_adapter")
     assert isinstance(build_weight_sync("distributed", timeout_s=5), DistributedWeightSync)
     with pytest.raises(ValueError, match="backend"):
         UpdateGroup.join(

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from rollhub.core.errors import UserError
+from rollhub.trainer.lora import DEFAULT_TARGETS
 from rollhub.trainer.memory_plan import (
     GIB,
     ModelShape,
@@ -151,13 +152,29 @@ def test_a_run_that_does_not_fit_names_knobs_that_make_it_fit():
         refuse_unless_fits(plan_memory(inputs))
 
 
-def test_seven_billion_parameters_cannot_train_on_one_card():
-    """16 B/param alone is 113 GiB for Qwen2.5-7B: no single-GPU knob helps, ranks do."""
+def test_seven_billion_parameters_train_on_one_card_only_with_lora():
+    """16 B/param alone is 113 GiB for Qwen2.5-7B: full fine-tuning needs ranks; LoRA keeps gradients and
+    moments for its 40M adapter parameters alone, so one card holds it (with one-row micro-batches)."""
     inputs = PlanInputs(shape=ModelShape.from_config(QWEN25_7B), gpu_memory_bytes=int(79.6 * GIB))
-    assert knobs_that_fit(inputs)[-1].startswith("trainer.world_size=")
+    assert knobs_that_fit(inputs) == ["optim.micro_batch_size=1", "model.lora.rank=16"]
+    assert not any(k.startswith("model.lora") for k in knobs_that_fit(replace(inputs, ranks=2)))  # one process
     tiny_card = replace(inputs, gpu_memory_bytes=4 * GIB)
     with pytest.raises(UserError, match="use a smaller model"):
         refuse_unless_fits(plan_memory(tiny_card))
+
+
+def test_lora_counts_gradients_and_moments_of_the_adapters_alone():
+    shape = ModelShape.from_config(QWEN25_7B)
+    adapters = shape.lora_parameters(16, tuple(DEFAULT_TARGETS))
+    # rank x (in + out) per layer: q (3584+3584), k and v (3584+512 each), o (3584+3584), MLP 3 x (3584+18944)
+    assert adapters == 28 * 16 * (2 * 7168 + 2 * 4096 + 3 * 22528)
+    full = PlanInputs(shape=shape, gpu_memory_bytes=int(79.6 * GIB), kl_reference=True)
+    lora = replace(full, lora_rank=16, lora_targets=tuple(DEFAULT_TARGETS))
+    a, b = plan_memory(full).items, plan_memory(lora).items
+    assert b["gradients (fp32)"] == 4 * adapters and b["AdamW moments (fp32)"] == 8 * adapters
+    assert b["weights (fp32)"] == a["weights (fp32)"]
+    assert "KL reference (fp32)" in a and "KL reference (fp32)" not in b  # the base with adapters off
+    assert plan_memory(full).total_bytes - plan_memory(lora).total_bytes > 100 * GIB
 
 
 def test_rollhub_train_prints_the_plan_and_refuses_before_touching_the_run(tmp_path):
@@ -189,6 +206,6 @@ def test_rollhub_train_prints_the_plan_and_refuses_before_touching_the_run(tmp_p
     )
     assert result.returncode == 2, result.stderr[-2000:]
     assert "memory plan per GPU (7.62B parameters" in result.stderr
-    assert "--set trainer.world_size=" in result.stderr
+    assert "--set model.lora.rank=16" in result.stderr  # LoRA fits 7B on one card
     assert "Traceback" not in result.stderr
     assert not run_dir.exists()

@@ -49,7 +49,9 @@ class EngineConfig:
     watchdog_generate_timeout_s: float = 30.0
     request_timeout_s: float = 3600.0  # one HTTP call; a hung server is caught by the watchdog long before
     max_reroutes: int = 1  # re-sends of a request whose replica failed; then it fails as infra
-    weight_sync: Literal["disk", "distributed"] = "disk"  # how new weights reach the servers
+    # how new weights reach the servers; lora_adapter: a LoRA policy's adapter through SGLang's
+    # /load_lora_adapter (servers launched with --enable-lora), instead of merged weights
+    weight_sync: Literal["disk", "distributed", "lora_adapter"] = "disk"
     # distributed sync: auto = nccl when every server has GPUs of its own, gloo when one shares the trainer's
     weight_sync_backend: Literal["auto", "nccl", "gloo"] = "auto"
     # where servers reach the trainer for the update group: loopback only serves servers on this machine
@@ -280,6 +282,8 @@ def make_weight_sync(
     if build_weight_sync is not None:
         if kind == "disk":
             return build_weight_sync("disk", weights_dir=weights_dir, config_dir=model_path)
+        if kind == "lora_adapter":
+            return build_weight_sync("lora_adapter", weights_dir=weights_dir)
         if kind == "distributed" and backend != "gloo":
             backend = update_backend(backend, shared_gpu=shared_gpu, server_python=server_python)
         return build_weight_sync(kind, backend=backend, master_address=master_address, dtype=dtype)

@@ -319,6 +319,8 @@ class ServerEngine(EngineRouter):
         self.log_dir = Path(log_dir)
         self.startup_timeout_s = startup_timeout_s
         self.template_values = dict(template_values or {})
+        # flags the `sglang` template appends (e.g. SGLang's LoRA flags for engine.weight_sync lora_adapter)
+        self.server_args: list[str] = []
         self.servers: list[LaunchedServer] = []
         self._started = False
         self._start_lock: asyncio.Lock | None = None
@@ -384,6 +386,8 @@ class ServerEngine(EngineRouter):
         command = [word.format(**values) for word in words]
         if self.sglang_template and self.mem_fraction is not None:
             command += ["--mem-fraction-static", values["mem_fraction"]]
+        if self.sglang_template:
+            command += self.server_args
         return command
 
     def env_for(self, index: int, base: dict[str, str]) -> dict[str, str]:

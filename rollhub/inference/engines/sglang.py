@@ -154,6 +154,8 @@ class SGLangEngine(InferenceEngine):
         self.log_path: Path | None = None  # where a launched server logs
         self.tp_size: int | None = None  # ranks the server brings to a weight update group; None = ask it
         self.context_length: int | None = None  # prompt + new tokens it serves; None = learn from its refusals
+        # the LoRA adapter requests are served with (engine.weight_sync lora_adapter); None = the base weights
+        self.lora_name: str | None = None
 
     # --- construction ----------------------------------------------------------------
 
@@ -284,6 +286,8 @@ class SGLangEngine(InferenceEngine):
             "rid": rid,
             "stream": False,
         }
+        if self.lora_name is not None:  # SGLang's field takes the adapter's name once it is loaded
+            body["lora_path"] = self.lora_name
         self._in_flight.add(rid)
         try:
             reply = await self._post("/generate", body)
@@ -413,6 +417,24 @@ class SGLangEngine(InferenceEngine):
         reply = await self._control("/update_weights_from_distributed", body)
         self.weight_version = int(version)
         return reply
+
+    async def load_lora_adapter(self, name: str, path: str) -> dict[str, Any]:
+        """`/load_lora_adapter`: the server loads the peft adapter folder `path` (which it must be able to
+        read) under `name`; it needs --enable-lora, a --max-lora-rank and --lora-target-modules that cover
+        the adapter. Raises SGLangError when it refuses (a 400 carries its `error_message`)."""
+        reply = await self._lora("/load_lora_adapter", {"lora_name": name, "lora_path": path})
+        return reply
+
+    async def unload_lora_adapter(self, name: str) -> dict[str, Any]:
+        """`/unload_lora_adapter`: drop the adapter loaded under `name`."""
+        return await self._lora("/unload_lora_adapter", {"lora_name": name})
+
+    async def _lora(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A LoRA route, whose reply is `{"success", "error_message", "loaded_adapters"}` (400 on failure)."""
+        reply = await self._post(path, body)
+        if isinstance(reply, dict) and reply.get("success") is False:
+            raise SGLangError(f"{path} failed: {str(reply.get('error_message'))[:500]}")
+        return reply if isinstance(reply, dict) else {"message": str(reply)[:500]}
 
     async def group_ranks(self) -> int:
         """Ranks this server brings to a weight update group: its tensor-parallel size, from
