@@ -27,6 +27,13 @@ CPU): SGLang's own `auto` serves a float32 checkpoint in float16.
 Launched servers get the run's API key (ROLLHUB_API_KEY, else a fresh random one) in their
 environment as ROLLHUB_API_KEY (what `rollhub serve` reads); `{api_key}` puts it on a
 command line (SGLang's `--api-key`).
+Placement (`engine.placement`): servers run as children of this process (`local`) or on nodes
+Ray picks (`ray`, rollhub.inference.engines.hosts); the command line, readiness, watchdog,
+replacement and weight sync are this module's and the router's in both.
+Replacement: a launched replica that the router marks down (exited, hung, unreachable) is
+relaunched in its slot, up to `engine.max_replacements` times per run, from the latest pushed
+weights (disk sync: the newest version folder; distributed sync: the base model, held out of
+routing until the next push reaches it), so it never serves an older version than its peers.
 """
 
 from __future__ import annotations
@@ -39,7 +46,6 @@ import os
 import secrets
 import shlex
 import signal
-import socket
 import string
 import subprocess
 import sys
@@ -50,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from rollhub.core.errors import UserError
+from rollhub.inference.engines.hosts import LocalHost, ServerHost, free_port
 from rollhub.inference.engines.router import EngineRouter, Replica, ReplicaError, replicas_from_urls
 from rollhub.inference.engines.sglang import API_KEY_ENV
 
@@ -178,12 +185,6 @@ def physical_gpus(indices: list[int], environ: dict[str, str] | None = None) -> 
     return ",".join(names[i] for i in indices)
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
 class LaunchedServer:
     """One server process: its command, log file and process group."""
 
@@ -300,6 +301,8 @@ class ServerEngine(EngineRouter):
         gpu_plan: list[list[int]] | None = None,
         mem_fraction: float | None = None,
         server_python: str | None = None,
+        placement: ServerHost | None = None,
+        max_replacements: int = 0,
         **router_arguments: Any,
     ) -> None:
         if (launch is None) == (not urls):
@@ -319,7 +322,14 @@ class ServerEngine(EngineRouter):
         self.log_dir = Path(log_dir)
         self.startup_timeout_s = startup_timeout_s
         self.template_values = dict(template_values or {})
-        self.servers: list[LaunchedServer] = []
+        if max_replacements < 0:
+            raise UserError(f"engine.max_replacements must be >= 0, got {max_replacements}")
+        self.placement: ServerHost = placement or LocalHost(host, base_port)
+        self.max_replacements = max_replacements
+        self.replacements = 0
+        self.servers: list[Any] = []  # every server launched, replaced ones included (LaunchedServer or Ray's)
+        self._listeners: list[Any] = []
+        self._replacing: set[asyncio.Task] = set()
         self._started = False
         self._start_lock: asyncio.Lock | None = None
         if self.launch_words is not None:
@@ -357,10 +367,12 @@ class ServerEngine(EngineRouter):
             await self.start()
         await super().update_weights(source, version)
 
-    def command_for(self, index: int, port: int) -> list[str]:
+    def command_for(self, index: int, port: int, host: str | None = None, model: str | None = None) -> list[str]:
+        """Replica `index`'s command line; `host` where it listens (a Ray node's IP), `model` the
+        folder it loads (a replacement's: the latest pushed weights)."""
         values = {
             "python": self.server_python,
-            "host": self.host,
+            "host": host or self.host,
             "port": port,
             "replica": index,
             "api_key": self.api_key or "",
@@ -369,7 +381,12 @@ class ServerEngine(EngineRouter):
             **self.template_values,
         }
         values["seed"] = int(values.get("seed", 0)) + index  # replicas must not draw the same samples
+        if model is not None:
+            values["model"] = model
         gpus = self.gpu_plan[index] if self.gpu_plan is not None else None
+        placed_gpus = self.placement.gpu_count()
+        if gpus is None and placed_gpus:  # Ray gave the server its GPUs (its own CUDA_VISIBLE_DEVICES)
+            gpus = list(range(placed_gpus))
         if gpus is not None:
             values["device"] = "cuda"  # the first of its own CUDA_VISIBLE_DEVICES
             values["tp"] = len(gpus)
@@ -393,28 +410,95 @@ class ServerEngine(EngineRouter):
             env["CUDA_VISIBLE_DEVICES"] = physical_gpus(self.gpu_plan[index], base)
         return env
 
+    def _launch_env(self, index: int) -> dict[str, str]:
+        """What a server's environment adds to its host's: the run's key, threads, its GPUs."""
+        env = {API_KEY_ENV: self.api_key or ""}
+        env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", str(self.template_values.get("threads", 1)))
+        if self.gpu_plan is not None:
+            env["CUDA_VISIBLE_DEVICES"] = physical_gpus(self.gpu_plan[index])
+        return env
+
     async def _launch_all(self) -> None:
-        env = {**os.environ, API_KEY_ENV: self.api_key or ""}
-        env.setdefault("OMP_NUM_THREADS", str(self.template_values.get("threads", 1)))
         if threading.current_thread() is not threading.main_thread():
             logger.debug("launching engine servers from a non-main thread; they die when it exits")
-        for index, replica in enumerate(self.replicas):
-            port = self.base_port + index if self.base_port else free_port(self.host)
-            command = self.command_for(index, port)
-            server = LaunchedServer(replica.replica_id, command, self._log_path(replica), self.env_for(index, env))
-            server.start()
-            self.servers.append(server)
-            replica.process = server
-            replica.url = f"http://{self.host}:{port}"
-            replica.client = self._new_client(replica.url)
-            if self.gpu_plan is not None:
-                replica.client.tp_size = len(self.gpu_plan[index])
-            logger.info("engine %s: pid %s on %s, log %s", replica.replica_id, server.pid, replica.url, server.log_path)
+        await asyncio.gather(*(self._launch(index, replica) for index, replica in enumerate(self.replicas)))
+
+    async def _launch(self, index: int, replica: Replica, model: str | None = None) -> None:
+        """Start replica `index`'s server where the placement puts it and point `replica` at it."""
+        host, port = await self.placement.address(replica.replica_id, index)
+        command = self.command_for(index, port, host=host, model=model)
+        log_path = self._log_path(replica)
+        server = await self.placement.launch(replica.replica_id, command, self._launch_env(index), log_path)
+        self.servers.append(server)
+        replica.process = server
+        replica.url = f"http://{host}:{port}"
+        if replica.client is not None:
+            self._retired.append(replica.client)  # closed with the router
+        replica.client = self._new_client(replica.url)
+        gpus = self.gpu_plan[index] if self.gpu_plan is not None else None
+        if gpus is not None or self.placement.gpu_count():
+            replica.client.tp_size = len(gpus) if gpus is not None else int(self.template_values.get("tp", 1))
+        logger.info(
+            "engine %s (%s): pid %s on %s, log %s",
+            replica.replica_id,
+            self.placement.name,
+            server.pid,
+            replica.url,
+            server.log_path,
+        )
+
+    # --- replacement ---------------------------------------------------------------------
+
+    def on_replicas_changed(self, callback: Any) -> None:
+        """`callback(urls)` (may be async) after a replica was replaced: {replica id: url} of the
+        replicas that serve now (Ray env shards route over the same table)."""
+        self._listeners.append(callback)
+
+    def serving_urls(self) -> dict[str, str]:
+        return {r.replica_id: r.url for r in self.replicas if r.live}
+
+    def _on_down(self, replica: Replica) -> None:
+        if self.launch_words is None or self._closed or not self._started:
+            return  # attached servers are not ours to restart
+        if self.replacements >= self.max_replacements:
+            if self.max_replacements:
+                logger.error(
+                    "engine %s is down and engine.max_replacements=%d is used up; it stays down",
+                    replica.replica_id,
+                    self.max_replacements,
+                )
+            return
+        self.replacements += 1
+        task = asyncio.get_running_loop().create_task(self._replace(replica))
+        self._replacing.add(task)
+        task.add_done_callback(self._replacing.discard)
+
+    async def _replace(self, replica: Replica) -> None:
+        """Relaunch `replica` from the latest weights (see the module docstring), then rejoin it."""
+        index = self.replicas.index(replica)
+        try:
+            async with self._lock():  # never in the middle of a push: it starts from the version pushed last
+                latest = self.last_push.get("path") if self.last_push.get("method") == "disk" else None
+                await self._launch(index, replica, model=latest)
+                await self._wait_ready(replica, announce=latest is not None or not self.weight_version)
+                self.revive(replica, awaiting_push=latest is None and bool(self.weight_version))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.error("engine %s could not be replaced: %s", replica.replica_id, exc)
+            return
+        self.stats.engines_replaced += 1
+        logger.warning("engine %s replaced: %s", replica.replica_id, replica.url)
+        urls = self.serving_urls()
+        for callback in list(self._listeners):
+            result = callback(urls)
+            if asyncio.iscoroutine(result):
+                await result
 
     def _log_path(self, replica: Replica) -> Path:
         return self.log_dir / f"{replica.replica_id}.log"
 
-    async def _wait_ready(self, replica: Replica) -> None:
+    async def _wait_ready(self, replica: Replica, announce: bool = True) -> None:
         """Until `/health_generate` answers 200 (a real generation ran), or the process exits, or time runs
         out; an attached URL where nothing listens fails at once (a starting server that answers 503 is waited for)."""
         deadline = time.monotonic() + self.startup_timeout_s
@@ -433,7 +517,7 @@ class ServerEngine(EngineRouter):
                     f"{self.startup_timeout_s:.0f} s{where}; raise engine.startup_timeout_s or check the server"
                 )
             await asyncio.sleep(0.25)
-        if self.weight_version:  # a server joining a run that has pushed weights must say so
+        if self.weight_version and announce:  # a server joining a run that has pushed weights must say so
             await replica.client.update_weight_version(self.weight_version)
 
     async def _ready(self, replica: Replica) -> bool:
@@ -464,6 +548,9 @@ class ServerEngine(EngineRouter):
             server.stop()
 
     async def close(self) -> None:
+        for task in list(self._replacing):
+            task.cancel()
+        await asyncio.gather(*self._replacing, return_exceptions=True)
         try:
             await super().close()
         finally:
@@ -477,4 +564,12 @@ async def start_engine(engine: Any) -> None:
         await start()
 
 
-__all__ = ["LaunchedServer", "ReplicaError", "ServerEngine", "plan_gpus", "start_engine", "template_words"]
+__all__ = [
+    "LaunchedServer",
+    "ReplicaError",
+    "ServerEngine",
+    "free_port",
+    "plan_gpus",
+    "start_engine",
+    "template_words",
+]

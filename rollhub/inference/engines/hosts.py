@@ -1,0 +1,258 @@
+"""Where a launched engine server runs: this machine, or a node that Ray picks (`engine.placement`).
+
+The launcher (rollhub.inference.engines.launcher) builds every server's command line the same
+way whatever the placement, so `--dtype`, `server_python`, the API key and the seed reach a
+server on a Ray node exactly as they reach one on this machine. A placement only answers two
+questions: at which address will replica i listen, and how is its process started there.
+
+* `LocalHost`: a child process of this one (`LaunchedServer`: own process group,
+  parent-death signal, log file).
+* `RayHost`: a small Ray actor (`ServerHostActor`) is placed with the replica's Ray
+  resources (`engine.ray_num_cpus`, `engine.ray_num_gpus`; Ray then sets its
+  CUDA_VISIBLE_DEVICES) and starts the same `LaunchedServer` on its node, listening on the
+  node's IP. The server dies with the actor (parent-death signal), so `ray.kill` of the actor,
+  a dead node or a closed run all take the server along.
+
+Both hand back a `ServerProcess` (exit_reason, kill, stop, log_tail, pid, log_path), which is
+all the router's watchdog and the launcher's replacement need of a server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Any, Protocol
+
+from rollhub.core.errors import MissingExtraError, UserError
+
+logger = logging.getLogger(__name__)
+
+
+class ServerHost(Protocol):
+    """A placement of launched servers (see the module docstring)."""
+
+    name: str
+
+    async def address(self, replica_id: str, index: int) -> tuple[str, int]:
+        """Host and port replica `index` will listen on (reserves where the server runs)."""
+        ...
+
+    async def launch(self, replica_id: str, command: list[str], env: dict[str, str], log_path: Path) -> Any:
+        """Start the server's process; returns its ServerProcess."""
+        ...
+
+    def gpu_count(self) -> int | None:
+        """GPUs each server gets from the placement itself (Ray), None when the launcher plans them."""
+        ...
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+class LocalHost:
+    """Servers as child processes of this one, on `host`, ports `base_port + i` or free ones."""
+
+    name = "local"
+
+    def __init__(self, host: str = "127.0.0.1", base_port: int = 0) -> None:
+        self.host = host
+        self.base_port = base_port
+
+    async def address(self, replica_id: str, index: int) -> tuple[str, int]:
+        return self.host, self.base_port + index if self.base_port else free_port(self.host)
+
+    async def launch(self, replica_id: str, command: list[str], env: dict[str, str], log_path: Path) -> Any:
+        from rollhub.inference.engines.launcher import LaunchedServer
+
+        server = LaunchedServer(replica_id, command, log_path, {**os.environ, **env})
+        server.start()
+        return server
+
+    def gpu_count(self) -> int | None:
+        return None
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise MissingExtraError("ray", "engine.placement=ray") from exc
+    return ray
+
+
+class ServerHostActor:
+    """Ray actor (async: every method runs on its event-loop thread, which lives as long as the
+    actor, so the parent-death signal of the server it forks fires only when the actor dies)."""
+
+    def __init__(self, replica_id: str) -> None:
+        self.replica_id = replica_id
+        self.server: Any = None
+
+    async def address(self) -> tuple[str, int, str]:
+        """(node IP, a free port on it, node id)."""
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        try:
+            port = free_port(host)
+        except OSError:  # the node IP is not on a local interface (NAT, some containers)
+            port = free_port("")
+        return host, port, ray.get_runtime_context().get_node_id()
+
+    async def launch(self, command: list[str], env: dict[str, str], log_path: str) -> int:
+        from rollhub.inference.engines.launcher import LaunchedServer
+
+        # the node's own environment (its CUDA_VISIBLE_DEVICES from Ray), plus the run's overrides
+        self.server = LaunchedServer(self.replica_id, command, Path(log_path), {**os.environ, **env})
+        self.server.start()
+        return self.server.pid
+
+    async def wait_exit(self) -> str:
+        """Returns (the exit reason) once the server process has exited."""
+        while self.server is not None and self.server.exit_reason() is None:
+            await asyncio.sleep(0.25)
+        return self.server.exit_reason() if self.server is not None else "server never started"
+
+    async def log_tail(self) -> str:
+        return self.server.log_tail() if self.server is not None else ""
+
+    async def stop(self, grace_s: float) -> None:
+        if self.server is not None:
+            await asyncio.to_thread(self.server.stop, grace_s)
+
+
+class RayServerProcess:
+    """The driver's view of a server a `ServerHostActor` runs: what the router's watchdog asks."""
+
+    def __init__(self, ray: Any, actor: Any, replica_id: str, pid: int, log_path: Path, node_ip: str) -> None:
+        self._ray = ray
+        self.actor = actor
+        self.replica_id = replica_id
+        self.pid = pid
+        self.log_path = log_path
+        self.node_ip = node_ip
+        self._exited = actor.wait_exit.remote()
+        self._reason: str | None = None
+
+    def exit_reason(self) -> str | None:
+        """Non-blocking: the server's exit, or its actor's death (node lost, `ray.kill`)."""
+        if self._reason is None:
+            ready, _ = self._ray.wait([self._exited], timeout=0)
+            if ready:
+                try:
+                    self._reason = f"{self._ray.get(self._exited)} on node {self.node_ip}"
+                except Exception as exc:  # the actor (and with it the server) is gone
+                    self._reason = f"its Ray actor died on node {self.node_ip} ({type(exc).__name__})"
+        return self._reason
+
+    def log_tail(self, limit: int = 2000) -> str:
+        try:
+            return str(self._ray.get(self.actor.log_tail.remote(), timeout=10))[-limit:]
+        except Exception:
+            return f"(log on node {self.node_ip}: {self.log_path})"
+
+    def kill(self) -> None:
+        """The actor goes, and the server with it (parent-death signal)."""
+        try:
+            self._ray.kill(self.actor)
+        except Exception:  # already gone
+            pass
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM then SIGKILL through the actor (a server gets to close cleanly), then the actor."""
+        try:
+            self._ray.get(self.actor.stop.remote(grace_s), timeout=grace_s + 10)
+        except Exception as exc:
+            logger.debug("stopping %s through its actor failed: %r", self.replica_id, exc)
+        self.kill()
+
+
+class RayHost:
+    """Servers placed by Ray: one `ServerHostActor` per replica with the given resources."""
+
+    name = "ray"
+
+    def __init__(self, *, num_cpus: float = 1.0, num_gpus: float = 0.0, name_prefix: str = "rollhub-engine") -> None:
+        if not num_cpus >= 0 or not num_gpus >= 0:
+            raise UserError(f"engine.ray_num_cpus and engine.ray_num_gpus must be >= 0, got {num_cpus}, {num_gpus}")
+        self.num_cpus = num_cpus
+        self.num_gpus = num_gpus
+        self.name_prefix = name_prefix
+        self._actors: dict[str, tuple[Any, str]] = {}  # replica id -> (actor reserved, node ip)
+        self._incarnation = 0
+
+    def gpu_count(self) -> int | None:
+        return int(self.num_gpus) if self.num_gpus >= 1 else 0
+
+    async def address(self, replica_id: str, index: int) -> tuple[str, int]:
+        ray = import_ray()
+        if not ray.is_initialized():  # a run that did not connect first (engine.placement=ray alone)
+            ensure_ray(None, None)
+        self._incarnation += 1
+        actor = (
+            ray.remote(ServerHostActor)
+            .options(
+                name=f"{self.name_prefix}.{replica_id}.{self._incarnation}",
+                num_cpus=self.num_cpus,
+                num_gpus=self.num_gpus,
+                scheduling_strategy="SPREAD",
+                max_concurrency=100,
+            )
+            .remote(replica_id)
+        )
+        host, port, _ = await actor.address.remote()
+        self._actors[replica_id] = (actor, host)
+        return host, port
+
+    async def launch(self, replica_id: str, command: list[str], env: dict[str, str], log_path: Path) -> Any:
+        ray = import_ray()
+        actor, host = self._actors.pop(replica_id)
+        try:
+            pid = await actor.launch.remote(command, env, str(log_path))
+        except Exception as exc:
+            ray.kill(actor)
+            message = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
+            raise UserError(f"cannot start engine server {replica_id} on Ray node {host}: {message}") from None
+        return RayServerProcess(ray, actor, replica_id, pid, log_path, host)
+
+
+def ensure_ray(address: str | None, local_num_cpus: int | None) -> bool:
+    """Connect to (or start) Ray; True when this call started it (and should shut it down)."""
+    from pathlib import Path as _Path
+
+    ray = import_ray()
+    if ray.is_initialized():
+        return False
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
+    if address:
+        kwargs["address"] = address
+        kwargs.pop("include_dashboard")
+        token = _Path.home() / ".ray" / "auth_token"
+        if "RAY_AUTH_MODE" not in os.environ and token.exists():
+            # `ray start --head` (Ray >= 2.5x) enables token auth when this file exists; a
+            # connecting driver must opt in explicitly or it retries until it times out
+            os.environ["RAY_AUTH_MODE"] = "token"
+            try:  # Ray caches its config at import; refresh it so this process sees token mode
+                from ray._raylet import Config
+
+                Config.initialize("")
+            except (ImportError, AttributeError):
+                pass
+            logger.info("joining %s with token auth (%s); set RAY_AUTH_MODE=disabled to opt out", address, token)
+    elif local_num_cpus is not None:
+        kwargs["num_cpus"] = local_num_cpus
+    try:
+        ray.init(**kwargs)
+    except ConnectionError as exc:
+        raise UserError(
+            f"cannot reach the Ray cluster at {address!r}: {exc}; "
+            "start one with 'ray start --head', check cluster.address, "
+            "and with token auth copy the head's ~/.ray/auth_token to this machine"
+        ) from exc
+    return True
