@@ -44,7 +44,7 @@ class EngineConfig:
     # where launched servers run: local = child processes of this one; ray = one Ray actor per server,
     # placed by Ray with the resources below (the Ray connection is the run's cluster.address)
     placement: Literal["local", "ray"] = "local"
-    ray_num_cpus: float = 1.0  # Ray resources of one server (placement: ray)
+    ray_num_cpus: float = 0.5  # Ray resources of one server (placement: ray)
     ray_num_gpus: float | None = None  # null = engine.tp for the sglang template, 0 otherwise
     # a launched server that goes down (exited, hung) is relaunched in its slot from the latest weights
     # this many times per run; 0 = it stays down and its peers serve

@@ -48,6 +48,10 @@ class ServerHost(Protocol):
         """GPUs each server gets from the placement itself (Ray), None when the launcher plans them."""
         ...
 
+    def close(self) -> None:
+        """After every server stopped: release what the placement itself holds."""
+        ...
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
@@ -77,12 +81,15 @@ class LocalHost:
     def gpu_count(self) -> int | None:
         return None
 
+    def close(self) -> None:
+        """Nothing held beyond the servers."""
+
 
 def import_ray() -> Any:
     try:
         import ray
     except ImportError as exc:
-        raise MissingExtraError("ray", "engine.placement=ray") from exc
+        raise MissingExtraError("ray", "cluster.backend=ray or engine.placement=ray") from exc
     return ray
 
 
@@ -186,14 +193,20 @@ class RayHost:
         self.name_prefix = name_prefix
         self._actors: dict[str, tuple[Any, str]] = {}  # replica id -> (actor reserved, node ip)
         self._incarnation = 0
+        self.owns_ray = False  # set by whoever started Ray for this fleet: close() shuts it down
+
+    def close(self) -> None:
+        ray = import_ray()
+        if self.owns_ray and ray.is_initialized():
+            ray.shutdown()
 
     def gpu_count(self) -> int | None:
         return int(self.num_gpus) if self.num_gpus >= 1 else 0
 
     async def address(self, replica_id: str, index: int) -> tuple[str, int]:
         ray = import_ray()
-        if not ray.is_initialized():  # a run that did not connect first (engine.placement=ray alone)
-            ensure_ray(None, None)
+        if not ray.is_initialized():  # a caller that did not connect first: a local Ray of this fleet's own
+            self.owns_ray = ensure_ray(None, None)
         self._incarnation += 1
         actor = (
             ray.remote(ServerHostActor)

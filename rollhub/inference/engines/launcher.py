@@ -467,11 +467,11 @@ class ServerEngine(EngineRouter):
                     replica.replica_id,
                     self.max_replacements,
                 )
+            if not any(r.up for r in self.replicas) and not self._replacing:  # nothing left to serve
+                self._spawn_notice(self._notify())
             return
         self.replacements += 1
-        task = asyncio.get_running_loop().create_task(self._replace(replica))
-        self._replacing.add(task)
-        task.add_done_callback(self._replacing.discard)
+        self._spawn_notice(self._replace(replica))
 
     async def _replace(self, replica: Replica) -> None:
         """Relaunch `replica` from the latest weights (see the module docstring), then rejoin it."""
@@ -489,11 +489,19 @@ class ServerEngine(EngineRouter):
             return
         self.stats.engines_replaced += 1
         logger.warning("engine %s replaced: %s", replica.replica_id, replica.url)
+        await self._notify()
+
+    async def _notify(self) -> None:
         urls = self.serving_urls()
         for callback in list(self._listeners):
             result = callback(urls)
             if asyncio.iscoroutine(result):
                 await result
+
+    def _spawn_notice(self, coroutine: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._replacing.add(task)
+        task.add_done_callback(self._replacing.discard)
 
     def _log_path(self, replica: Replica) -> Path:
         return self.log_dir / f"{replica.replica_id}.log"
@@ -546,6 +554,7 @@ class ServerEngine(EngineRouter):
     def _stop_servers(self) -> None:
         for server in self.servers:
             server.stop()
+        self.placement.close()
 
     async def close(self) -> None:
         for task in list(self._replacing):
