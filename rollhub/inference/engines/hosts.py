@@ -13,22 +13,134 @@ questions: at which address will replica i listen, and how is its process starte
   node's IP. The server dies with the actor (parent-death signal), so `ray.kill` of the actor,
   a dead node or a closed run all take the server along.
 
-Both hand back a `ServerProcess` (exit_reason, kill, stop, log_tail, pid, log_path), which is
+`LaunchedServer` (here, used by both) is one server process: its own process group, the
+parent-death signal, a log file instead of a pipe, and an atexit hook for runs that end early.
+Both placements hand back a `ServerProcess` (exit_reason, kill, stop, log_tail, pid, log_path), which is
 all the router's watchdog and the launcher's replacement need of a server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import ctypes
 import logging
 import os
+import shlex
+import signal
 import socket
+import subprocess
+import weakref
 from pathlib import Path
 from typing import Any, Protocol
 
 from rollhub.core.errors import MissingExtraError, UserError
 
 logger = logging.getLogger(__name__)
+
+_LIBC: Any = None
+try:  # resolved here, not in the child: the child of a threaded parent must not load libraries
+    _LIBC = ctypes.CDLL("libc.so.6", use_errno=True)
+except OSError:  # not Linux: no parent-death signal, close() and atexit still stop servers
+    pass
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class LaunchedServer:
+    """One server process: its command, log file and process group."""
+
+    def __init__(self, replica_id: str, command: list[str], log_path: Path, env: dict[str, str]) -> None:
+        self.replica_id = replica_id
+        self.command = command
+        self.log_path = log_path
+        self.env = env
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        """Spawn it. Call from a thread that lives as long as the run: the parent-death signal
+        fires when the *thread* that forked the child exits."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log.write(f"# rollhub: {shlex.join(self.command)}\n".encode())
+            log.flush()
+            try:
+                self.process = subprocess.Popen(
+                    self.command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=self.env,
+                    start_new_session=True,  # its own process group: close() stops wrapper and children alike
+                    preexec_fn=_die_with_parent,
+                )
+            except OSError as exc:
+                raise UserError(f"cannot start engine server {self.replica_id} ({self.command[0]}): {exc}") from None
+        _LIVE.add(self)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def exit_reason(self) -> str | None:
+        if self.process is None or self.process.poll() is None:
+            return None
+        return f"server process exited with code {self.process.returncode} (log: {self.log_path})"
+
+    def log_tail(self, limit: int = 2000) -> str:
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(0, log.tell() - limit))
+                return log.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def _signal_group(self, signum: int) -> None:
+        if self.process is None:
+            return
+        try:
+            os.killpg(self.process.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def kill(self) -> None:
+        """SIGKILL the whole group now (a wedged or stopped server gets no say)."""
+        if self.process is not None:
+            self._signal_group(signal.SIGKILL)
+            if self.process.poll() is None:
+                try:
+                    self.process.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    logger.warning("engine server %s (pid %d) survived SIGKILL", self.replica_id, self.process.pid)
+        _LIVE.discard(self)
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM (with SIGCONT, so a stopped server can act on it), then SIGKILL after `grace_s`."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            self._signal_group(signal.SIGCONT)
+            try:
+                self.process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()  # the group too: children of a wrapper that exited first
+
+
+_LIVE: weakref.WeakSet[LaunchedServer] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_leftover_servers() -> None:
+    """A run that ends without close() (an exception before it) still takes its servers along."""
+    for server in list(_LIVE):
+        server.kill()
 
 
 class ServerHost(Protocol):
@@ -72,8 +184,6 @@ class LocalHost:
         return self.host, self.base_port + index if self.base_port else free_port(self.host)
 
     async def launch(self, replica_id: str, command: list[str], env: dict[str, str], log_path: Path) -> Any:
-        from rollhub.inference.engines.launcher import LaunchedServer
-
         server = LaunchedServer(replica_id, command, log_path, {**os.environ, **env})
         server.start()
         return server
@@ -113,8 +223,6 @@ class ServerHostActor:
         return host, port, ray.get_runtime_context().get_node_id()
 
     async def launch(self, command: list[str], env: dict[str, str], log_path: str) -> int:
-        from rollhub.inference.engines.launcher import LaunchedServer
-
         # the node's own environment (its CUDA_VISIBLE_DEVICES from Ray), plus the run's overrides
         self.server = LaunchedServer(self.replica_id, command, Path(log_path), {**os.environ, **env})
         self.server.start()

@@ -39,24 +39,19 @@ routing until the next push reaches it), so it never serves an older version tha
 from __future__ import annotations
 
 import asyncio
-import atexit
-import ctypes
 import logging
 import os
 import secrets
 import shlex
-import signal
 import string
-import subprocess
 import sys
 import threading
 import time
-import weakref
 from pathlib import Path
 from typing import Any
 
 from rollhub.core.errors import UserError
-from rollhub.inference.engines.hosts import LocalHost, ServerHost, free_port
+from rollhub.inference.engines.hosts import LaunchedServer, LocalHost, ServerHost, free_port
 from rollhub.inference.engines.router import EngineRouter, Replica, ReplicaError, replicas_from_urls
 from rollhub.inference.engines.sglang import API_KEY_ENV
 
@@ -95,18 +90,6 @@ TEMPLATE_FIELDS = (
     "gpus",
     "mem_fraction",
 )
-
-_LIBC: Any = None
-try:  # resolved here, not in the child: the child of a threaded parent must not load libraries
-    _LIBC = ctypes.CDLL("libc.so.6", use_errno=True)
-except OSError:  # not Linux: no parent-death signal, close() and atexit still stop servers
-    pass
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def template_words(template: str) -> list[str]:
@@ -183,98 +166,6 @@ def physical_gpus(indices: list[int], environ: dict[str, str] | None = None) -> 
         return ",".join(str(i) for i in indices)
     names = [item.strip() for item in parent.split(",") if item.strip()]
     return ",".join(names[i] for i in indices)
-
-
-class LaunchedServer:
-    """One server process: its command, log file and process group."""
-
-    def __init__(self, replica_id: str, command: list[str], log_path: Path, env: dict[str, str]) -> None:
-        self.replica_id = replica_id
-        self.command = command
-        self.log_path = log_path
-        self.env = env
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        """Spawn it. Call from a thread that lives as long as the run: the parent-death signal
-        fires when the *thread* that forked the child exits."""
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            log.write(f"# rollhub: {shlex.join(self.command)}\n".encode())
-            log.flush()
-            try:
-                self.process = subprocess.Popen(
-                    self.command,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=self.env,
-                    start_new_session=True,  # its own process group: close() stops wrapper and children alike
-                    preexec_fn=_die_with_parent,
-                )
-            except OSError as exc:
-                raise UserError(f"cannot start engine server {self.replica_id} ({self.command[0]}): {exc}") from None
-        _LIVE.add(self)
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
-
-    def exit_reason(self) -> str | None:
-        if self.process is None or self.process.poll() is None:
-            return None
-        return f"server process exited with code {self.process.returncode} (log: {self.log_path})"
-
-    def log_tail(self, limit: int = 2000) -> str:
-        try:
-            with open(self.log_path, "rb") as log:
-                log.seek(0, os.SEEK_END)
-                log.seek(max(0, log.tell() - limit))
-                return log.read().decode(errors="replace")
-        except OSError:
-            return ""
-
-    def _signal_group(self, signum: int) -> None:
-        if self.process is None:
-            return
-        try:
-            os.killpg(self.process.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def kill(self) -> None:
-        """SIGKILL the whole group now (a wedged or stopped server gets no say)."""
-        if self.process is not None:
-            self._signal_group(signal.SIGKILL)
-            if self.process.poll() is None:
-                try:
-                    self.process.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    logger.warning("engine server %s (pid %d) survived SIGKILL", self.replica_id, self.process.pid)
-        _LIVE.discard(self)
-
-    def stop(self, grace_s: float = 10.0) -> None:
-        """SIGTERM (with SIGCONT, so a stopped server can act on it), then SIGKILL after `grace_s`."""
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self._signal_group(signal.SIGTERM)
-            self._signal_group(signal.SIGCONT)
-            try:
-                self.process.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-        self.kill()  # the group too: children of a wrapper that exited first
-
-
-_LIVE: weakref.WeakSet[LaunchedServer] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_leftover_servers() -> None:
-    """A run that ends without close() (an exception before it) still takes its servers along."""
-    for server in list(_LIVE):
-        server.kill()
 
 
 class ServerEngine(EngineRouter):
