@@ -183,6 +183,18 @@ async def test_a_dead_server_is_replaced_from_the_latest_weights_on_both_placeme
         await engine.close()
 
 
+async def test_a_ray_server_no_node_can_hold_is_a_user_error_naming_the_resources(
+    ray_cluster, tiny_model_dir, tmp_path
+):
+    config = _config("ray", replicas=1, ray_num_gpus=1.0, startup_timeout_s=3)  # the test cluster has no GPU
+    engine = build_engine(config, tiny_model_dir, run_dir=tmp_path)
+    try:
+        with pytest.raises(UserError, match=r"no node has 0.5 CPU\(s\) and 1 GPU\(s\) free"):
+            await engine.start()
+    finally:
+        await engine.close()
+
+
 async def test_a_ray_server_that_cannot_start_is_a_user_error(ray_cluster, tiny_model_dir, tmp_path):
     config = _config("ray", replicas=1, server_python=str(tmp_path / "no-such-python"), startup_timeout_s=60)
     engine = build_engine(config, tiny_model_dir, run_dir=tmp_path)

@@ -219,7 +219,9 @@ def _build_server_engine(
     if config.placement == "ray":
         from rollhub.inference.engines.hosts import RayHost
 
-        placement = RayHost(num_cpus=config.ray_num_cpus, num_gpus=ray_gpus(config, launch))
+        placement = RayHost(
+            num_cpus=config.ray_num_cpus, num_gpus=ray_gpus(config, launch), timeout_s=config.startup_timeout_s
+        )
     elif launch is not None:
         if visible_gpus is None:
             import torch

@@ -293,12 +293,20 @@ class RayHost:
 
     name = "ray"
 
-    def __init__(self, *, num_cpus: float = 1.0, num_gpus: float = 0.0, name_prefix: str = "rollhub-engine") -> None:
+    def __init__(
+        self,
+        *,
+        num_cpus: float = 0.5,
+        num_gpus: float = 0.0,
+        name_prefix: str = "rollhub-engine",
+        timeout_s: float = 600.0,
+    ) -> None:
         if not num_cpus >= 0 or not num_gpus >= 0:
             raise UserError(f"engine.ray_num_cpus and engine.ray_num_gpus must be >= 0, got {num_cpus}, {num_gpus}")
         self.num_cpus = num_cpus
         self.num_gpus = num_gpus
         self.name_prefix = name_prefix
+        self.timeout_s = timeout_s  # until Ray has placed a server's actor (engine.startup_timeout_s)
         self._actors: dict[str, tuple[Any, str]] = {}  # replica id -> (actor reserved, node ip)
         self._incarnation = 0
         self.owns_ray = False  # set by whoever started Ray for this fleet: close() shuts it down
@@ -327,7 +335,15 @@ class RayHost:
             )
             .remote(replica_id)
         )
-        host, port, _ = await actor.address.remote()
+        try:
+            host, port, _ = await asyncio.wait_for(actor.address.remote(), timeout=self.timeout_s)
+        except TimeoutError:
+            ray.kill(actor)
+            raise UserError(
+                f"Ray placed no engine server {replica_id} within {self.timeout_s:.0f} s: no node has "
+                f"{self.num_cpus:g} CPU(s) and {self.num_gpus:g} GPU(s) free (engine.ray_num_cpus, "
+                "engine.ray_num_gpus); check 'ray status'"
+            ) from None
         self._actors[replica_id] = (actor, host)
         return host, port
 
