@@ -205,3 +205,29 @@ async def test_a_ray_server_that_cannot_start_is_a_user_error(ray_cluster, tiny_
         await engine.close()
     await asyncio.sleep(0.5)
     assert not [n for n in ray_cluster.util.list_named_actors() if n.startswith("rollhub-engine")]
+
+
+@pytest.mark.slow
+async def test_a_replacement_under_distributed_sync_serves_only_after_the_next_push(
+    placement, tiny_model_dir, tmp_path
+):
+    """No version folder to start from: the replacement loads the base model, stays out of
+    routing (its tokens would carry a version it does not hold) and joins the next broadcast."""
+    config = _config(placement, replicas=2, max_replacements=1, weight_sync="distributed", weight_sync_backend="gloo")
+    engine = build_engine(config, tiny_model_dir, run_dir=tmp_path)
+    try:
+        await engine.start()
+        await engine.update_weights(_state(tiny_model_dir), 1)
+        first = engine.replicas[0]
+        first.process.kill()
+        for _ in range(600):
+            if engine.stats.engines_replaced:
+                break
+            await asyncio.sleep(0.2)
+        assert engine.stats.engines_replaced == 1 and first.up and first.awaiting_push and not first.live
+        assert engine.live_engine_ids == ["replica-1"] and await _versions(engine, 2) == {1}
+        await engine.update_weights(_state(tiny_model_dir), 2)
+        assert engine.last_push["servers"] == 2 and first.live and not first.awaiting_push
+        assert [await r.client.server_weight_version() for r in engine.replicas] == ["2", "2"]
+    finally:
+        await engine.close()
