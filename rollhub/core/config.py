@@ -163,6 +163,11 @@ def build_dataclass(cls: type[T], data: dict, path: str = "") -> T:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = [k for k in data if k not in fields]
+    moved: dict[str, str] = getattr(cls, "MOVED_KEYS", {})  # retired names and where their setting lives now
+    for key in unknown:
+        if key in moved:
+            where = f"{path}.{key}" if path else str(key)
+            raise UserError(f"config key '{where}' is gone: use {moved[key]}")
     if unknown:
         key = unknown[0]
         close = difflib.get_close_matches(str(key), fields, n=3)

@@ -168,14 +168,16 @@ def build_engine(config: RunConfig, model_dir: Path) -> InferenceEngine:
     weight folders in the run folder). A server engine is started with `start_engine` before use."""
     from rollhub.inference.engines.build import build_engine as build_from_section
 
-    if config.engine.backend == "server" and config.cluster.backend == "ray":
-        raise UserError(
-            "engine.backend=server and cluster.backend=ray both place engine servers; with Ray the servers are "
-            "its actors (cluster.engine, cluster.num_engines): keep engine.backend=inprocess"
-        )
+    owns_ray = False
+    if config.engine.placement == "ray":  # the servers' actors join the run's Ray (cluster.address)
+        from rollhub.rollout.cluster.backend import ensure_ray
+
+        owns_ray = ensure_ray(config.cluster)
     engine = build_from_section(
         config.engine_config, model_dir, device=model_device(config), run_dir=Path(config.run_dir)
     )
+    if owns_ray:  # a Ray this run started ends with the fleet, the last user of it
+        engine.placement.owns_ray = True
     lora = config.model.lora
     if config.engine.weight_sync == "lora_adapter" and lora is not None and hasattr(engine, "server_args"):
         from rollhub.inference.weight_sync import sglang_lora_args
@@ -312,8 +314,8 @@ def build_rollout(
     seeds: Iterator[int],
     run_dir: Path,
 ) -> RolloutSource:
-    """The env manager in this process, or its Ray counterpart with `cluster.backend: ray`; both
-    take the run's `env`, `rollout` and `agent` sections whole."""
+    """The env manager in this process, or its Ray counterpart with `cluster.backend: ray` (env shards
+    over the run's engine fleet); both take the run's `env`, `rollout` and `agent` sections whole."""
     from rollhub.rollout.manager import EnvManager
 
     rollout = config.rollout
@@ -337,7 +339,7 @@ def build_rollout(
             env=config.env,
             rollout=rollout,
             agent=config.agent,
-            engine=config.engine_config,
+            engine=engine,  # the run's fleet on Ray: one set of servers for rollouts and evaluation
             buffer=buffer,
             seeds=seeds,
             run_dir=run_dir,

@@ -420,6 +420,11 @@ class RunConfig:
                 "eval.in_trainer needs engine.backend=server, trainer.world_size=1 and cluster.backend=local "
                 "(an in-process engine already shares the trainer's process; sharded ranks hold no whole model)"
             )
+        if self.cluster.backend == "ray" and (self.engine.backend != "server" or self.engine.placement != "ray"):
+            raise ValueError(
+                "cluster.backend=ray serves rollouts from engine servers on Ray: set engine.backend=server and "
+                "engine.placement=ray (engine.replicas, engine.launch and engine.ray_num_gpus size the fleet)"
+            )
         if self.optim.share_prefix and (self.optim.pack_tokens is not None or self.model.gradient_checkpointing):
             raise ValueError(
                 "optim.share_prefix runs padded micro-batches without activation checkpointing: unset "

@@ -85,7 +85,7 @@ async def run_training(
     # prepare
     torch.set_num_threads(config.model.threads)
     check_run_envs(config)  # both envs' names and types, and train/eval overlap, before the model loads
-    if config.cluster.backend == "ray":  # fail before the warm-start, not after it
+    if "ray" in (config.cluster.backend, config.engine.placement):  # fail before the warm-start, not after it
         from rollhub.rollout.cluster.backend import import_ray
 
         import_ray()
@@ -321,7 +321,7 @@ async def evaluate(run: Run, label: str, *, greedy: bool = False, baseline: str 
     """Success on the held-out seeds with the current weights (timed under `eval_{label}_s`);
     greedy: one episode per seed at T = 0 (eval.greedy); baseline: reading eval.baselines.<name>."""
     started = time.perf_counter()
-    if run.engine.weight_version != run.state.version:  # cluster.backend=ray pushes to remote engines only
+    if run.engine.weight_version != run.state.version:  # an engine that missed a push (a resumed run's fresh one)
         await run.engine.update_weights(run.policy.engine_state_dict(), run.state.version)
     async with trainer_players(run) as helpers:
         result = await evaluate_held_out(

@@ -69,13 +69,14 @@ def test_model_device_is_checked_and_cuda_never_falls_back(monkeypatch):
         resolve_device("cuda")
 
 
-def test_server_backend_with_ray_is_refused():
-    from rollhub.trainer.build import build_engine as build_run_engine
+def test_ray_env_shards_need_the_fleet_on_ray():
     from rollhub.trainer.config import RunConfig
 
-    config = load_config(RunConfig, None, ["engine.backend=server", "cluster.backend=ray", "model.device=cpu"])
-    with pytest.raises(UserError, match="cluster.backend=ray"):
-        build_run_engine(config, Path("unused"))
+    for engine in (["engine.backend=inprocess"], ["engine.backend=server"]):  # placement: local
+        with pytest.raises(UserError, match="cluster.backend=ray serves rollouts from engine servers on Ray"):
+            load_config(RunConfig, None, [*engine, "cluster.backend=ray", "model.device=cpu"])
+    config = load_config(RunConfig, None, ["engine.backend=server", "engine.placement=ray", "cluster.backend=ray"])
+    assert config.engine.placement == "ray"
 
 
 # --- routing -----------------------------------------------------------------------------

@@ -359,13 +359,13 @@ async def test_ray_engine_servers_bind_the_node_ip_and_require_the_runs_key(
     monkeypatch.delenv("ROLLHUB_API_KEY", raising=False)
     env = EnvConfig(id="rollhub/Sokoban-v0", kwargs={"max_steps": 2})
     sections = {"env": env, "rollout": RolloutConfig(group_size=1), "agent": AgentConfig(max_new_tokens=4)}
-    cluster = ClusterConfig(backend="ray", num_env_shards=1, num_engines=1, max_replacements=0)
-    rollout = RayRollout(tiny_model_dir, cluster, **sections, run_dir=tmp_path)
+    cluster = ClusterConfig(backend="ray", num_env_shards=1, max_replacements=0)
+    rollout = RayRollout(tiny_model_dir, cluster, **sections, run_dir=tmp_path)  # the default fleet: 1 server on Ray
     try:
         (group,) = await asyncio.wait_for(rollout.collect_batch(1), timeout=300)
         assert rollout.ledger.groups_failed == 0 and len(group.trajectories) == 1
         assert group.trajectories[0].info["cluster_node"]
-        url = rollout._engine_urls()["engine-0"]
+        url = rollout._engine_urls()["replica-0"]
         host, port = url.removeprefix("http://").rsplit(":", 1)
         assert host == loopback_ray.util.get_node_ip_address() == "127.0.0.1"
         assert listening_addresses(int(port)) == {"127.0.0.1"}  # not 0.0.0.0

@@ -18,6 +18,7 @@ ray = pytest.importorskip("ray", reason="cluster.backend=ray needs the 'ray' ext
 
 from rollout_testing import sections  # noqa: E402
 
+from rollhub.inference.engines.build import EngineConfig  # noqa: E402
 from rollhub.rollout.agent import AgentConfig  # noqa: E402
 from rollhub.rollout.buffer import GroupBuffer  # noqa: E402
 from rollhub.rollout.cluster.backend import RayRollout  # noqa: E402
@@ -90,7 +91,11 @@ def test_rollhub_train_with_ray_backend_survives_a_shard_kill(ray_cluster, tiny_
             "--set",
             "cluster.num_env_shards=2",
             "--set",
-            "cluster.num_engines=2",
+            "engine.backend=server",
+            "--set",
+            "engine.placement=ray",
+            "--set",
+            "engine.replicas=2",
         ]
     )
     killer.join(timeout=5)
@@ -171,9 +176,10 @@ async def test_ray_accounting_matches_single_process_with_faults(ray_cluster, ti
     assert manager.metrics.trajectories_kept == GROUP_SIZE * manager.metrics.groups_done
 
     # Ray: shard 1 dies while it runs groups; engine 0 dies after the first batch
-    cluster = ClusterConfig(backend="ray", num_env_shards=2, num_engines=2, health_interval_s=0.5)
+    cluster = ClusterConfig(backend="ray", num_env_shards=2)
+    fleet = EngineConfig(backend="server", placement="ray", replicas=2, watchdog_interval_s=0.5, max_replacements=2)
     ray_buffer = GroupBuffer(BATCH, ALPHA)
-    rollout = RayRollout(tiny_model_dir, cluster, **config, buffer=ray_buffer, run_dir=tmp_path)
+    rollout = RayRollout(tiny_model_dir, cluster, **config, engine=fleet, buffer=ray_buffer, run_dir=tmp_path)
     await rollout.start()
     killed_running: list[int] = []
 

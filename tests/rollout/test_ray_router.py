@@ -30,18 +30,44 @@ def test_cluster_config_rejects_bad_values_as_user_errors():
     config = load_config(
         RunConfig,
         None,
-        ["cluster.backend=ray", "cluster.num_env_shards=4", "cluster.shard_resources={sandbox_host: 1}"],
+        [
+            "cluster.backend=ray",
+            "cluster.num_env_shards=4",
+            "cluster.shard_resources={sandbox_host: 1}",
+            "engine.backend=server",
+            "engine.placement=ray",
+        ],
     )
     assert config.cluster.num_env_shards == 4 and config.cluster.shard_resources == {"sandbox_host": 1.0}
     assert load_config(RunConfig, None, []).cluster.backend == "local"
-    for bad in (
-        "cluster.backend=k8s",
-        "cluster.num_engines=0",
-        "cluster.engine=vllm",
-        "cluster.keep_weight_versions=0",
-    ):
+    for bad in ("cluster.backend=k8s", "cluster.num_env_shards=0", "cluster.max_replacements=-1"):
         with pytest.raises(UserError, match="cluster"):
             load_config(RunConfig, None, [bad])
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("num_engines=2", "engine.replicas"),
+        ("engine=sglang", "engine.launch"),
+        ("engine_num_cpus=1", "engine.ray_num_cpus"),
+        ("engine_num_gpus=1", "engine.ray_num_gpus"),
+        ("engine_extra_args=[--tp, '2']", "engine.launch"),
+        ("weights_dir=/shared/w", "engine.weights_dir"),
+        ("keep_weight_versions=2", "engine.weights_dir"),
+        ("health_interval_s=1", "engine.watchdog_interval_s"),
+    ],
+)
+def test_the_old_cluster_engine_keys_are_refused_naming_the_new_key(old, new):
+    """One line, naming where the setting lives now; in a YAML file as on the command line."""
+    from rollhub.core.config import load_config
+    from rollhub.core.errors import UserError
+    from rollhub.trainer.config import RunConfig
+
+    key = old.split("=")[0]
+    with pytest.raises(UserError, match=f"config key 'cluster.{key}' is gone: use {new}") as caught:
+        load_config(RunConfig, None, [f"cluster.{old}"])
+    assert "\n" not in str(caught.value)
 
 
 def test_affinity_key_is_the_group_id():

@@ -39,7 +39,8 @@ def test_rollhub_train_runs_two_steps_on_a_ray_actor_group_of_two_ranks(tiny_mod
         "cluster.backend": "ray",
         "cluster.local_num_cpus": 4,
         "cluster.num_env_shards": 1,
-        "cluster.num_engines": 1,
+        "engine.backend": "server",
+        "engine.placement": "ray",
         "trainer.world_size": 2,
         "trainer.ray_num_cpus": 0.5,
     }

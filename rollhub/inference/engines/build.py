@@ -8,6 +8,9 @@ reaches every command. Two backends:
 * `server`: an `EngineRouter` over SGLang-speaking servers, either launched by rollhub from
   a command template (`launch:`, `replicas:`; `rollhub` and `sglang` name built-in
   templates) or attached by URL (`urls:`). See rollhub.inference.engines.launcher.
+  Launched servers run on this machine (`placement: local`) or on nodes Ray picks
+  (`placement: ray`, one actor per server with `ray_num_cpus`/`ray_num_gpus`); the same
+  launcher, watchdog, replacement and weight sync serve both.
 """
 
 from __future__ import annotations
@@ -38,6 +41,14 @@ class EngineConfig:
     # null with no urls = "rollhub"
     launch: str | None = None
     replicas: int = 1  # launched servers, each on its own port
+    # where launched servers run: local = child processes of this one; ray = one Ray actor per server,
+    # placed by Ray with the resources below (the Ray connection is the run's cluster.address)
+    placement: Literal["local", "ray"] = "local"
+    ray_num_cpus: float = 0.5  # Ray resources of one server (placement: ray)
+    ray_num_gpus: float | None = None  # null = engine.tp for the sglang template, 0 otherwise
+    # a launched server that goes down (exited, hung) is relaunched in its slot from the latest weights
+    # this many times per run; 0 = it stays down and its peers serve
+    max_replacements: int = 0
     urls: list[str] = field(default_factory=list)  # attach to running servers instead of launching
     host: str = "127.0.0.1"  # where launched servers listen
     base_port: int = 0  # replica i listens on base_port + i; 0 = a free port each
@@ -82,6 +93,19 @@ class EngineConfig:
             )
         if self.replicas < 1:
             raise ValueError(f"engine.replicas must be >= 1, got {self.replicas}")
+        if self.placement not in ("local", "ray"):
+            raise ValueError(f"engine.placement must be local or ray, got {self.placement!r}")
+        if self.placement == "ray" and (self.backend != "server" or self.urls):
+            raise ValueError("engine.placement=ray places launched servers: set engine.backend=server, no engine.urls")
+        if self.placement == "ray" and (self.gpus or self.share_gpu or self.base_port):
+            raise ValueError(
+                "engine.gpus, engine.share_gpu and engine.base_port place local servers; with engine.placement=ray "
+                "Ray picks node, port and GPUs (engine.ray_num_gpus)"
+            )
+        if not self.ray_num_cpus >= 0 or (self.ray_num_gpus is not None and not self.ray_num_gpus >= 0):
+            raise ValueError("engine.ray_num_cpus and engine.ray_num_gpus must be >= 0")
+        if self.max_replacements < 0:
+            raise ValueError(f"engine.max_replacements must be >= 0, got {self.max_replacements}")
         if self.launch is not None and self.urls:
             raise ValueError("engine.launch and engine.urls exclude each other: launch servers or attach to them")
         for url in self.urls:
@@ -193,7 +217,14 @@ def _build_server_engine(
     weights_dir = Path(config.weights_dir) if config.weights_dir else base / "weights"
     launch = None if config.urls else (config.launch or "rollhub")
     plan, shared = None, False
-    if launch is not None:
+    placement = None
+    if config.placement == "ray":
+        from rollhub.inference.engines.hosts import RayHost
+
+        placement = RayHost(
+            num_cpus=config.ray_num_cpus, num_gpus=ray_gpus(config, launch), timeout_s=config.startup_timeout_s
+        )
+    elif launch is not None:
         if visible_gpus is None:
             import torch
 
@@ -228,6 +259,8 @@ def _build_server_engine(
         gpu_plan=plan,
         mem_fraction=mem_fraction,
         server_python=config.server_python,
+        placement=placement,
+        max_replacements=config.max_replacements,
         timeout_s=config.request_timeout_s,
         watchdog_interval_s=config.watchdog_interval_s,
         watchdog_timeout_s=config.watchdog_timeout_s,
@@ -241,21 +274,28 @@ def _build_server_engine(
             shared_gpu=shared,
             backend=config.weight_sync_backend,
             master_address=config.weight_sync_master_address,
-            dtype=serving_dtype(config, launch, plan),
+            dtype=serving_dtype(config, launch, on_gpu=plan is not None or bool(placement and placement.num_gpus)),
             server_python=config.server_python if launch is not None else None,
         ),
         weights_dir=weights_dir,
     )
 
 
-def serving_dtype(config: EngineConfig, launch: str | None, plan: list[list[int]] | None) -> str | None:
+def ray_gpus(config: EngineConfig, launch: str | None) -> float:
+    """GPUs Ray gives each server: engine.ray_num_gpus, else engine.tp for SGLang (GPU only), else none."""
+    if config.ray_num_gpus is not None:
+        return config.ray_num_gpus
+    return float(config.tp) if (launch or "").strip() == "sglang" else 0.0
+
+
+def serving_dtype(config: EngineConfig, launch: str | None, *, on_gpu: bool) -> str | None:
     """The dtype launched servers serve in (what `{dtype}` becomes), so pushes are cast before they
     are sent; None for attached servers, whose dtype is theirs."""
     if launch is None:
         return None
     if config.dtype != "auto":
         return config.dtype
-    return "bfloat16" if plan is not None or launch.strip() == "sglang" else None
+    return "bfloat16" if on_gpu or launch.strip() == "sglang" else None
 
 
 def make_weight_sync(

@@ -27,29 +27,31 @@ CPU): SGLang's own `auto` serves a float32 checkpoint in float16.
 Launched servers get the run's API key (ROLLHUB_API_KEY, else a fresh random one) in their
 environment as ROLLHUB_API_KEY (what `rollhub serve` reads); `{api_key}` puts it on a
 command line (SGLang's `--api-key`).
+Placement (`engine.placement`): servers run as children of this process (`local`) or on nodes
+Ray picks (`ray`, rollhub.inference.engines.hosts); the command line, readiness, watchdog,
+replacement and weight sync are this module's and the router's in both.
+Replacement: a launched replica that the router marks down (exited, hung, unreachable) is
+relaunched in its slot, up to `engine.max_replacements` times per run, from the latest pushed
+weights (disk sync: the newest version folder; distributed sync: the base model, held out of
+routing until the next push reaches it), so it never serves an older version than its peers.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
-import ctypes
 import logging
 import os
 import secrets
 import shlex
-import signal
-import socket
 import string
-import subprocess
 import sys
 import threading
 import time
-import weakref
 from pathlib import Path
 from typing import Any
 
 from rollhub.core.errors import UserError
+from rollhub.inference.engines.hosts import LaunchedServer, LocalHost, ServerHost, free_port
 from rollhub.inference.engines.router import EngineRouter, Replica, ReplicaError, replicas_from_urls
 from rollhub.inference.engines.sglang import API_KEY_ENV
 
@@ -88,18 +90,6 @@ TEMPLATE_FIELDS = (
     "gpus",
     "mem_fraction",
 )
-
-_LIBC: Any = None
-try:  # resolved here, not in the child: the child of a threaded parent must not load libraries
-    _LIBC = ctypes.CDLL("libc.so.6", use_errno=True)
-except OSError:  # not Linux: no parent-death signal, close() and atexit still stop servers
-    pass
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def template_words(template: str) -> list[str]:
@@ -178,104 +168,6 @@ def physical_gpus(indices: list[int], environ: dict[str, str] | None = None) -> 
     return ",".join(names[i] for i in indices)
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
-class LaunchedServer:
-    """One server process: its command, log file and process group."""
-
-    def __init__(self, replica_id: str, command: list[str], log_path: Path, env: dict[str, str]) -> None:
-        self.replica_id = replica_id
-        self.command = command
-        self.log_path = log_path
-        self.env = env
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        """Spawn it. Call from a thread that lives as long as the run: the parent-death signal
-        fires when the *thread* that forked the child exits."""
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            log.write(f"# rollhub: {shlex.join(self.command)}\n".encode())
-            log.flush()
-            try:
-                self.process = subprocess.Popen(
-                    self.command,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=self.env,
-                    start_new_session=True,  # its own process group: close() stops wrapper and children alike
-                    preexec_fn=_die_with_parent,
-                )
-            except OSError as exc:
-                raise UserError(f"cannot start engine server {self.replica_id} ({self.command[0]}): {exc}") from None
-        _LIVE.add(self)
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
-
-    def exit_reason(self) -> str | None:
-        if self.process is None or self.process.poll() is None:
-            return None
-        return f"server process exited with code {self.process.returncode} (log: {self.log_path})"
-
-    def log_tail(self, limit: int = 2000) -> str:
-        try:
-            with open(self.log_path, "rb") as log:
-                log.seek(0, os.SEEK_END)
-                log.seek(max(0, log.tell() - limit))
-                return log.read().decode(errors="replace")
-        except OSError:
-            return ""
-
-    def _signal_group(self, signum: int) -> None:
-        if self.process is None:
-            return
-        try:
-            os.killpg(self.process.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def kill(self) -> None:
-        """SIGKILL the whole group now (a wedged or stopped server gets no say)."""
-        if self.process is not None:
-            self._signal_group(signal.SIGKILL)
-            if self.process.poll() is None:
-                try:
-                    self.process.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    logger.warning("engine server %s (pid %d) survived SIGKILL", self.replica_id, self.process.pid)
-        _LIVE.discard(self)
-
-    def stop(self, grace_s: float = 10.0) -> None:
-        """SIGTERM (with SIGCONT, so a stopped server can act on it), then SIGKILL after `grace_s`."""
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self._signal_group(signal.SIGTERM)
-            self._signal_group(signal.SIGCONT)
-            try:
-                self.process.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-        self.kill()  # the group too: children of a wrapper that exited first
-
-
-_LIVE: weakref.WeakSet[LaunchedServer] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_leftover_servers() -> None:
-    """A run that ends without close() (an exception before it) still takes its servers along."""
-    for server in list(_LIVE):
-        server.kill()
-
-
 class ServerEngine(EngineRouter):
     """The `server` backend: launched or attached replicas behind an EngineRouter.
 
@@ -300,6 +192,8 @@ class ServerEngine(EngineRouter):
         gpu_plan: list[list[int]] | None = None,
         mem_fraction: float | None = None,
         server_python: str | None = None,
+        placement: ServerHost | None = None,
+        max_replacements: int = 0,
         **router_arguments: Any,
     ) -> None:
         if (launch is None) == (not urls):
@@ -321,7 +215,14 @@ class ServerEngine(EngineRouter):
         self.template_values = dict(template_values or {})
         # flags the `sglang` template appends (e.g. SGLang's LoRA flags for engine.weight_sync lora_adapter)
         self.server_args: list[str] = []
-        self.servers: list[LaunchedServer] = []
+        if max_replacements < 0:
+            raise UserError(f"engine.max_replacements must be >= 0, got {max_replacements}")
+        self.placement: ServerHost = placement or LocalHost(host, base_port)
+        self.max_replacements = max_replacements
+        self.replacements = 0
+        self.servers: list[Any] = []  # every server launched, replaced ones included (LaunchedServer or Ray's)
+        self._listeners: list[Any] = []
+        self._replacing: set[asyncio.Task] = set()
         self._started = False
         self._start_lock: asyncio.Lock | None = None
         if self.launch_words is not None:
@@ -359,10 +260,12 @@ class ServerEngine(EngineRouter):
             await self.start()
         await super().update_weights(source, version)
 
-    def command_for(self, index: int, port: int) -> list[str]:
+    def command_for(self, index: int, port: int, host: str | None = None, model: str | None = None) -> list[str]:
+        """Replica `index`'s command line; `host` where it listens (a Ray node's IP), `model` the
+        folder it loads (a replacement's: the latest pushed weights)."""
         values = {
             "python": self.server_python,
-            "host": self.host,
+            "host": host or self.host,
             "port": port,
             "replica": index,
             "api_key": self.api_key or "",
@@ -371,7 +274,12 @@ class ServerEngine(EngineRouter):
             **self.template_values,
         }
         values["seed"] = int(values.get("seed", 0)) + index  # replicas must not draw the same samples
+        if model is not None:
+            values["model"] = model
         gpus = self.gpu_plan[index] if self.gpu_plan is not None else None
+        placed_gpus = self.placement.gpu_count()
+        if gpus is None and placed_gpus:  # Ray gave the server its GPUs (its own CUDA_VISIBLE_DEVICES)
+            gpus = list(range(placed_gpus))
         if gpus is not None:
             values["device"] = "cuda"  # the first of its own CUDA_VISIBLE_DEVICES
             values["tp"] = len(gpus)
@@ -397,28 +305,103 @@ class ServerEngine(EngineRouter):
             env["CUDA_VISIBLE_DEVICES"] = physical_gpus(self.gpu_plan[index], base)
         return env
 
+    def _launch_env(self, index: int) -> dict[str, str]:
+        """What a server's environment adds to its host's: the run's key, threads, its GPUs."""
+        env = {API_KEY_ENV: self.api_key or ""}
+        env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", str(self.template_values.get("threads", 1)))
+        if self.gpu_plan is not None:
+            env["CUDA_VISIBLE_DEVICES"] = physical_gpus(self.gpu_plan[index])
+        return env
+
     async def _launch_all(self) -> None:
-        env = {**os.environ, API_KEY_ENV: self.api_key or ""}
-        env.setdefault("OMP_NUM_THREADS", str(self.template_values.get("threads", 1)))
         if threading.current_thread() is not threading.main_thread():
             logger.debug("launching engine servers from a non-main thread; they die when it exits")
-        for index, replica in enumerate(self.replicas):
-            port = self.base_port + index if self.base_port else free_port(self.host)
-            command = self.command_for(index, port)
-            server = LaunchedServer(replica.replica_id, command, self._log_path(replica), self.env_for(index, env))
-            server.start()
-            self.servers.append(server)
-            replica.process = server
-            replica.url = f"http://{self.host}:{port}"
-            replica.client = self._new_client(replica.url)
-            if self.gpu_plan is not None:
-                replica.client.tp_size = len(self.gpu_plan[index])
-            logger.info("engine %s: pid %s on %s, log %s", replica.replica_id, server.pid, replica.url, server.log_path)
+        await asyncio.gather(*(self._launch(index, replica) for index, replica in enumerate(self.replicas)))
+
+    async def _launch(self, index: int, replica: Replica, model: str | None = None) -> None:
+        """Start replica `index`'s server where the placement puts it and point `replica` at it."""
+        host, port = await self.placement.address(replica.replica_id, index)
+        command = self.command_for(index, port, host=host, model=model)
+        log_path = self._log_path(replica)
+        server = await self.placement.launch(replica.replica_id, command, self._launch_env(index), log_path)
+        self.servers.append(server)
+        replica.process = server
+        replica.url = f"http://{host}:{port}"
+        if replica.client is not None:
+            self._retired.append(replica.client)  # closed with the router
+        replica.client = self._new_client(replica.url)
+        gpus = self.gpu_plan[index] if self.gpu_plan is not None else None
+        if gpus is not None or self.placement.gpu_count():
+            replica.client.tp_size = len(gpus) if gpus is not None else int(self.template_values.get("tp", 1))
+        logger.info(
+            "engine %s (%s): pid %s on %s, log %s",
+            replica.replica_id,
+            self.placement.name,
+            server.pid,
+            replica.url,
+            server.log_path,
+        )
+
+    # --- replacement ---------------------------------------------------------------------
+
+    def on_replicas_changed(self, callback: Any) -> None:
+        """`callback(urls)` (may be async) after a replica was replaced: {replica id: url} of the
+        replicas that serve now (Ray env shards route over the same table)."""
+        self._listeners.append(callback)
+
+    def serving_urls(self) -> dict[str, str]:
+        return {r.replica_id: r.url for r in self.replicas if r.live}
+
+    def _on_down(self, replica: Replica) -> None:
+        if self.launch_words is None or self._closed or not self._started:
+            return  # attached servers are not ours to restart
+        if self.replacements >= self.max_replacements:
+            if self.max_replacements:
+                logger.error(
+                    "engine %s is down and engine.max_replacements=%d is used up; it stays down",
+                    replica.replica_id,
+                    self.max_replacements,
+                )
+            if not any(r.up for r in self.replicas) and not self._replacing:  # nothing left to serve
+                self._spawn_notice(self._notify())
+            return
+        self.replacements += 1
+        self._spawn_notice(self._replace(replica))
+
+    async def _replace(self, replica: Replica) -> None:
+        """Relaunch `replica` from the latest weights (see the module docstring), then rejoin it."""
+        index = self.replicas.index(replica)
+        try:
+            async with self._lock():  # never in the middle of a push: it starts from the version pushed last
+                latest = self.last_push.get("path") if self.last_push.get("method") == "disk" else None
+                await self._launch(index, replica, model=latest)
+                await self._wait_ready(replica, announce=latest is not None or not self.weight_version)
+                self.revive(replica, awaiting_push=latest is None and bool(self.weight_version))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.error("engine %s could not be replaced: %s", replica.replica_id, exc)
+            return
+        self.stats.engines_replaced += 1
+        logger.warning("engine %s replaced: %s", replica.replica_id, replica.url)
+        await self._notify()
+
+    async def _notify(self) -> None:
+        urls = self.serving_urls()
+        for callback in list(self._listeners):
+            result = callback(urls)
+            if asyncio.iscoroutine(result):
+                await result
+
+    def _spawn_notice(self, coroutine: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._replacing.add(task)
+        task.add_done_callback(self._replacing.discard)
 
     def _log_path(self, replica: Replica) -> Path:
         return self.log_dir / f"{replica.replica_id}.log"
 
-    async def _wait_ready(self, replica: Replica) -> None:
+    async def _wait_ready(self, replica: Replica, announce: bool = True) -> None:
         """Until `/health_generate` answers 200 (a real generation ran), or the process exits, or time runs
         out; an attached URL where nothing listens fails at once (a starting server that answers 503 is waited for)."""
         deadline = time.monotonic() + self.startup_timeout_s
@@ -437,7 +420,7 @@ class ServerEngine(EngineRouter):
                     f"{self.startup_timeout_s:.0f} s{where}; raise engine.startup_timeout_s or check the server"
                 )
             await asyncio.sleep(0.25)
-        if self.weight_version:  # a server joining a run that has pushed weights must say so
+        if self.weight_version and announce:  # a server joining a run that has pushed weights must say so
             await replica.client.update_weight_version(self.weight_version)
 
     async def _ready(self, replica: Replica) -> bool:
@@ -466,8 +449,12 @@ class ServerEngine(EngineRouter):
     def _stop_servers(self) -> None:
         for server in self.servers:
             server.stop()
+        self.placement.close()
 
     async def close(self) -> None:
+        for task in list(self._replacing):
+            task.cancel()
+        await asyncio.gather(*self._replacing, return_exceptions=True)
         try:
             await super().close()
         finally:
@@ -481,4 +468,12 @@ async def start_engine(engine: Any) -> None:
         await start()
 
 
-__all__ = ["LaunchedServer", "ReplicaError", "ServerEngine", "plan_gpus", "start_engine", "template_words"]
+__all__ = [
+    "LaunchedServer",
+    "ReplicaError",
+    "ServerEngine",
+    "free_port",
+    "plan_gpus",
+    "start_engine",
+    "template_words",
+]

@@ -1,7 +1,8 @@
 """EngineRouter: one InferenceEngine over N SGLang-speaking servers (replicas).
 
-Used by the `server` engine backend (replicas launched by rollhub or attached by URL, see
-`rollhub.inference.engines.launcher`) and by every Ray env shard (`rollhub.rollout.cluster`).
+Used by the `server` engine backend (replicas launched by rollhub, here or on Ray nodes, or
+attached by URL, see `rollhub.inference.engines.launcher`) and by every Ray env shard
+(`rollhub.rollout.cluster`), which routes over the launcher's replicas.
 
 Routing. A request id is `<trajectory_id>-<n>` and a trajectory id `<group_id>-<k>` (the
 env manager's naming), so the group is the request id less its last two `-` parts. All
@@ -29,8 +30,9 @@ Marking a replica down cancels its in-flight requests at once; each is re-sent, 
 another replica at most `max_reroutes` times (its prompt ids hold the full history, so
 only KV cache is lost, never tokens), and otherwise fails
 with `ReplicaError`, which the env manager counts as an infra failure (the failure rule of
-rollhub.rollout.types). A launched replica that is marked down is killed. Down replicas
-stay down for the rest of the run: one that missed weight pushes must not serve again.
+rollhub.rollout.types). A launched replica that is marked down is killed. A down server
+never serves again (it missed weight pushes); the launcher may relaunch its slot as a new
+server from the latest weights (`revive`, engine.max_replacements), with a new client.
 
 Weights. `update_weights(source, version)` pauses (unless the caller already did: the env
 manager pauses first), hands the live replicas to the configured weight sync (`push`), sets
@@ -108,6 +110,7 @@ class RouterStats:
     requests_failed: int = 0  # no replica left to re-send to: raised ReplicaError (infra)
     engines_marked_down: int = 0
     watchdog_detections: int = 0  # replicas marked down by the watchdog (hung or exited)
+    engines_replaced: int = 0  # launched replicas relaunched in their slot (launcher: engine.max_replacements)
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -127,9 +130,15 @@ class Replica:
     down_reason: str | None = None
     missed: int = 0  # watchdog liveness probes missed in a row
     down: asyncio.Event | None = None  # set when marked down (created on the router's loop)
+    awaiting_push: bool = False  # a replacement that serves only once the next weight push reached it
 
     @property
     def live(self) -> bool:
+        return self.down_reason is None and not self.awaiting_push
+
+    @property
+    def up(self) -> bool:
+        """Running and watched (serving, or a replacement waiting for the next push)."""
         return self.down_reason is None
 
 
@@ -228,6 +237,7 @@ class EngineRouter(InferenceEngine):
         self._retired: list[SGLangEngine] = []
         self._closing: set[asyncio.Task] = set()
         self._watchdog: asyncio.Task | None = None
+        self._revived: set[asyncio.Task] = set()  # watch tasks of replaced replicas
         self._probe_session: Any = None
         self._closed = False
         if isinstance(urls, dict):
@@ -283,7 +293,7 @@ class EngineRouter(InferenceEngine):
     def mark_down(self, replica_id: str, reason: str = "unreachable") -> None:
         """Stop routing to `replica_id`; its in-flight requests are re-sent elsewhere, a launched one is killed."""
         replica = self._replicas.get(replica_id)
-        if replica is None or not replica.live:
+        if replica is None or not replica.up:
             return
         replica.down_reason = reason
         self.stats.engines_marked_down += 1
@@ -300,6 +310,28 @@ class EngineRouter(InferenceEngine):
                 self._closing.add(asyncio.get_running_loop().create_task(old.close()))
             except RuntimeError:  # no running loop (a synchronous caller): closed with the router
                 self._retired.append(old)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return  # a synchronous caller (tests, close): nothing is relaunched
+        self._on_down(replica)
+
+    def _on_down(self, replica: Replica) -> None:
+        """A replica was marked down; the launcher relaunches its own (here: down stays down)."""
+
+    def revive(self, replica: Replica, *, awaiting_push: bool = False) -> None:
+        """`replica` (relaunched in its slot, new url and client) serves again, or, `awaiting_push`,
+        once the next weight push has reached it; the watchdog watches it from now on."""
+        replica.down_reason = None
+        replica.down = None
+        replica.missed = 0
+        replica.outstanding_tokens = replica.in_flight = 0
+        replica.last_finished = time.monotonic()
+        replica.awaiting_push = awaiting_push
+        if self._watchdog is not None and not self._watchdog.done():
+            task = asyncio.ensure_future(self._watch_replica(replica))
+            self._revived.add(task)
+            task.add_done_callback(self._revived.discard)
 
     def in_flight(self) -> dict[str, int]:
         return {r.replica_id: r.in_flight for r in self._replicas.values()}
@@ -310,7 +342,7 @@ class EngineRouter(InferenceEngine):
     def _down_event(self, replica: Replica) -> asyncio.Event:
         if replica.down is None:
             replica.down = asyncio.Event()
-            if not replica.live:
+            if not replica.up:
                 replica.down.set()
         return replica.down
 
@@ -499,9 +531,7 @@ class EngineRouter(InferenceEngine):
         A replica that fails during the push is marked down and the push is repeated once
         over the replicas left (a push is idempotent: the same version again).
         """
-        if self._update_lock is None:
-            self._update_lock = asyncio.Lock()
-        async with self._update_lock:
+        async with self._lock():
             paused_here = not self._paused
             if paused_here:
                 await self.pause()
@@ -509,19 +539,27 @@ class EngineRouter(InferenceEngine):
             self._quiet_epoch += 1
             try:
                 for _ in range(2):
-                    live = [r for r in self._replicas.values() if r.live]
+                    live = [r for r in self._replicas.values() if r.up]  # replacements awaiting it too
                     if not live:
                         raise ReplicaError(self._no_replica_message([]))
                     if await self._push(live, source, version):
                         break
                 else:
                     raise ReplicaError(f"replicas kept failing during the weight push of version {version}")
+                for replica in live:
+                    replica.awaiting_push = False
                 self.set_weight_version(version)
             finally:
                 self._updating = False
                 self._quiet_epoch += 1
                 if paused_here:
                     await self.resume()
+
+    def _lock(self) -> asyncio.Lock:
+        """Held by a weight push, and by a replacement (which must start from the latest version)."""
+        if self._update_lock is None:
+            self._update_lock = asyncio.Lock()
+        return self._update_lock
 
     async def _push(self, live: list[Replica], source: Any, version: int) -> bool:
         """True when the push reached all of `live`; False when one of them went down during it."""
@@ -562,9 +600,9 @@ class EngineRouter(InferenceEngine):
         if self._closed:
             return
         self._closed = True
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            await asyncio.gather(self._watchdog, return_exceptions=True)
+        for task in [*([self._watchdog] if self._watchdog is not None else []), *self._revived]:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
         for replica in self._replicas.values():
             if replica.down is not None:
                 replica.down.set()
@@ -598,7 +636,7 @@ class EngineRouter(InferenceEngine):
             return False
 
     def _detected(self, replica: Replica, reason: str) -> None:
-        if replica.live:
+        if replica.up:
             self.stats.watchdog_detections += 1
             self.mark_down(replica.replica_id, reason)
 
@@ -623,7 +661,7 @@ class EngineRouter(InferenceEngine):
         generation: asyncio.Task | None = None
         next_generation = time.monotonic() + self.watchdog_generate_timeout_s
         try:
-            while replica.live:
+            while replica.up:
                 await asyncio.sleep(self.watchdog_interval_s)
                 if replica.process is not None and (reason := replica.process.exit_reason()) is not None:
                     self._detected(replica, reason)

@@ -5,17 +5,19 @@ What runs where:
   the seed stream, the JSONL log, weight pushes, health checks, accounting;
 * K `EnvShard` actors (spread over nodes, or pinned with custom resources such as
   `sandbox_host`): each owns an EnvManager, its envs and their sandboxes;
-* M `EngineServer` actors (GPU nodes for SGLang; CPU for `rollhub serve` engines), all
-  behind an `EngineRouter` in every shard (trajectory affinity, least-loaded otherwise).
+* the engine fleet: the `engine:` section's launched servers with `engine.placement: ray`
+  (rollhub.inference.engines.launcher + hosts: one small Ray actor per server), the same
+  launcher, watchdog, replacement policy and weight sync (disk, gloo, NCCL) as on one
+  machine; every shard routes over its servers with an `EngineRouter` of its own.
 
 Same surface as EnvManager: `run(stop_event)`, `collect_batch(n)`,
 `update_weights(source, version)`, `summary()`, `close()`, so the trainer loop picks one
 or the other by `cluster.backend` and is otherwise unchanged.
 
-Weight push (disk on a shared path): the trainer's state dict is written once to
-`weights_dir/v<version>` (or a given HF dir is used), then
+Weight push, through the fleet's weight sync (`engine.weight_sync`: disk on a shared path,
+or a gloo/NCCL broadcast):
   shards hold (client gate) -> servers pause (abort in flight; partial outputs return and
-  the runners resubmit into the closed gate) -> servers load from disk -> shards release
+  the runners resubmit into the closed gate) -> the fleet pushes -> shards release
   with the new version -> servers continue.
 No request is submitted between pause and release, so every token's version is exact.
 
@@ -25,8 +27,9 @@ environment, every shard's) send it.
 
 Faults: a shard that dies loses exactly the groups it was running; each is counted
 (`cluster/groups_lost`, `cluster/trajectories_lost`), its ticket is released, and a new
-shard takes its place. A dead engine server is replaced from the latest weights; requests
-that were on it are re-sent by the routers to the remaining servers meanwhile.
+shard takes its place. A dead engine server is the fleet's to replace (engine.max_replacements);
+the shards get the new table, and requests that were on it are re-sent by their routers to
+the remaining servers meanwhile.
 Ledger, checked at every `summary()`:
   groups_dispatched = groups_completed + groups_lost + groups_failed + groups_cancelled + groups_running
 """
@@ -37,9 +40,6 @@ import asyncio
 import dataclasses
 import itertools
 import logging
-import os
-import secrets
-import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -47,8 +47,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollhub.core.errors import MissingExtraError, UserError
+from rollhub.core.errors import UserError
 from rollhub.inference.engines.build import EngineConfig
+from rollhub.inference.engines.hosts import ensure_ray as connect_ray
+from rollhub.inference.engines.hosts import import_ray
 from rollhub.inference.engines.sglang import API_KEY_ENV
 from rollhub.rollout.admission import fill_buffer
 from rollhub.rollout.agent import AgentConfig
@@ -61,52 +63,9 @@ from rollhub.rollout.types import Group
 logger = logging.getLogger(__name__)
 
 
-def import_ray() -> Any:
-    try:
-        import ray
-    except ImportError as exc:
-        raise MissingExtraError("ray", "cluster.backend=ray") from exc
-    return ray
-
-
 def ensure_ray(config: ClusterConfig) -> bool:
-    """Connect to (or start) Ray; True when this call started it (and should shut it down)."""
-    ray = import_ray()
-    if ray.is_initialized():
-        return False
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
-    if config.address:
-        kwargs["address"] = config.address
-        kwargs.pop("include_dashboard")
-        token = Path.home() / ".ray" / "auth_token"
-        if "RAY_AUTH_MODE" not in os.environ and token.exists():
-            # `ray start --head` (Ray >= 2.5x) enables token auth when this file exists; a
-            # connecting driver must opt in explicitly or it retries until it times out
-            os.environ["RAY_AUTH_MODE"] = "token"
-            try:  # Ray caches its config at import; refresh it so this process sees token mode
-                from ray._raylet import Config
-
-                Config.initialize("")
-            except (ImportError, AttributeError):
-                pass
-            logger.info("joining %s with token auth (%s); set RAY_AUTH_MODE=disabled to opt out", config.address, token)
-    elif config.local_num_cpus is not None:
-        kwargs["num_cpus"] = config.local_num_cpus
-    try:
-        ray.init(**kwargs)
-    except ConnectionError as exc:
-        raise UserError(
-            f"cannot reach the Ray cluster at {config.address!r}: {exc}; "
-            "start one with 'ray start --head', check cluster.address, "
-            "and with token auth copy the head's ~/.ray/auth_token to this machine"
-        ) from exc
-    return True
-
-
-def run_api_key() -> str:
-    """The engine servers' bearer token for this run: ROLLHUB_API_KEY if set, else a fresh
-    random one, so servers listening on a node IP are never open to the network."""
-    return os.environ.get(API_KEY_ENV) or secrets.token_urlsafe(32)
+    """Connect to (or start) the run's Ray; True when this call started it (and should shut it down)."""
+    return connect_ray(config.address, config.local_num_cpus)
 
 
 def _actor_died_errors(ray: Any) -> tuple[type[BaseException], ...]:
@@ -166,7 +125,7 @@ class RayRollout(TaskOwner):
         env: EnvConfig | None = None,
         rollout: RolloutConfig | None = None,
         agent: AgentConfig | None = None,
-        engine: EngineConfig | None = None,
+        engine: EngineConfig | Any = None,
         buffer: GroupBuffer | None = None,
         seeds: Iterator[int] | None = None,
         run_dir: str | Path = "runs/ray",
@@ -181,32 +140,43 @@ class RayRollout(TaskOwner):
         self.agent = agent or AgentConfig()
         self.jsonl_path = jsonl_path
         self.cluster = cluster
-        self.engine_config = engine or EngineConfig()
         self.buffer = buffer
         self._seeds = seeds if seeds is not None else itertools.count(self.env.train_seed_offset)
         self.run_dir = Path(run_dir)
-        self.weights_dir = Path(cluster.weights_dir) if cluster.weights_dir else self.run_dir / "weights"
         self.weight_version = weight_version
-        self._latest_weights = self.model_path
-        self.ledger = ClusterLedger()
         self.name_prefix = name_prefix or f"rollhub-{uuid.uuid4().hex[:8]}"  # actors are named PREFIX.slot.incarnation
+        # the engine fleet: a started or unstarted ServerEngine on Ray (the trainer's, not closed here), or
+        # built here from an `engine:` section (and closed with this rollout)
+        self._owns_fleet = engine is None or isinstance(engine, EngineConfig)
+        self.fleet: Any = self._build_fleet(engine) if self._owns_fleet else engine
+        self._api_key = self.fleet.api_key  # the fleet's servers require it; the shards' routers send it
+        self.ledger = ClusterLedger()
         self.weight_updates: list[dict[str, float]] = []
         self._shards = [_Slot(f"shard-{k}") for k in range(cluster.num_env_shards)]
-        self._engines = [_Slot(f"engine-{m}") for m in range(cluster.num_engines)]
         self._retired_summaries: list[dict[str, Any]] = []
         self._shard_summaries: dict[str, dict[str, Any]] = {}
-        self._router: Any = None
         self._writer: Any = None
         self._update_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
-        self._monitor: asyncio.Task | None = None
         self._started = False
         self._owns_ray = False
         self._closed = False
         self._ray: Any = None
         self._died: tuple[type[BaseException], ...] = ()
         self._fatal: asyncio.Future | None = None  # set when the cluster cannot go on (replacements used up)
-        self._api_key = run_api_key()
+
+    def _build_fleet(self, config: EngineConfig | None) -> Any:
+        from rollhub.inference.engines.build import build_engine
+
+        config = config or EngineConfig(backend="server", placement="ray")
+        if config.backend != "server" or config.placement != "ray":
+            raise UserError(
+                "cluster.backend=ray serves rollouts from engine servers on Ray: set engine.backend=server "
+                "and engine.placement=ray"
+            )
+        fleet = build_engine(config, self.model_path, run_dir=self.run_dir)
+        fleet.placement.name_prefix = self.name_prefix  # its actors are this run's: PREFIX.replica-i.n
+        return fleet
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -223,17 +193,17 @@ class RayRollout(TaskOwner):
 
             self._writer = TrajectoryWriter(self.jsonl_path)
         started = time.perf_counter()
-        await asyncio.gather(*(self._start_engine(slot) for slot in self._engines))
-        from rollhub.inference.engines.router import EngineRouter
-
-        self._router = EngineRouter(self._engine_urls(), api_key=self._api_key)
-        self._router.set_weight_version(self.weight_version)
+        await self.fleet.start()
+        self.fleet.on_replicas_changed(self._engines_changed)
+        if self.weight_version and not self.fleet.weight_version:
+            self.fleet.set_weight_version(self.weight_version)
+        self.weight_version = self.fleet.weight_version
         await asyncio.gather(*(self._start_shard(slot) for slot in self._shards))
-        self._monitor = asyncio.ensure_future(self._watch_engines())
         logger.info(
-            "ray rollout up in %.1f s: %d engines, %d env shards",
+            "ray rollout up in %.1f s: %d engines (%s), %d env shards",
             time.perf_counter() - started,
-            len(self._engines),
+            len(self.fleet.replicas),
+            self.fleet.placement.name,
             len(self._shards),
         )
 
@@ -241,37 +211,20 @@ class RayRollout(TaskOwner):
         return f"{self.name_prefix}.{slot.slot_id}.{slot.incarnation}"
 
     def _engine_urls(self) -> dict[str, str]:
-        return {slot.slot_id: slot.info["url"] for slot in self._engines if slot.ready.is_set()}
+        return self.fleet.serving_urls()
 
-    async def _start_engine(self, slot: _Slot) -> None:
-        from rollhub.rollout.cluster.engine_server import EngineServer
-
-        c = self.cluster
-        options: dict[str, Any] = {
-            "name": self._actor_name(slot),
-            "num_cpus": c.engine_num_cpus,
-            "num_gpus": c.engine_num_gpus,
-            "scheduling_strategy": "SPREAD",
-            "max_concurrency": 1000,
-        }
-        actor = (
-            self._ray.remote(EngineServer)
-            .options(**options)
-            .remote(
-                slot.slot_id,
-                c.engine,
-                self._latest_weights,
-                self.weight_version,
-                engine=self.engine_config,
-                extra_args=c.engine_extra_args,
-                startup_timeout_s=c.startup_timeout_s,
-                api_key=self._api_key,
+    async def _engines_changed(self, urls: dict[str, str]) -> None:
+        """The fleet replaced a server (or ran out of replacements): the shards route over the new table."""
+        self.ledger.engines_replaced = self.fleet.stats.engines_replaced
+        if urls:
+            await self._on_shards("set_engines", urls)
+        elif self._fatal is not None and not self._fatal.done():
+            self._fatal.set_result(
+                RuntimeError(
+                    f"every engine server is down and engine.max_replacements={self.fleet.max_replacements} "
+                    "is used up; check the servers' logs"
+                )
             )
-        )
-        slot.handle = actor  # recorded before it is up, so close() can kill it whatever happens
-        slot.info = await asyncio.wait_for(actor.start.remote(), timeout=c.startup_timeout_s)
-        slot.incarnation += 1
-        slot.ready.set()
 
     async def _start_shard(self, slot: _Slot) -> None:
         from rollhub.rollout.cluster.env_shard import EnvShard
@@ -316,18 +269,14 @@ class RayRollout(TaskOwner):
             return
         self._closed = True
         await self._cancel(set(self._tasks))
-        if self._monitor is not None:
-            self._monitor.cancel()
-            await asyncio.gather(self._monitor, return_exceptions=True)
         if self._started:
             shards = [s for s in self._shards if s.handle is not None]
             finals = await asyncio.gather(*(self._stop_actor(s) for s in shards))
             for slot, final in zip(shards, finals):
                 if final is not None:  # a dead shard keeps its last known counters
                     self._shard_summaries[slot.slot_id] = final
-            await asyncio.gather(*(self._stop_actor(s) for s in self._engines if s.handle is not None))
-            if self._router is not None:
-                await self._router.close()
+        if self._owns_fleet:
+            await self.fleet.close()
         if self._writer is not None:
             self._writer.close()
         if self._owns_ray:
@@ -429,7 +378,7 @@ class RayRollout(TaskOwner):
     # --- faults ---------------------------------------------------------------------------
 
     def _spend_replacement(self, what: str) -> None:
-        if self.ledger.shards_replaced + self.ledger.engines_replaced > self.cluster.max_replacements:
+        if self.ledger.shards_replaced > self.cluster.max_replacements:
             error = RuntimeError(
                 f"{what} died and cluster.max_replacements={self.cluster.max_replacements} is used up; "
                 "check the Ray logs of the dead actors"
@@ -465,40 +414,6 @@ class RayRollout(TaskOwner):
             if self._fatal is not None and not self._fatal.done():
                 self._fatal.set_result(RuntimeError(f"could not replace {slot.slot_id}: {exc!r}"))
 
-    async def _watch_engines(self) -> None:
-        """Ping engine actors; replace a dead one from the latest weights and tell the shards."""
-        while True:
-            await asyncio.sleep(self.cluster.health_interval_s)
-            for slot in self._engines:
-                if not slot.ready.is_set():
-                    continue
-                try:
-                    await asyncio.wait_for(
-                        slot.handle.ping.remote(), timeout=max(10.0, 5 * self.cluster.health_interval_s)
-                    )
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    logger.warning("%s failed its health check (%r); replacing it", slot.slot_id, exc)
-                    try:
-                        await self._replace_engine(slot)
-                    except Exception as error:
-                        if self._fatal is not None and not self._fatal.done():
-                            self._fatal.set_result(RuntimeError(f"could not replace {slot.slot_id}: {error!r}"))
-                        return
-
-    async def _replace_engine(self, slot: _Slot) -> None:
-        self.ledger.engines_replaced += 1
-        self._spend_replacement(slot.slot_id)
-        slot.ready.clear()
-        self._ray.kill(slot.handle)
-        self._router.mark_down(slot.slot_id)
-        async with self._update_lock:  # start from the latest weights, not a half-pushed version
-            await self._start_engine(slot)
-            urls = self._engine_urls()
-            self._router.set_engines(urls)
-            await self._on_shards("set_engines", urls)
-
     async def _on_shards(self, method: str, *args: Any) -> None:
         """Call `method` on every ready shard; a dead one is left to its dispatch to replace."""
         ready = [s for s in self._shards if s.ready.is_set()]
@@ -518,57 +433,37 @@ class RayRollout(TaskOwner):
 
     def kill_engine(self, index: int) -> None:
         """Fault injection: kill engine server `index` now (its requests get re-routed)."""
-        self._ray.kill(self._engines[index].handle)
+        self.fleet.replicas[index].process.kill()
 
     # --- weights --------------------------------------------------------------------------
 
     async def update_weights(self, source: Any, version: int) -> None:
-        """Push weights to every engine with the hold -> pause -> load -> release -> continue protocol."""
+        """Push weights to every engine with the hold -> pause -> push -> release -> continue protocol."""
         await self.start()
         async with self._update_lock:
             started = time.perf_counter()
-            path = await asyncio.to_thread(self._materialise, source, version)
-            written = time.perf_counter()
             await self._on_shards("hold")
-            await self._router.pause()
+            await self.fleet.pause()
             paused = time.perf_counter()
             try:
-                await self._router.update_weights(path, version)
+                await self.fleet.update_weights(source, version)
                 self.weight_version = version
-                self._latest_weights = path
             finally:
                 updated = time.perf_counter()
                 await self._on_shards("release", self.weight_version)
-                await self._router.resume()
+                await self.fleet.resume()
             self.ledger.weight_pushes += 1
+            push = self.fleet.last_push
             self.weight_updates.append(
                 {
                     "version": version,
-                    "write_s": written - started,
-                    "pause_s": paused - written,
+                    "method": push.get("method", ""),
+                    "write_s": push.get("write_s", 0.0),
+                    "pause_s": paused - started,
                     "update_s": updated - paused,
                     "resume_s": time.perf_counter() - updated,
                 }
             )
-            await asyncio.to_thread(self._prune_weights)
-
-    def _materialise(self, source: Any, version: int) -> str:
-        """A state dict becomes an HF dir on the shared weights path; a path is used as is."""
-        if not isinstance(source, dict):
-            if not (Path(source) / "config.json").exists():
-                raise ValueError(f"{source} is not an HF checkpoint dir (no config.json)")
-            return str(source)
-        from rollhub.inference.engines.sglang import write_version_folder
-
-        return write_version_folder(source, self.weights_dir, version, self.model_path)
-
-    def _prune_weights(self) -> None:
-        if not self.weights_dir.is_dir():
-            return
-        folders = sorted(p for p in self.weights_dir.glob("v*") if p.is_dir() and not p.name.endswith(".partial"))
-        for old in folders[: -self.cluster.keep_weight_versions]:
-            if str(old) != self._latest_weights:
-                shutil.rmtree(old, ignore_errors=True)
 
     # --- metrics -------------------------------------------------------------------------
 
@@ -596,10 +491,13 @@ class RayRollout(TaskOwner):
                 routers[key] = routers.get(key, 0) + value
         data: dict[str, Any] = dict(totals)
         data.update({f"router/{k}": v for k, v in routers.items()})
+        self.ledger.engines_replaced = self.fleet.stats.engines_replaced
         data.update({f"cluster/{k}": v for k, v in dataclasses.asdict(self.ledger).items()})
         data["cluster/groups_running"] = self.ledger.running()
         data["cluster/shard_nodes"] = {s.slot_id: s.info.get("node_ip") for s in self._shards}
-        data["cluster/engine_nodes"] = {s.slot_id: s.info.get("node_ip") for s in self._engines}
+        data["cluster/engine_nodes"] = {
+            r.replica_id: getattr(r.process, "node_ip", None) for r in self.fleet.replicas if r.live
+        }
         data["weight_updates"] = list(self.weight_updates)
         if self.buffer is not None:
             data.update(self.buffer.metrics())
