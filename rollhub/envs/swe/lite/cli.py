@@ -92,8 +92,7 @@ def _check(args: argparse.Namespace) -> int:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps({k: v for k, v in summary.items() if k != "failures"}, sort_keys=True))
-    print(
-        f"gold resolved {summary['gold_resolved']}/{summary['tasks']}, no-op resolved {summary['noop_resolved']}/{summary['tasks']}"
-    )
+    tasks = summary["tasks"]
+    print(f"gold resolved {summary['gold_resolved']}/{tasks}, no-op resolved {summary['noop_resolved']}/{tasks}")
     ok = summary["gold_resolved"] == summary["tasks"] and summary["noop_resolved"] == 0
     return 0 if ok else 1
