@@ -41,7 +41,7 @@ from rollhub.envs.swe.images import build_instance_image, build_package_image
 from rollhub.envs.swe.lite.bugs import kind_of
 from rollhub.envs.swe.lite.generate import SPLITS, TaskSpec, content_digest, make_specs
 from rollhub.envs.swe.oracle import TRUST_ORACLE
-from rollhub.envs.swe.package_repo import CACHE_DIR, git
+from rollhub.envs.swe.package_repo import git
 from rollhub.envs.swe.tasks import DEFAULT_LOG_PARSER, WORKDIR, pytest_eval_script, write_rows
 from rollhub.sandbox.base import SandboxBackend, SandboxError
 
@@ -49,7 +49,8 @@ logger = logging.getLogger(__name__)
 
 #: the test stack of the shipped factory tasks (its wheels are cached for offline builds)
 TEST_REQUIREMENTS = ["iniconfig==2.3.1", "packaging==26.4", "pluggy==1.7.0", "pygments==2.21.0", "pytest==9.2.0"]
-LITE_CACHE = CACHE_DIR.parent / "swe-lite"
+#: fixed (the env registry names the default file as a requirement)
+LITE_CACHE = Path("~/.cache/rollhub/swe-lite").expanduser()
 DEFAULT_TASKS = LITE_CACHE / "seed0" / "tasks.jsonl"
 REPO_PREFIX = "rollhub/swe-lite"
 SUITE_LOG = "/tmp/rollhub_lite_suite.log"
@@ -221,7 +222,8 @@ async def build_pack(
         name=f"lite-{name}", version=content_digest(specs), root=root, import_root="", requirements=TEST_REQUIREMENTS
     )
     clean = await asyncio.to_thread(build_package_image, client, repo)
-    image, base_commit = await build_instance_image(client, clean, f"swelite__{name}", bug)
+    # the content digest in the tag: another seed, size or count never overwrites this pack's image
+    image, base_commit = await build_instance_image(client, clean, f"swelite__{name}-{repo.version}", bug)
     clean_statuses, _ = await run_pack_suite(backend, clean, options.suite_timeout_s)
     buggy_statuses, log = await run_pack_suite(backend, image, options.suite_timeout_s)
     rows, dropped = [], 0

@@ -234,5 +234,5 @@ def content_digest(specs: list[TaskSpec]) -> str:
     """A digest of the specs' files, to tell two builds of the same seed apart from others."""
     digest = hashlib.sha256()
     for spec in specs:
-        digest.update(spec.module_source(True).encode() + spec.test_source().encode())
+        digest.update((spec.module_source(False) + spec.module_source(True) + spec.test_source()).encode())
     return digest.hexdigest()[:12]
