@@ -88,6 +88,17 @@ async def test_gold_resolves_and_the_empty_patch_fails_through_the_env(built, ba
     assert summary["noop_resolved"] == 0 and summary["infra_failures"] == 0, summary["failures"]
 
 
+async def test_the_exploring_expert_resolves_by_editing(built, backend):
+    from rollhub.envs.swe.lite.check import check
+    from rollhub.envs.swe.lite.env import SWELiteEnv
+    from rollhub.envs.swe.tasks import load_tasks
+
+    out, _ = built
+    tasks = load_tasks(out, split="eval")
+    summary = await check(backend, tasks, concurrency=2, env_cls=SWELiteEnv)
+    assert summary["gold_resolved"] == len(tasks) == 2 and summary["noop_resolved"] == 0, summary["failures"]
+
+
 async def test_the_task_image_holds_no_copy_of_any_correct_function(built, backend):
     from rollhub.envs.swe.oracle import clean_image
     from rollhub.envs.swe.tasks import load_tasks

@@ -53,9 +53,14 @@ def sample(tasks: list[SweTask], count: int | None, seed: int) -> list[SweTask]:
 
 
 async def check(
-    backend: SandboxBackend, tasks: list[SweTask], concurrency: int = 2, **env_kwargs: Any
+    backend: SandboxBackend,
+    tasks: list[SweTask],
+    concurrency: int = 2,
+    env_cls: type[SWEEnv] = SWEEnv,
+    **env_kwargs: Any,
 ) -> dict[str, Any]:
-    """Gold and no-op episodes on every task of `tasks`; counts, failures and wall time."""
+    """Gold and no-op episodes on every task of `tasks`; counts, failures and wall time. With
+    SWEEnv the gold is the patch applied whole; with SWELiteEnv the exploring expert's edit."""
     started = time.monotonic()
     queue: asyncio.Queue = asyncio.Queue()
     for task in tasks:
@@ -63,7 +68,7 @@ async def check(
     results: list[dict[str, Any]] = []
 
     async def worker() -> None:
-        env = SWEEnv(tasks, backend=backend, **env_kwargs)
+        env = env_cls(tasks, backend=backend, **env_kwargs)
         try:
             while not queue.empty():
                 task = queue.get_nowait()

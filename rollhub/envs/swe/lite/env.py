@@ -6,7 +6,8 @@ Everything is SWE-v0 (reset, tools, grading, the differential oracle); what diff
 default task file (the build's output) and what a task set says it holds: besides ids and
 packs, the function families, bug templates and function bodies of its tasks, so the
 trainer's overlap check refuses an evaluation set that shares any of them with training, not
-only one that shares task ids.
+only one that shares task ids. Its expert explores and edits (`expert.py`) rather than
+applying the gold patch whole, so its episodes serve as SFT demonstrations.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from rollhub.core.errors import UserError
 from rollhub.envs.swe.env import SWEEnv
 from rollhub.envs.swe.lite.build import DEFAULT_TASKS
+from rollhub.envs.swe.lite.expert import exploring_plan
 from rollhub.envs.swe.tasks import SweTask
 
 #: "test" is accepted for the held-out split, which the task files call "eval"
@@ -33,6 +35,11 @@ class SWELiteEnv(SWEEnv):
         super().__init__(tasks, split=_SPLIT_ALIASES.get(split, split), **kwargs)
         if not all((t.row.get("rollhub") or {}).get("lite") for t in self.tasks):
             raise UserError("SWE-lite-v0 plays tasks made by `rollhub swe lite build`; use SWE-v0 for other task files")
+
+    @staticmethod
+    def _make_expert_plan(task: SweTask) -> list[str]:
+        """The exploring expert (view, test, edit, test, submit): demonstrations a model can imitate."""
+        return exploring_plan(task)
 
     def task_set(self) -> dict[str, str]:
         keys = super().task_set()
