@@ -37,7 +37,7 @@ from typing import Any
 
 from rollhub.envs.swe.factory import SUITE_LIMITS, TEST_COMMAND, failure_messages
 from rollhub.envs.swe.grading import parse_pytest_log
-from rollhub.envs.swe.images import build_instance_image, build_package_image
+from rollhub.envs.swe.images import build_instance_image, build_package_image, instance_image_current
 from rollhub.envs.swe.lite.bugs import kind_of
 from rollhub.envs.swe.lite.generate import SPLITS, TaskSpec, content_digest, make_specs
 from rollhub.envs.swe.oracle import TRUST_ORACLE
@@ -216,10 +216,16 @@ async def build_pack(
     """Images and verified rows of one pack."""
     name = pack_name(split, pack)
     root = options.out.parent / "packs" / name
+    record = options.out.parent / "packs" / f"{name}.json"
+    digest = content_digest(specs)
+    if record.is_file():  # a rerun after an interruption: a verified pack whose image still exists
+        done = json.loads(record.read_text())
+        if done["digest"] == digest and instance_image_current(client, done["summary"]["image"]):
+            return done["rows"], done["summary"]
     write_pack_repo(root, specs)
     bug, golds = bug_and_gold_patches(root, specs)
     repo = SimpleNamespace(
-        name=f"lite-{name}", version=content_digest(specs), root=root, import_root="", requirements=TEST_REQUIREMENTS
+        name=f"lite-{name}", version=digest, root=root, import_root="", requirements=TEST_REQUIREMENTS
     )
     clean = await asyncio.to_thread(build_package_image, client, repo)
     # the content digest in the tag: another seed, size or count never overwrites this pack's image
@@ -237,6 +243,7 @@ async def build_pack(
         else:
             rows.append(row)
     summary = {"pack": name, "image": image, "clean_image": clean, "tasks": len(rows), "dropped": dropped}
+    record.write_text(json.dumps({"digest": digest, "summary": summary, "rows": rows}))
     logger.info("pack %s: %d tasks, %d dropped, image %s", name, len(rows), dropped, image)
     return rows, summary
 
@@ -248,7 +255,9 @@ async def build(backend: SandboxBackend, client: Any, options: BuildOptions) -> 
     rows: list[dict[str, Any]] = []
     packs: list[dict[str, Any]] = []
     splits: dict[str, list[str]] = {s: [] for s in SPLITS}
-    for split, count in (("train", options.train), ("eval", options.eval)):
+    # the held-out split first; the file is rewritten after each pack, so a long build can be
+    # checked on its first packs while it goes on, and a rerun resumes from the packs' records
+    for split, count in (("eval", options.eval), ("train", options.train)):
         if count == 0:
             continue
         for pack, specs in enumerate(make_specs(split, count, options.seed, options.pack_size)):
@@ -256,8 +265,8 @@ async def build(backend: SandboxBackend, client: Any, options: BuildOptions) -> 
             rows += pack_rows
             packs.append(summary)
             splits[split].append(f"swe-lite-{pack_name(split, pack)}")
-    write_rows(options.out, rows)
-    (options.out.parent / "splits.json").write_text(json.dumps(splits, indent=1) + "\n")
+            write_rows(options.out, rows)
+            (options.out.parent / "splits.json").write_text(json.dumps(splits, indent=1) + "\n")
     return {
         "out": str(options.out),
         "seed": options.seed,
