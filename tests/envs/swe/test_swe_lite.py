@@ -199,3 +199,17 @@ def test_the_env_refuses_task_files_that_are_not_swe_lite(tmp_path):
 
     with pytest.raises(UserError, match="swe lite build"):
         SWELiteEnv(str(SHIPPED_TASKS), split="all")
+
+
+def test_the_exploring_expert_edits_the_buggy_lines_in_context(train_packs, tmp_path):
+    from rollhub.envs.swe.lite.build import bug_and_gold_patches, write_pack_repo
+    from rollhub.envs.swe.lite.expert import hunk_texts
+
+    pack = train_packs[0][:3]
+    write_pack_repo(tmp_path / "repo", pack)
+    _, golds = bug_and_gold_patches(tmp_path / "repo", pack)
+    for spec in pack:
+        old, new = hunk_texts(golds[spec.module_path])
+        buggy, correct = spec.module_source(True), spec.module_source(False)
+        assert buggy.count(old) == 1  # str_replace needs it unique
+        assert buggy.replace(old, new) == correct
