@@ -88,3 +88,10 @@ def register_builtin_envs() -> None:
         requires=("docker",),
         extra="swe",
     )
+    register(
+        "rollhub/SWE-lite-v0",
+        "rollhub.envs.swe.lite.env:SWELiteEnv",
+        description="SWE-v0 on small generated projects with one bug each (`rollhub swe lite build`), split by content",
+        requires=("docker", "file:~/.cache/rollhub/swe-lite/seed0/tasks.jsonl"),
+        extra="swe",
+    )

@@ -32,6 +32,7 @@ import asyncio
 import collections.abc
 import importlib.metadata
 import logging
+import os
 import re
 from collections.abc import Generator, Hashable
 from typing import Any
@@ -63,7 +64,8 @@ def missing_requirements(spec: EnvSpec) -> list[str]:
     """Why `spec` cannot run on this machine ([] = it can).
 
     Understands "docker" (a reachable Docker engine), "extra:NAME" and `spec.extra` (every
-    package of that pip extra installed); other requirement strings are assumed met.
+    package of that pip extra installed), "file:PATH" (a file a build command makes, e.g. a
+    generated task set); other requirement strings are assumed met.
     """
     missing = []
     extras = {r.split(":", 1)[1] for r in spec.requires if r.startswith("extra:")}
@@ -75,6 +77,11 @@ def missing_requirements(spec: EnvSpec) -> list[str]:
             missing.append(f"extra '{extra}' not installed (missing {', '.join(absent)}; pip install -e '.[{extra}]')")
     if "docker" in spec.requires and not docker_available():
         missing.append("no Docker engine reachable (start dockerd or set DOCKER_HOST)")
+    for requirement in spec.requires:
+        if requirement.startswith("file:") and not os.path.isfile(os.path.expanduser(requirement[5:])):
+            missing.append(
+                f"{requirement[5:]} does not exist (see the env's description for the command that makes it)"
+            )
     return missing
 
 

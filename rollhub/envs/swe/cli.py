@@ -133,6 +133,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     survey.add_argument("--json", dest="json_out", default=None, help="write the per-task results here")
     survey.set_defaults(func=_oracle_survey)
 
+    from rollhub.envs.swe.lite.cli import register as register_lite
+
+    register_lite(commands)
+
     swe.set_defaults(func=lambda args: (swe.print_help(), 2)[1])
 
 
