@@ -208,6 +208,11 @@ async def measure(env_id: str, cfg: AsyncEnvConfig) -> dict[str, Any]:
                     runs[mode].append(result)
         finally:
             await engine.close()
+    if getattr(engine, "cut", 0):  # the scripted agent's broken calls would measure a different episode
+        raise UserError(
+            f"bench async: {engine.cut} scripted replies were longer than max_new_tokens={cfg.max_new_tokens} "
+            f"(the longest {engine.longest} tokens) and were cut; set max_new_tokens={engine.longest} or more"
+        )
     lockstep_s = statistics.median(r["batch_s"] for r in runs["lockstep"])
     async_s = statistics.median(r["batch_s"] for r in runs["env-async"])
     # each repeat's two batches ran back to back: their ratio cancels slower drifts of a shared machine

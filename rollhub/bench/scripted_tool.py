@@ -75,6 +75,8 @@ class ScriptedReplyEngine(InferenceEngine):
         self.tokenizer = tokenizer
         self.script = script
         self.replies = 0
+        self.cut = 0  # replies longer than the request's max_new_tokens: cut, so the env saw a broken action
+        self.longest = 0
 
     @property
     def weight_version(self) -> int:  # type: ignore[override]
@@ -85,6 +87,8 @@ class ScriptedReplyEngine(InferenceEngine):
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         if self.tokenizer.eos_token_id is not None:
             ids.append(int(self.tokenizer.eos_token_id))
+        self.longest = max(self.longest, len(ids))
+        self.cut += len(ids) > max_new_tokens
         return ids[:max_new_tokens]
 
     async def generate(
