@@ -247,6 +247,16 @@ async def measure(env_id: str, cfg: AsyncEnvConfig) -> dict[str, Any]:
         "generation_s_per_turn": generation_s,
         "env_step_p50_s": statistics.median(steps) if steps else 0.0,
         "env_step_max_s": max(steps, default=0.0),
+        # by mode: where steps contend for one resource (a Docker daemon starting containers), lockstep's
+        # simultaneous steps are slower than env-async's staggered ones, a gain no fixed latency predicts
+        "env_step_p50_s_by_mode": {
+            mode: statistics.median([s for r in runs[mode] for e in r["episodes"] for s in e[1:]] or [0.0])
+            for mode in MODES
+        },
+        "env_step_mean_s_by_mode": {
+            mode: statistics.fmean([s for r in runs[mode] for e in r["episodes"] for s in e[1:]] or [0.0])
+            for mode in MODES
+        },
         "turns_per_episode": statistics.fmean(len(e) - 1 for e in episodes) if episodes else 0.0,
         "tool_calls_per_episode": sum(r["tool_calls"] for r in played) / trajectories if trajectories else 0.0,
         "success_rate": sum(r["successes"] for r in played) / trajectories if trajectories else 0.0,

@@ -104,7 +104,7 @@ def test_bench_async_on_the_sandbox_backend_starts_containers_and_solves(tmp_pat
     out = tmp_path / "mathtool-sandbox.json"
     kwargs = json.dumps({"backend": "sandbox", "kinds": list(SCRIPTED_KINDS)})
     argv = ["bench", "async", "rollhub/MathTool-v0", "--quick", "--set", "agent=mathtool-script"]
-    argv += ["--set", "max_new_tokens=48", "--set", f"env_kwargs={kwargs}", "--out", str(out)]
+    argv += ["--set", "max_new_tokens=64", "--set", f"env_kwargs={kwargs}", "--out", str(out)]
     assert main(argv) == 0
     result = json.loads(out.read_text())
     assert result["tool_calls_per_episode"] == 1.0 and result["success_rate"] == 1.0
