@@ -10,7 +10,11 @@
 # complete only at the end, so an interrupted build is rebuilt, never half used. Rebuilt from
 # scratch when TORCH_VERSION changes.
 #
-#   bash .ci/peer_torch_venv.sh                      # ~3.5 min here (wheels on local disk)
+# Not part of .ci/run: it took 3.3 min on this 2-core machine at moderate load but 11.5 min at load
+# average 13-18 (the wheels are on local disk; elsewhere ~3 GB are downloaded), and takes 5.7 GB in each
+# clone; the test is marked slow for the same reason (~2 min, two imports of a CUDA build).
+#
+#   bash .ci/peer_torch_venv.sh                      # 3-12 min here (wheels on local disk)
 #   TORCH_VERSION=2.12.0 bash .ci/peer_torch_venv.sh # another release (downloaded: ~3 GB); this
 #                                                    # machine's pip constraints refuse releases above 2.14.1
 set -euo pipefail
