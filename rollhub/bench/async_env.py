@@ -23,6 +23,11 @@ the prediction of rollhub.bench.async_gain is printed, fed with this run's own e
 and each turn's generation time (its reply's tokens at the measured pace): `predicted_gain`.
 `predicted_env_only` gives every turn the mean pace, as `rollhub bench env ID` does without a
 model; the two differ by the barrier of unequal reply lengths, which lockstep also pays.
+
+`agent=mathtool-script` (MathTool only) replaces the model's text with what a trained policy
+writes, a `python` call on the question and then the tool's output as the answer, at the real
+engine's pace (rollhub.bench.scripted_tool): a random model never calls the tool, so without it
+the sandbox backend's container latency is never exercised.
 """
 
 from __future__ import annotations
@@ -44,12 +49,14 @@ from rollhub.core.errors import UserError
 logger = logging.getLogger(__name__)
 
 MODES = ("lockstep", "env-async")
+AGENTS = ("model", "mathtool-script")
 
 
 @dataclass
 class AsyncEnvConfig:
     env_kwargs: dict[str, Any] = field(default_factory=dict)  # the env's arguments
     engine: Literal["tiny", "latency-model"] = "tiny"
+    agent: Literal["model", "mathtool-script"] = "model"  # whose text the env gets (see the module docstring)
     model: str = ""  # an HF model folder instead of the random tiny model (engine=tiny)
     groups: int = 4
     group_size: int = 4
@@ -62,6 +69,10 @@ class AsyncEnvConfig:
     def validate(self) -> None:
         if self.engine not in ("tiny", "latency-model"):
             raise ValueError(f"engine must be 'tiny' or 'latency-model', got {self.engine!r}")
+        if self.agent not in AGENTS:
+            raise ValueError(f"agent must be one of {', '.join(AGENTS)}, got {self.agent!r}")
+        if self.agent == "mathtool-script" and self.engine != "tiny":
+            raise ValueError("agent=mathtool-script times its replies on the real engine: use engine=tiny")
         for name in ("groups", "group_size", "repeats", "max_new_tokens", "max_turns", "threads"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -112,7 +123,17 @@ async def collect_once(engine: Any, tokenizer: Any, env_id: str, cfg: AsyncEnvCo
     finally:
         await manager.close()
     episodes, tokens, pace = episode_latencies(groups)
-    return {"mode": mode, "batch_s": elapsed, "episodes": episodes, "tokens": tokens, "s_per_token": pace}
+    trajectories = [t for group in groups for t in group.trajectories]
+    return {
+        "mode": mode,
+        "batch_s": elapsed,
+        "episodes": episodes,
+        "tokens": tokens,
+        "s_per_token": pace,
+        "tool_calls": sum(int(t.info.get("tool_calls", 0)) for t in trajectories),
+        "successes": sum(bool(t.success) for t in trajectories),
+        "trajectories": len(trajectories),
+    }
 
 
 def _engine(cfg: AsyncEnvConfig, folder: Path) -> tuple[Any, Any, str]:
@@ -136,7 +157,38 @@ def _engine(cfg: AsyncEnvConfig, folder: Path) -> tuple[Any, Any, str]:
 
     model_dir = Path(cfg.model) if cfg.model else init_tiny_model(folder / "model", "5m", seed=cfg.seed)
     engine = HFEngine(model_dir, threads=cfg.threads, max_batch_size=64, prefix_cache_tokens=65536, seed=cfg.seed)
-    return engine, engine.tokenizer, f"real HFEngine, {cfg.model or 'tiny-5m (random init)'}, {cfg.threads} thread(s)"
+    label = f"real HFEngine, {cfg.model or 'tiny-5m (random init)'}, {cfg.threads} thread(s)"
+    if cfg.agent == "mathtool-script":
+        from rollhub.bench.scripted_tool import ScriptedReplyEngine
+
+        scripted = ScriptedReplyEngine(engine, engine.tokenizer)
+        return scripted, engine.tokenizer, label + ", replies scripted (python call, then its output) at its pace"
+    return engine, engine.tokenizer, label
+
+
+def check_scripted_env(env_id: str, cfg: AsyncEnvConfig) -> None:
+    """agent=mathtool-script reads MathTool's arithmetic questions only: any other env or kind is a
+    one-line error before a model loads."""
+    from rollhub.bench.scripted_tool import SCRIPTED_KINDS
+    from rollhub.envs import make
+    from rollhub.envs.mathtool.env import MathToolEnv
+
+    try:
+        env = make(env_id, **cfg.env_kwargs)
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"bench async: {env_id} with env_kwargs={cfg.env_kwargs}: {exc}") from None
+    try:
+        inner = getattr(env, "unwrapped", env)
+        if not isinstance(inner, MathToolEnv):
+            raise UserError(f"bench async: agent=mathtool-script plays MathTool only, not {env_id}")
+        if "python" not in inner.tool_names or not set(inner.kinds) <= set(SCRIPTED_KINDS):
+            raise UserError(
+                "bench async: agent=mathtool-script needs the python tool and kinds among "
+                f"{list(SCRIPTED_KINDS)} (e.g. --set 'env_kwargs={{\"kinds\": {list(SCRIPTED_KINDS)}}}'), "
+                f"got tools={inner.tool_choice!r}, kinds={list(inner.kinds)}"
+            )
+    finally:
+        asyncio.run(env.close())
 
 
 async def measure(env_id: str, cfg: AsyncEnvConfig) -> dict[str, Any]:
@@ -156,6 +208,11 @@ async def measure(env_id: str, cfg: AsyncEnvConfig) -> dict[str, Any]:
                     runs[mode].append(result)
         finally:
             await engine.close()
+    if getattr(engine, "cut", 0):  # the scripted agent's broken calls would measure a different episode
+        raise UserError(
+            f"bench async: {engine.cut} scripted replies were longer than max_new_tokens={cfg.max_new_tokens} "
+            f"(the longest {engine.longest} tokens) and were cut; set max_new_tokens={engine.longest} or more"
+        )
     lockstep_s = statistics.median(r["batch_s"] for r in runs["lockstep"])
     async_s = statistics.median(r["batch_s"] for r in runs["env-async"])
     # each repeat's two batches ran back to back: their ratio cancels slower drifts of a shared machine
@@ -171,6 +228,8 @@ async def measure(env_id: str, cfg: AsyncEnvConfig) -> dict[str, Any]:
     batch = cfg.groups * cfg.group_size
     prediction = predicted_gain(episodes, generation_s, batch, generations=generations, seed=cfg.seed)
     steps = [s for e in episodes for s in e[1:]]
+    played = [r for mode in MODES for r in runs[mode]]
+    trajectories = sum(r["trajectories"] for r in played)
     return {
         "benchmark": "async",
         "env": env_id,
@@ -188,7 +247,19 @@ async def measure(env_id: str, cfg: AsyncEnvConfig) -> dict[str, Any]:
         "generation_s_per_turn": generation_s,
         "env_step_p50_s": statistics.median(steps) if steps else 0.0,
         "env_step_max_s": max(steps, default=0.0),
+        # by mode: where steps contend for one resource (a Docker daemon starting containers), lockstep's
+        # simultaneous steps are slower than env-async's staggered ones, a gain no fixed latency predicts
+        "env_step_p50_s_by_mode": {
+            mode: statistics.median([s for r in runs[mode] for e in r["episodes"] for s in e[1:]] or [0.0])
+            for mode in MODES
+        },
+        "env_step_mean_s_by_mode": {
+            mode: statistics.fmean([s for r in runs[mode] for e in r["episodes"] for s in e[1:]] or [0.0])
+            for mode in MODES
+        },
         "turns_per_episode": statistics.fmean(len(e) - 1 for e in episodes) if episodes else 0.0,
+        "tool_calls_per_episode": sum(r["tool_calls"] for r in played) / trajectories if trajectories else 0.0,
+        "success_rate": sum(r["successes"] for r in played) / trajectories if trajectories else 0.0,
         "batches_s": {mode: [r["batch_s"] for r in runs[mode]] for mode in MODES},
     }
 
@@ -209,6 +280,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cfg.validate()
     except ValueError as exc:
         raise UserError(f"bench async: {exc}") from None
+    if cfg.agent == "mathtool-script":
+        check_scripted_env(env_id, cfg)
     import torch
 
     torch.set_num_threads(cfg.threads)
@@ -227,6 +300,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "gen s/turn": result["generation_s_per_turn"],
                 "step p50 ms": 1e3 * result["env_step_p50_s"],
                 "turns": result["turns_per_episode"],
+                "tool calls/ep": result["tool_calls_per_episode"],
+                "success": result["success_rate"],
             }
         ],
     )
