@@ -139,7 +139,11 @@ def report_reward(reward: float, success: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
-    result = asyncio.run(play(args))
+    try:
+        result = asyncio.run(play(args))
+    except Exception as exc:  # the model API or the machinery failed: no score, one line for the gateway's log
+        print(f"infra failure: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
+        return EXIT_INFRA
     summary = result.summary()
     if args.result is not None:
         with args.result.open("a") as out:
