@@ -59,6 +59,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def build_agent(args: argparse.Namespace, environment: Any) -> Any:
     """mini-swe-agent's DefaultAgent with its text-based litellm model on the session's URL."""
+    import litellm
     from minisweagent.agents.default import DefaultAgent
     from minisweagent.config import get_config_from_spec
     from minisweagent.models.litellm_textbased_model import LitellmTextbasedModel
@@ -84,12 +85,12 @@ def build_agent(args: argparse.Namespace, environment: Any) -> Any:
         "cost_limit": 0.0,  # the gateway reports no cost
         "output_path": args.trajectory,
     }
+    # a 400 (context overflow, a bad field) is final: no backoff (429s and connection errors still retry)
+    model.abort_exceptions = [*model.abort_exceptions, litellm.exceptions.BadRequestError]
     return DefaultAgent(model, environment, **agent_config)
 
 
 async def play(args: argparse.Namespace) -> Any:
-    import litellm
-
     from rollhub.envs.swe.env import SWEEnv
     from rollhub.envs.swe.mini_swe_agent import run_episode
     from rollhub.sandbox.docker_backend import DockerBackend
@@ -116,11 +117,20 @@ async def play(args: argparse.Namespace) -> Any:
             lambda environment: build_agent(args, environment),
             pool=pool,
             environment_env=mini_config.get("environment", {}).get("env", {}),
-            model_stop_errors=(litellm.exceptions.ContextWindowExceededError,),
+            model_ended=context_overflow,
         )
     finally:
         await pool.close()
         await backend.close()
+
+
+def context_overflow(exc: Exception) -> str:
+    """The conversation outgrew the context: the model's doing (reward 0), as a step limit is. The
+    gateway answers 400 with OpenAI's code `context_length_exceeded`, which litellm passes through."""
+    import litellm
+
+    overflow = isinstance(exc, litellm.exceptions.ContextWindowExceededError)
+    return "ContextWindowExceeded" if overflow or getattr(exc, "code", None) == "context_length_exceeded" else ""
 
 
 def _mini_config(spec: str) -> dict[str, Any]:

@@ -219,7 +219,7 @@ async def run_episode(
     *,
     pool: SandboxPool,
     environment_env: dict[str, str] | None = None,
-    model_stop_errors: tuple[type[BaseException], ...] = (),
+    model_ended: Callable[[Exception], str] = lambda exc: "",
 ) -> EpisodeResult:
     """Play `task` with the agent `make_agent` builds on the task's sandbox, graded as `SWEEnv` grades.
 
@@ -250,8 +250,11 @@ async def run_episode(
             result.exit_status = str(exit_info.get("exit_status", ""))
         except SandboxError as exc:
             return _finished(await _broken(result, pool, box, task, f"command: {exc}"), started, environment)
-        except model_stop_errors as exc:
-            result.exit_status = type(exc).__name__
+        except Exception as exc:
+            status = model_ended(exc)
+            if not status:
+                raise
+            result.exit_status = status
             logger.info("%s: the model's context or budget ended the episode: %s", task.instance_id, exc)
         submitted = result.exit_status == SUBMITTED
         if not submitted and not swe.grade_on_truncation:

@@ -99,11 +99,11 @@ def containers_of(session_ids: list[str]) -> list[str]:
         client.close()
 
 
-async def play(tasks, replies: list[str], tmp_path: Path, *extra: str):
+async def play(tasks, replies: list[str], tmp_path: Path, *extra: str, context_tokens: int = 8192):
     """One session of the program against a scripted gateway: (trajectory, the program's summary)."""
     tokenizer = smollm2_tokenizer()
     engine = ScriptedEngine(tokenizer, replies)
-    gateway = Gateway(engine, tokenizer, GatewayConfig(default_max_tokens=2048))
+    gateway = Gateway(engine, tokenizer, GatewayConfig(default_max_tokens=512, max_context_tokens=context_tokens))
     result = tmp_path / "result.jsonl"
     program = command_program([sys.executable, str(PROGRAM), "--step-limit", "4", "--result", str(result), *extra])
     async with served(gateway) as url:
@@ -144,3 +144,12 @@ async def test_no_submission_scores_zero_without_grading(tasks, tmp_path):
     _, summary = await play(tasks, [gold_reply(tasks[0].patch)], tmp_path, "--step-limit", "1")
     assert summary["outcome"] == "not_submitted" and summary["exit_status"] == "LimitsExceeded", summary
     assert summary["reward"] == 0.0 and "resolution" not in summary
+
+
+async def test_a_context_overflow_ends_the_episode_as_the_models_not_as_infra(tasks, tmp_path):
+    # the first command's output (~10k characters) leaves the second prompt past the context
+    flood = "THOUGHT: list numbers.\n\n```mswea_bash_command\nseq 1 5000\n```"
+    trajectory, summary = await play(tasks, [flood, SUBMIT], tmp_path, context_tokens=3000)
+    assert summary["outcome"] == "not_submitted" and summary["exit_status"] == "ContextWindowExceeded", summary
+    assert summary["reward"] == 0.0 and summary["commands_run"] == 1
+    assert len(trajectory.turns) == 1 and trajectory.total_reward == 0.0  # scored: the model's doing
