@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[3]
 RECIPE = REPO / "examples" / "mini_swe_agent" / "recipe.yaml"
 SMOLLM2 = REPO / "runs" / "models" / "smollm2-135m-instruct"
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]  # ~10 min on 2 busy cores: 4 episodes and a step
+pytestmark = [pytest.mark.docker, pytest.mark.slow]  # ~11 min on 2 busy cores: 4 episodes and one step
 
 
 def containers_of(sessions: set[str]) -> list[str]:
