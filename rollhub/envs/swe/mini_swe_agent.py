@@ -224,9 +224,10 @@ async def run_episode(
     """Play `task` with the agent `make_agent` builds on the task's sandbox, graded as `SWEEnv` grades.
 
     `swe` supplies the limits, timeouts and grading options (its `task_limits`, `command_timeout_s`,
-    `output_limit_chars`, `eval_timeout_s`, `grade_on_truncation`). `model_stop_errors` are
-    exceptions of the model client that end the episode as the model's doing (a context
-    overflow), like a step limit; any other exception of the agent propagates (the machinery).
+    `output_limit_chars`, `eval_timeout_s`, `grade_on_truncation`). `model_ended(exc)`
+    names the exit status of a model-client exception that ends the episode as the model's
+    doing (a context overflow), like a step limit; "" for any other, which propagates (the
+    machinery's failure: the caller reports no score).
     """
     started = time.monotonic()
     result = EpisodeResult(task.instance_id, OUTCOME_INFRA_FAILURE)
