@@ -171,7 +171,9 @@ class SWEEnv(Env):
         writable = tuple(d for d in self.limits.writable_dirs if d != "/root")
         return dataclasses.replace(self.limits, user=user, writable_dirs=writable)
 
-    def _pick_task(self, seed: int | None, options: dict[str, Any] | None) -> SweTask:
+    def pick_task(self, seed: int | None, options: dict[str, Any] | None = None) -> SweTask:
+        """The task a reset with `seed` / `options` plays: `options["instance_id"]`, else
+        `seed % len(tasks)` (public so that agent programs outside the env pick the same one)."""
         wanted = (options or {}).get("instance_id")
         if wanted is not None:
             for task in self.tasks:
@@ -184,7 +186,7 @@ class SWEEnv(Env):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Observation, dict[str, Any]]:
         await self._close_box()
-        self.task = self._pick_task(seed, options)
+        self.task = self.pick_task(seed, options)
         self._steps = 0
         self._done = False
         self.last_eval = None
