@@ -9,7 +9,8 @@ exports as `Trajectory` objects when it ends. docs/gateway.md is the user's guid
 * `messages`: comparing and rendering chat messages;  `sessions`: the session tree, export, metrics;
 * `service`: Gateway, the calls turned into engine requests;  `replies`: response JSON and SSE;
 * `rewards`: the check every reported reward passes;
-* `app`: the aiohttp routes and authentication;  `programs`: agent programs (functions or commands) as producers of groups;
+* `app`: the aiohttp routes and authentication;
+* `programs`: agent programs (functions or commands) as producers of groups;
 * `cli`: `rollhub gateway`.
 """
 
