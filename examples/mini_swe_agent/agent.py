@@ -19,6 +19,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -146,9 +147,15 @@ def report_reward(reward: float, success: bool) -> None:
     httpx.post(url, json={"reward": reward, "success": success}, timeout=60).raise_for_status()
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    # the gateway ends a program past its time with SIGTERM before SIGKILL: unwind, so the container is removed
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         result = asyncio.run(play(args))
     except Exception as exc:  # the model API or the machinery failed: no score, one line for the gateway's log

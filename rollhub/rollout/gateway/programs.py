@@ -99,7 +99,7 @@ def command_program(command: Sequence[str], *, extra_env: dict[str, str] | None 
             _kill_group(process.pid)  # its children exit with it, closing their copies of stderr
             await asyncio.wait({reader}, timeout=5.0)  # one that left the group keeps it open: not waited on
         finally:  # ended, failed, timed out or cancelled: nothing it started may outlive the session
-            _kill_group(process.pid)
+            await _stop_group(process)
             reader.cancel()
             await _exited(process)
         if process.returncode != 0:
@@ -126,10 +126,27 @@ async def _read_tail(stream: asyncio.StreamReader | None, tail: bytearray) -> No
         del tail[:-_STDERR_TAIL_BYTES]
 
 
+_TERM_GRACE_S = 5.0
+
+
+async def _stop_group(process: asyncio.subprocess.Process) -> None:
+    """End a program still running (timed out or cancelled) with SIGTERM first, so it can release what
+    it holds outside its process group (sandbox containers), then SIGKILL its whole group."""
+    if process.returncode is None:
+        _signal_group(process.pid, signal.SIGTERM)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(_exited(process), timeout=_TERM_GRACE_S)
+    _kill_group(process.pid)
+
+
+def _signal_group(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signum)
+
+
 def _kill_group(pid: int) -> None:
     """SIGKILL the process group `pid` leads (a program's children and grandchildren included)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
+    _signal_group(pid, signal.SIGKILL)
 
 
 async def _bounded(program: AgentProgram, task: ProgramTask, timeout_s: float, grace_s: float) -> Any:
