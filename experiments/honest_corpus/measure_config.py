@@ -23,12 +23,7 @@ import zipfile
 from pathlib import Path
 
 from experiments.honest_corpus.measure import PACKAGES, releases
-from rollhub.envs.swe.pytest_config import CONFIG_NAMES, config_change
-
-try:
-    from rollhub.envs.swe.pytest_config import pytest_settings
-except ImportError:
-    pytest_settings = None
+from rollhub.envs.swe.pytest_config import CONFIG_NAMES, config_change, pytest_settings
 
 
 def sdist(name: str, version: str, cache: Path) -> Path | None:
