@@ -134,3 +134,29 @@ def test_a_module_that_already_uses_a_construct_may_not_add_the_attack_form():
     base = BASE + "\nimport ctypes\nP = ctypes.POINTER(ctypes.c_int)\n"
     assert new_constructs(base, base + "B = ctypes.byref\n") == ""
     assert new_constructs(base, base + "L = ctypes.CDLL(None)\n") != ""
+
+
+def test_the_policy_reads_pytest_names_in_code_not_in_prose():
+    """With the base text at hand the module is judged as compiled: a docstring that mentions
+    pytest is kept (click's testing helpers), a hook definition or an import of pytest is not."""
+    from rollhub.envs.swe.patch_policy import PatchPolicy, sanitize_patch
+
+    def diff(new):
+        old_lines, new_lines = BASE.split("\n")[:-1], new.split("\n")[:-1]
+        return (
+            "diff --git a/pkg/core.py b/pkg/core.py\nindex 1111111..2222222 100644\n--- a/pkg/core.py\n"
+            f"+++ b/pkg/core.py\n@@ -1,{len(old_lines)} +1,{len(new_lines)} @@\n"
+            + "".join(f"-{line}\n" for line in old_lines)
+            + "".join(f"+{line}\n" for line in new_lines)
+        )
+
+    policy = PatchPolicy.for_task(
+        [],
+        ["tests/test_core.py::test_x"],
+        base_files={"pkg/__init__.py", "pkg/core.py"},
+        base_texts={"pkg/core.py": BASE},
+    )
+    prose = BASE + '\n\ndef f():\n    """Predates modern pytest; use pytest\'s tmp_path."""\n'
+    assert sanitize_patch(diff(prose), policy).patch == diff(prose)
+    for attack in ("def pytest_configure(config):\n    pass\n", "import pytest\nS = pytest.skip\n"):
+        assert "pkg/core.py" in sanitize_patch(diff(BASE + "\n\n" + attack), policy).dropped
