@@ -26,7 +26,7 @@ from experiments.honest_corpus.measure import PACKAGES, releases
 from rollhub.envs.swe.pytest_config import CONFIG_NAMES, config_change, pytest_settings
 
 
-def sdist(name: str, version: str, cache: Path) -> Path | None:
+def sdist(name: str, version: str, cache: Path, fetch: bool = True) -> Path | None:
     """The cached source distribution of `name==version`, fetched with pip when missing."""
     stems = {name.lower(), name.replace("-", "_").lower(), name.replace("_", "-").lower()}
 
@@ -37,7 +37,7 @@ def sdist(name: str, version: str, cache: Path) -> Path | None:
             if p.name.endswith((".tar.gz", ".zip")) and any(p.name.lower().startswith(f"{s}-{version}.") for s in stems)
         ]
 
-    if not found():
+    if not found() and fetch:
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "-q", "--no-deps",
              "--no-binary", ":all:", f"{name}=={version}", "-d", str(cache)],
@@ -72,12 +72,12 @@ def _pick(members, wanted) -> dict[str, str]:
     }
 
 
-def measure(packages: tuple[str, ...], count: int, cache: Path) -> dict:
+def measure(packages: tuple[str, ...], count: int, cache: Path, fetch: bool = True) -> dict:
     cache.mkdir(parents=True, exist_ok=True)
     changes, pairs = [], []
     for name in packages:
         versions = releases(name, count, cache)
-        paths = [sdist(name, v, cache) for v in versions]
+        paths = [sdist(name, v, cache, fetch) for v in versions]
         for (old_v, old), (new_v, new) in zip(zip(versions, paths), zip(versions[1:], paths[1:])):
             if old is None or new is None:
                 continue
@@ -119,8 +119,9 @@ def main() -> None:
     parser.add_argument("--releases", type=int, default=3, help="newest final releases per package")
     parser.add_argument("--out", default="experiments/honest_corpus/results")
     parser.add_argument("--cache", default="runs/honest_corpus_sdists")
+    parser.add_argument("--cached-only", action="store_true", help="judge only the sdists already in the cache")
     args = parser.parse_args()
-    result = measure(PACKAGES[: args.packages], args.releases, Path(args.cache))
+    result = measure(PACKAGES[: args.packages], args.releases, Path(args.cache), fetch=not args.cached_only)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config_rule_refusals.json").write_text(json.dumps(result, indent=1))

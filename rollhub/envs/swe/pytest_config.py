@@ -32,7 +32,7 @@ _BOM = "\N{BYTE ORDER MARK}"
 #: (one named pytest), data files (a `.pth` into site-packages), dynamic values read from files.
 #: Which packages or directories an install takes decides nothing new: every module in them is a
 #: file the patch policy judges by itself (content rule, new top-level modules, start-up files)
-_CODE_OPTIONS = frozenset({"entry_points", "scripts", "script_files", "dynamic", "data_files"})
+_CODE_OPTIONS = frozenset({"entry_points", "scripts", "script_files", "dynamic", "data_files", "gui_scripts"})
 
 
 class ConfigUnreadable(ValueError):
@@ -111,7 +111,15 @@ def _code_options(table: object) -> object:
         return {}
     if not isinstance(table, dict):
         return table
-    return {key: value for key, value in table.items() if key.lower().replace("-", "_") in _CODE_OPTIONS}
+    chosen = {key: value for key, value in table.items() if key.lower().replace("-", "_") in _CODE_OPTIONS}
+    dynamic = chosen.get("dynamic")
+    if isinstance(dynamic, dict):  # a version read from a module loads nothing; entry points read from a file do
+        chosen["dynamic"] = {
+            k: v for k, v in dynamic.items() if k.lower().replace("-", "_") in _CODE_OPTIONS | {"gui_scripts"}
+        }
+        if not chosen["dynamic"]:
+            del chosen["dynamic"]
+    return chosen
 
 
 def pytest_settings(name: str, text: str) -> Any:

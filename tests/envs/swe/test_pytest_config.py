@@ -176,4 +176,8 @@ def test_packaging_changes_that_load_no_code_are_not_pytest_configuration():
     assert config_change("pyproject.toml", toml, toml.replace('packages = ["tab"]', 'package-dir = {"" = "src"}')) == ""
     scripts = toml + '[project.entry-points.pytest11]\nforge = "tab.forge"\n'
     assert config_change("pyproject.toml", toml, scripts)
+    version = toml + '[tool.setuptools.dynamic]\nversion = {attr = "tab._version.__version__"}\n'
+    assert config_change("pyproject.toml", toml, version) == ""  # sniffio
+    plugin_file = toml + '[tool.setuptools.dynamic]\nentry-points = {file = "plugins.cfg"}\n'
+    assert config_change("pyproject.toml", toml, plugin_file)
     assert config_change("pyproject.toml", toml, toml.replace('"-q"', '"-p tab.forge"'))
