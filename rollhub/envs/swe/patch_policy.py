@@ -531,7 +531,7 @@ class PatchPolicy:
                 ancestors = [posixpath.join(*parts[:k]) for k in range(1, len(parts))]
                 if not any(self._is_package_dir(a) for a in ancestors):
                     return "a new top-level module (could shadow pytest or the standard library)"
-            if self.content_rules:
+            if self.content_rules and not self._base_known(section):  # else the AST rule judges it
                 for line in section.added_lines:
                     if _RUNNER_CODE.search(line):
                         return f"code that hooks into the test runner: {line.strip()[:80]!r}"
@@ -544,6 +544,11 @@ class PatchPolicy:
                 if why:
                     return why
         return ""
+
+    def _base_known(self, section: FileSection) -> bool:
+        """Whether the whole module can be judged as Python compiles it (a new file, or a base text
+        at hand): then pytest's names are counted in code, not in comments and docstrings."""
+        return not section.old_exists or section.path in self.base_texts
 
     def _judge_code(self, section: FileSection) -> str:
         """New uses of dynamic execution or interpreter internals, on the whole module as Python

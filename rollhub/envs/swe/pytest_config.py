@@ -28,6 +28,11 @@ from typing import Any
 CONFIG_NAMES = ("pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
 _INI_NAMES = frozenset({"pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg"})
 _BOM = "\N{BYTE ORDER MARK}"
+#: install options that load code a reinstall would run: entry points (a `pytest11` plugin), scripts
+#: (one named pytest), data files (a `.pth` into site-packages), dynamic values read from files.
+#: Which packages or directories an install takes decides nothing new: every module in them is a
+#: file the patch policy judges by itself (content rule, new top-level modules, start-up files)
+_CODE_OPTIONS = frozenset({"entry_points", "scripts", "script_files", "dynamic", "data_files", "gui_scripts"})
 
 
 class ConfigUnreadable(ValueError):
@@ -72,7 +77,11 @@ def _configparser_view(text: str) -> Any:
     except configparser.Error:
         return "rejected by configparser"
     wanted = ("options.entry_points", "options", "pytest", "tool:pytest")
-    return {name: dict(parser.items(name)) for name in parser.sections() if name.strip().lower() in wanted}
+    view = {name: dict(parser.items(name)) for name in parser.sections() if name.strip().lower() in wanted}
+    for name, options in view.items():
+        if name.strip().lower() == "options":  # requirements and metadata load nothing into pytest
+            view[name] = {key: value for key, value in options.items() if key.strip().lower() in _CODE_OPTIONS}
+    return {name: options for name, options in view.items() if options}
 
 
 def _toml_view(name: str, text: str) -> Any:
@@ -92,8 +101,40 @@ def _toml_view(name: str, text: str) -> Any:
         "project.scripts": project.get("scripts"),
         "project.gui-scripts": project.get("gui-scripts"),
         "tool.poetry.plugins": poetry.get("plugins"),
-        "tool.setuptools": tool.get("setuptools"),
+        "tool.setuptools": _code_options(tool.get("setuptools")),
     }
+
+
+def _code_options(table: object) -> object:
+    """The keys of `[tool.setuptools]` that choose what code an install puts on the path."""
+    if table is None:
+        return {}
+    if not isinstance(table, dict):
+        return table
+    chosen = {key: value for key, value in table.items() if key.lower().replace("-", "_") in _CODE_OPTIONS}
+    dynamic = chosen.get("dynamic")
+    if isinstance(dynamic, dict):  # a version read from a module loads nothing; entry points read from a file do
+        chosen["dynamic"] = {
+            k: v for k, v in dynamic.items() if k.lower().replace("-", "_") in _CODE_OPTIONS | {"gui_scripts"}
+        }
+        if not chosen["dynamic"]:
+            del chosen["dynamic"]
+    return chosen
+
+
+def pytest_settings(name: str, text: str) -> Any:
+    """Only the pytest settings of the file `name` (sections and tables named for pytest), to
+    tell a change of pytest's configuration from one of packaging metadata. None when the text
+    cannot be read."""
+    name = name.lower()
+    try:
+        text = as_pytest_opens(text).removeprefix(_BOM)
+    except ConfigUnreadable:
+        return None
+    if name in _INI_NAMES:
+        return _ini_view(text)
+    view = _toml_view(name, text)
+    return view if isinstance(view, str) or name in ("pytest.toml", ".pytest.toml") else (view["pytest"], view["tool"])
 
 
 def pytest_reads(name: str, text: str) -> Any:

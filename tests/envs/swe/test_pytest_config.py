@@ -160,3 +160,24 @@ def test_the_judge_reads_what_pytest_reads(tmp_path):
         pytest_view = {k: v.value for k, v in (load_config_dict_from_file(tmp_path / "tox.ini") or {}).items()}
         assert pytest_reads("tox.ini", text)["iniconfig"].get("pytest", {}) == pytest_view
     assert CONFIG_NAMES[:2] == ("pytest.toml", ".pytest.toml")
+
+
+def test_packaging_changes_that_load_no_code_are_not_pytest_configuration():
+    """Honest release changes (tabulate, pluggy): requirements and package layout moved between
+    setup.cfg and pyproject.toml; entry points, the way a pytest11 plugin loads, are still judged."""
+    base = "[options]\ninstall_requires = six\npackages = find:\n[tool:pytest]\naddopts = -q\n"
+    moved = "[options]\ninstall_requires = six>=1.16\npython_requires = >=3.9\n[tool:pytest]\naddopts = -q\n"
+    assert config_change("setup.cfg", base, moved) == ""
+    plugin = moved + "entry_points =\n    pytest11 = forge = pkg.forge\n"
+    assert config_change(
+        "setup.cfg", base, plugin.replace("[tool:pytest]\naddopts = -q\n", "") + "[tool:pytest]\naddopts = -q\n"
+    )
+    toml = '[tool.setuptools]\npackages = ["tab"]\n[tool.pytest.ini_options]\naddopts = "-q"\n'
+    assert config_change("pyproject.toml", toml, toml.replace('packages = ["tab"]', 'package-dir = {"" = "src"}')) == ""
+    scripts = toml + '[project.entry-points.pytest11]\nforge = "tab.forge"\n'
+    assert config_change("pyproject.toml", toml, scripts)
+    version = toml + '[tool.setuptools.dynamic]\nversion = {attr = "tab._version.__version__"}\n'
+    assert config_change("pyproject.toml", toml, version) == ""  # sniffio
+    plugin_file = toml + '[tool.setuptools.dynamic]\nentry-points = {file = "plugins.cfg"}\n'
+    assert config_change("pyproject.toml", toml, plugin_file)
+    assert config_change("pyproject.toml", toml, toml.replace('"-q"', '"-p tab.forge"'))
