@@ -52,14 +52,17 @@ def round_robin(rows: list[dict]) -> list[dict]:
 async def main(args: argparse.Namespace) -> None:
     rows = [r for r in read_rows(args.file) if (r.get("rollhub") or {}).get("trust") == "oracle"]
     backend = DockerBackend()
-    first, pairs, failures = [], [], []
+    first, pairs, failures, downgraded = [], [], [], []
     try:
         for row in rows:
             reward, seconds, info = await timed(backend, with_trust(row, "oracle"))
             first.append(seconds)
             if reward != 1.0:
                 failures.append({"instance_id": row["instance_id"], "info": {k: info.get(k) for k in sorted(info)}})
-            print(json.dumps({"id": row["instance_id"], "gold": reward, "first_s": round(seconds, 2)}), flush=True)
+            if info.get("trust") != "oracle":  # the re-check on the inputs used did not hold
+                downgraded.append({"instance_id": row["instance_id"], "trust_why": info.get("trust_why")})
+            shown = {"id": row["instance_id"], "gold": reward, "trust": info.get("trust"), "first_s": round(seconds, 2)}
+            print(json.dumps(shown), flush=True)
         for row in round_robin(rows)[: args.pairs]:
             _, visible_s, _ = await timed(backend, with_trust(row, "visible-tests"))
             _, oracle_s, info = await timed(backend, with_trust(row, "oracle"))
@@ -74,6 +77,8 @@ async def main(args: argparse.Namespace) -> None:
         "oracle_tasks": len(rows),
         "gold_resolved": len(rows) - len(failures),
         "gold_failures": failures,
+        "graded_as_oracle": len(rows) - len(downgraded),
+        "downgraded": downgraded,
         "first_grading_s_median": round(statistics.median(first), 2) if first else None,
         "pairs": len(pairs),
         "visible_only_s_median": round(statistics.median(p["visible_s"] for p in pairs), 2) if pairs else None,

@@ -11,15 +11,20 @@ so the grader also asks both versions the same hidden questions (`oracle_inputs`
 - in each, a minimal harness imports the module, calls the function on each input and writes
   one line of JSON to a file it opened before the import (read back whole: exec output is
   clipped): per input, the repr of the return value (iterators read out) or the exception's
-  type name, what it printed, and the repr of the arguments after the call (in-place changes);
-- the host parses that strictly and compares: any malformed output, missing input or
-  different answer is a disagreement, and the task is not resolved (reward 0).
+  class (with its single-inheritance ancestors), what it printed, and the repr of the
+  arguments after the call (in-place changes); a call past its time is answered `timeout`;
+- the host parses that strictly and compares (`oracle_compare`: values by shape, exceptions by
+  class): any malformed output, missing input or different answer is a disagreement, and the
+  task is not resolved (reward 0).
 
 The gold runs twice; inputs whose answers differ between the runs, hold an object address or
-time out are dropped. A task carries `trust: "oracle"` in its row (`row["rollhub"]["trust"]`)
-when its function is a module-level one, enough inputs survive, and the oracle tells the bug
-from the gold on at least one of them (`survey_trust`); every other task is graded by its
-visible tests alone and says `trust: "visible-tests"`.
+time out are dropped; the bug (the unpatched task image) runs once on what is kept. A task
+carries `trust: "oracle"` in its row (`row["rollhub"]["trust"]`) when its function is a
+module-level one, enough inputs survive, and the bug answers at least one input the tests do
+not show unlike the gold (`survey_trust`: a bug told apart only on the tests' own inputs is
+kept by a table of the visible answers, which the oracle would then pass); grading re-checks
+that on the inputs it uses (`effective_trust`). Every other task is graded by its visible
+tests alone and says `trust: "visible-tests"`.
 """
 
 from __future__ import annotations
