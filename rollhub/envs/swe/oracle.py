@@ -45,6 +45,7 @@ from rollhub.envs.swe.oracle_inputs import (
     find_function,
     hidden_inputs,
     is_visible,
+    neighbours,
     signature_of,
 )
 from rollhub.envs.swe.tasks import WORKDIR, SweTask
@@ -338,10 +339,20 @@ def _usable(first: list[str], second: list[str]) -> bool:
     return first == second and first[0] != TIMEOUT and " at 0x" not in first[0] + first[1]
 
 
+async def _stable(box: Sandbox, file: str, function: str, inputs: list[str]) -> list[tuple[int, list[str]]] | None:
+    """The gold's answers, run twice: (index, answer) of those the same both times, without a
+    timeout or an object address; None when the harness fails."""
+    runs = [await run_harness(box, file, function, inputs, call_timeout_s=GOLD_CALL_TIMEOUT_S) for _ in range(2)]
+    if runs[0][0] is None or runs[1][0] is None:
+        return None
+    return [(i, a) for i, (a, b) in enumerate(zip(runs[0][0], runs[1][0])) if _usable(a, b)]
+
+
 async def gold_answers(backend: SandboxBackend, task: SweTask, limits: Limits, client: Any = None) -> GoldAnswers:
     """The task's hidden inputs, the gold's answers (from a fresh container of the clean package
     image, run twice: what differs between the runs is dropped) and where the bug (the unpatched
-    task image) answers unlike them. Cached per process."""
+    task image) answers unlike them. Where the bug is wrong only on inputs the tests show, their
+    neighbours are asked too (`neighbours`). Cached per process."""
     target = oracle_target(task)
     if target is None:
         raise OracleUnavailable(f"{task.instance_id}: the mutated function is not a module-level function")
@@ -351,6 +362,7 @@ async def gold_answers(backend: SandboxBackend, task: SweTask, limits: Limits, c
     if key in _GOLD:
         return _GOLD[key]
     box = await backend.start(image, limits, labels={"rollhub.role": "swe-oracle-gold"})
+    bug_box = None
     try:
         texts = await _texts(box, [file, *_test_files(task)])
         node = find_function(texts.get(file, ""), function)
@@ -359,27 +371,37 @@ async def gold_answers(backend: SandboxBackend, task: SweTask, limits: Limits, c
         tests = [text for path, text in texts.items() if path != file]
         sites = call_sites(tests, function, sources=[texts[file]])
         chosen = hidden_inputs(task.instance_id, signature_of(node), sites)
-        candidates = [repr(i) for i in chosen]
-        runs = [
-            await run_harness(box, file, function, candidates, call_timeout_s=GOLD_CALL_TIMEOUT_S) for _ in range(2)
-        ]
+        kept = await _stable(box, file, function, [repr(i) for i in chosen])
+        if kept is None:
+            raise OracleUnavailable(f"{task.instance_id}: the gold harness failed")
+        answers = GoldAnswers([repr(chosen[i]) for i, _ in kept], [a for _, a in kept], image)
+        answers.visible = [is_visible(*chosen[i], sites) for i, _ in kept]
+        answers.dropped = len(chosen) - len(kept)
+        asked = [chosen[i] for i, _ in kept]
+        if len(answers.inputs) >= MIN_INPUTS:
+            bug_box = await backend.start(task.image, limits, labels={"rollhub.role": "swe-oracle-bug"})
+            bug, _ = await run_harness(bug_box, file, function, answers.inputs)
+            if bug is None:
+                raise OracleUnavailable(f"{task.instance_id}: the unpatched task image's harness output was malformed")
+            mark_bug(answers, bug)
+            if answers.exposing_hidden == 0 and any(answers.bug_disagrees):
+                exposing = [asked[i] for i, wrong in enumerate(answers.bug_disagrees) if wrong]
+                near = neighbours(exposing, sites, taken={repr(i) for i in chosen})
+                more = await _stable(box, file, function, [repr(i) for i in near]) if near else None
+                if more:
+                    inputs = [repr(near[i]) for i, _ in more]
+                    bug, _ = await run_harness(bug_box, file, function, inputs)
+                    if bug is None:
+                        raise OracleUnavailable(f"{task.instance_id}: the unpatched task image's harness failed")
+                    answers.inputs += inputs
+                    answers.answers += [a for _, a in more]
+                    answers.visible += [False] * len(more)  # `neighbours` leaves the visible out
+                    answers.bug_disagrees += [not same_answer(g, b) for (_, g), b in zip(more, bug)]
+                    answers.dropped += len(near) - len(more)
     finally:
         await box.close()
-    if runs[0][0] is None or runs[1][0] is None:
-        raise OracleUnavailable(f"{task.instance_id}: the gold harness failed: {runs[0][1][-300:]}")
-    keep = [i for i, (a, b) in enumerate(zip(runs[0][0], runs[1][0])) if _usable(a, b)]
-    answers = GoldAnswers([candidates[i] for i in keep], [runs[0][0][i] for i in keep], image)
-    answers.visible = [is_visible(*chosen[i], sites) for i in keep]
-    answers.dropped = len(candidates) - len(keep)
-    if len(answers.inputs) >= MIN_INPUTS:
-        bug_box = await backend.start(task.image, limits, labels={"rollhub.role": "swe-oracle-bug"})
-        try:
-            bug, _ = await run_harness(bug_box, file, function, answers.inputs)
-        finally:
+        if bug_box is not None:
             await bug_box.close()
-        if bug is None:
-            raise OracleUnavailable(f"{task.instance_id}: the unpatched task image's harness output was malformed")
-        mark_bug(answers, bug)
     _GOLD[key] = answers
     return answers
 

@@ -372,3 +372,18 @@ def test_a_list_agrees_with_the_generator_it_replaces_and_values_still_must_matc
     assert not same_answer(lazy, ["return:[1, 2, 4]", "(){}", ""])
     assert not same_answer(lazy, ["raise:ValueError", "(){}", ""])
     assert not same_answer(lazy, ["return:[1, 2, 3]", "([9],){}", ""])  # arguments changed differently
+
+
+def test_neighbours_of_the_visible_inputs_exposing_the_bug_are_asked_and_never_visible():
+    """Where the bug is told apart only on the tests' inputs, the inputs one argument away are
+    where a table keeping the bug goes wrong (an uncountable word title-cased, a number negated)."""
+    from rollhub.envs.swe.oracle_inputs import is_visible, neighbours
+
+    sites = call_sites([TESTS], "suffix", sources=[GOLD])
+    near = neighbours([((23,), {}), ((4,), {})], sites, taken={"((24,), {})"})
+    assert near == neighbours([((23,), {}), ((4,), {})], sites, taken={"((24,), {})"})  # deterministic
+    assert ((-23,), {}) in near and ((22,), {}) in near and ((-4,), {}) in near
+    assert ((24,), {}) not in near and ((1,), {}) not in near  # taken; shown by the tests
+    assert near and not any(is_visible(*i, sites) for i in near)
+    words = neighbours([(("sheep",), {"strict": True})], call_sites(["f('sheep', strict=True)"], "f"), set())
+    assert (("SHEEP",), {"strict": True}) in words and (("sheep",), {"strict": False}) in words
