@@ -386,6 +386,8 @@ class SWEEnv(Env):
             "hack_suspected": float(bool(outcome.grade.hack_suspected)),
             # 1.0: the differential oracle grades this task too; 0.0: its visible tests alone
             "trust_oracle": float(outcome.trust == "oracle"),
+            # 1.0: the row says oracle, but the re-check on the inputs used found no hidden input exposing the bug
+            "trust_downgraded": float(bool(outcome.trust_why)),
             "oracle_disagreement": float(outcome.oracle is not None and not outcome.oracle.agreed),
         }
         info["exploit_signals"] = {  # rollhub.envs.base: the grader's own suspicions, as rates in training

@@ -24,7 +24,10 @@ there and may have replaced git itself. In a new container of the task's image:
    the candidate's function answering every hidden input as the original one does: run in
    another fresh container of the task image with the same patch, compared on the host with
    the original's answers from the clean package image. A disagreement is reward 0 and
-   `info["exploit_signals"]["oracle_disagreement"] = 1`, never infra.
+   `info["exploit_signals"]["oracle_disagreement"] = 1`, never infra. The row's `oracle` is
+   re-checked on the inputs actually used: where the bug is wrong only on inputs the tests
+   show (a table could answer them), the task is graded as `visible-tests` and
+   `info["trust_why"]` says why.
 
 Failures: a machinery failure before the agent's code runs is `infra_failure`; a
 container that dies while the agent's code runs (its tests import the patched library)
@@ -49,6 +52,7 @@ from rollhub.envs.swe.oracle import (
     OracleUnavailable,
     OracleVerdict,
     candidate_verdict,
+    effective_trust,
     gold_answers,
     task_trust,
 )
@@ -185,6 +189,8 @@ class EvalOutcome:
     trust: str = "visible-tests"
     #: the oracle's verdict (None: not run, because the visible tests did not resolve it or no oracle applies)
     oracle: OracleVerdict | None = None
+    #: why a row that says `oracle` was graded as `visible-tests` (the re-check on the inputs used failed)
+    trust_why: str = ""
 
     @property
     def reward(self) -> float:
@@ -199,6 +205,8 @@ class EvalOutcome:
         if self.model_failure:
             info["model_failure"] = self.model_failure
         info["trust"] = self.trust
+        if self.trust_why:
+            info["trust_why"] = self.trust_why
         if self.oracle is not None:
             info.update(self.oracle.info())
             if not self.oracle.agreed:
@@ -400,6 +408,7 @@ async def evaluate_patch(
     agent_code_running = False
     sanitized: SanitizedPatch | None = None
     trust = task_trust(task)
+    trust_why = ""
     oracle: OracleVerdict | None = None
 
     def done(grade: GradeResult, applied: bool, log: str = "", **extra: Any) -> EvalOutcome:
@@ -412,6 +421,7 @@ async def evaluate_patch(
             sanitized=sanitized,
             trust=trust,
             oracle=oracle,
+            trust_why=trust_why,
             **extra,
         )
 
@@ -455,6 +465,9 @@ async def evaluate_patch(
                     raise OracleUnavailable(f"{len(gold.inputs)} deterministic hidden inputs")
             except OracleUnavailable as exc:
                 return done(GradeResult(resolved=False), True, log, infra_failure=f"oracle: {exc}")
+            # trusted only if the bug is wrong on an input the tests do not show; else the task is
+            # graded as visible-tests and says so (the oracle still runs: it can only refuse)
+            trust, trust_why = effective_trust(gold)
             oracle_box = await backend.start(
                 task.image, limits, labels={**(labels or {}), "rollhub.role": "swe-oracle"}
             )

@@ -11,15 +11,20 @@ so the grader also asks both versions the same hidden questions (`oracle_inputs`
 - in each, a minimal harness imports the module, calls the function on each input and writes
   one line of JSON to a file it opened before the import (read back whole: exec output is
   clipped): per input, the repr of the return value (iterators read out) or the exception's
-  type name, what it printed, and the repr of the arguments after the call (in-place changes);
-- the host parses that strictly and compares: any malformed output, missing input or
-  different answer is a disagreement, and the task is not resolved (reward 0).
+  class (with its single-inheritance ancestors), what it printed, and the repr of the
+  arguments after the call (in-place changes); a call past its time is answered `timeout`;
+- the host parses that strictly and compares (`oracle_compare`: values by shape, exceptions by
+  class): any malformed output, missing input or different answer is a disagreement, and the
+  task is not resolved (reward 0).
 
 The gold runs twice; inputs whose answers differ between the runs, hold an object address or
-time out are dropped. A task carries `trust: "oracle"` in its row (`row["rollhub"]["trust"]`)
-when its function is a module-level one, enough inputs survive, and the oracle tells the bug
-from the gold on at least one of them (`survey_trust`); every other task is graded by its
-visible tests alone and says `trust: "visible-tests"`.
+time out are dropped; the bug (the unpatched task image) runs once on what is kept. A task
+carries `trust: "oracle"` in its row (`row["rollhub"]["trust"]`) when its function is a
+module-level one, enough inputs survive, and the bug answers at least one input the tests do
+not show unlike the gold (`survey_trust`: a bug told apart only on the tests' own inputs is
+kept by a table of the visible answers, which the oracle would then pass); grading re-checks
+that on the inputs it uses (`effective_trust`). Every other task is graded by its visible
+tests alone and says `trust: "visible-tests"`.
 """
 
 from __future__ import annotations
@@ -33,7 +38,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollhub.envs.swe.oracle_inputs import ITERATOR, call_sites, find_function, hidden_inputs, signature_of
+from rollhub.envs.swe.oracle_compare import TIMEOUT, same_answer
+from rollhub.envs.swe.oracle_inputs import (
+    ITERATOR,
+    call_sites,
+    find_function,
+    hidden_inputs,
+    is_visible,
+    neighbours,
+    signature_of,
+)
 from rollhub.envs.swe.tasks import WORKDIR, SweTask
 from rollhub.sandbox.base import Limits, Sandbox, SandboxBackend
 
@@ -47,16 +61,23 @@ HARNESS_PATH = "/tmp/rollhub_oracle_harness.py"
 INPUTS_PATH = "/tmp/rollhub_oracle_inputs.json"
 ANSWERS_PATH = "/tmp/rollhub_oracle_answers.json"
 MAX_ANSWERS_BYTES = 64 << 20
-#: one call may take this long before it counts as a timeout (the gold's timeouts are dropped)
-CALL_TIMEOUT_S = 5
+#: one candidate call may take this long before it counts as a timeout (a disagreement): generous,
+#: a slow but correct fix passes; the gold gets GOLD_CALL_TIMEOUT_S and its slower inputs are
+#: dropped, so the candidate always has CALL_TIMEOUT_S / GOLD_CALL_TIMEOUT_S times the gold's time
+CALL_TIMEOUT_S = 10.0
+GOLD_CALL_TIMEOUT_S = 2.0
+#: the harness's whole run: past it the inputs left are answered `timeout` (a clear signal, never
+#: a crash); the process is killed HARNESS_KILL_S later if a call swallows its timeout
+HARNESS_BUDGET_S = 150.0
 HARNESS_TIMEOUT_S = 240.0
 #: repr texts are cut here on both sides alike
 MAX_REPR_CHARS = 4000
 PACKAGE_IMAGE_PREFIX = "rollhub/swe-pkg-"
 
 _HARNESS_BODY = r"""
-import ast, io, itertools, json, os, signal, sys, types, contextlib
-path, name, nonce, limit, call_timeout = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+import ast, io, itertools, json, os, signal, sys, time, types, contextlib
+path, name, nonce, limit = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+call_timeout, budget = (float(x) for x in sys.argv[5].split("/"))
 with open(sys.argv[6]) as f:
     inputs = json.load(f)
 os.unlink(sys.argv[6])
@@ -90,6 +111,16 @@ class Late(BaseException):
 def alarm(signum, frame):
     raise Late()
 
+def raised(exc):
+    # the class and its ancestors while each has one base: a single-inheritance subclass of the
+    # gold's class agrees, a class of several bases only as itself
+    kind = type(exc)
+    chain = [kind]
+    while len(kind.__bases__) == 1 and kind.__bases__[0] is not object:
+        kind = kind.__bases__[0]
+        chain.append(kind)
+    return "raise:" + "<".join(getattr(k, "__module__", "?") + "." + getattr(k, "__qualname__", "?") for k in chain)
+
 def text(value):
     try:
         shown = repr(value)
@@ -105,6 +136,7 @@ except BaseException as exc:
     emit({"error": "import:" + type(exc).__name__})
 signal.signal(signal.SIGALRM, alarm)
 results = []
+started = time.monotonic()
 def as_argument(value):
     if isinstance(value, dict) and set(value) == {ITERATOR} and isinstance(value[ITERATOR], list):
         return iter(value[ITERATOR])
@@ -118,7 +150,10 @@ for item in inputs:
     args = [as_argument(a) for a in given_args]
     kwargs = {k: as_argument(v) for k, v in given_kwargs.items()}
     printed = io.StringIO()
-    signal.alarm(call_timeout)
+    if time.monotonic() - started > budget:  # the whole run's budget spent: the rest are timeouts
+        results.append([TIMEOUT, "", ""])
+        continue
+    signal.setitimer(signal.ITIMER_REAL, call_timeout)
     try:
         with contextlib.redirect_stdout(printed):
             value = function(*args, **kwargs)
@@ -128,20 +163,20 @@ for item in inputs:
                 value = ("iterator", list(itertools.islice(value, 1000)))
         answer = "return:" + text(value)
     except Late:
-        answer = "timeout"
+        answer = TIMEOUT
     except SystemExit as exc:
         answer = "raise:SystemExit:" + text(exc.code)
     except BaseException as exc:
-        answer = "raise:" + type(exc).__name__
+        answer = raised(exc)
     finally:
-        signal.alarm(0)
+        signal.setitimer(signal.ITIMER_REAL, 0)
     after_args = tuple(shown_argument(g, a) for g, a in zip(given_args, args))
     after_kwargs = {k: shown_argument(given_kwargs[k], v) for k, v in kwargs.items()}
-    results.append([answer, text(after_args) + text(after_kwargs), printed.getvalue()[:limit]])
+    results.append([answer, text((after_args, after_kwargs)), printed.getvalue()[:limit]])
 emit({"results": results})
 """
 #: the harness run in both containers: it reads the inputs, imports the module, writes the answers
-HARNESS = f"ITERATOR = {ITERATOR!r}\n" + _HARNESS_BODY
+HARNESS = f"ITERATOR = {ITERATOR!r}\nTIMEOUT = {TIMEOUT!r}\n" + _HARNESS_BODY
 
 
 class OracleUnavailable(Exception):
@@ -159,6 +194,8 @@ class OracleVerdict:
     #: why it disagreed, e.g. the first differing input (never the expected answer)
     reason: str = ""
     duration_s: float = 0.0
+    #: of the disagreements, the inputs the candidate ran out of time on
+    timeouts: int = 0
 
     def info(self) -> dict[str, Any]:
         info: dict[str, Any] = {
@@ -169,6 +206,8 @@ class OracleVerdict:
         }
         if self.reason:
             info["oracle_reason"] = self.reason
+        if self.timeouts:
+            info["oracle_timeouts"] = self.timeouts
         return info
 
 
@@ -181,6 +220,16 @@ class GoldAnswers:
     clean_image: str
     dropped: int = 0
     notes: list[str] = field(default_factory=list)
+    #: per input: whether the tests or doctests show it (a table could answer it)
+    visible: list[bool] = field(default_factory=list)
+    #: per input: whether the unpatched task image (the bug) answers it unlike the gold
+    bug_disagrees: list[bool] = field(default_factory=list)
+
+    @property
+    def exposing_hidden(self) -> int:
+        """Inputs no table of the visible answers holds on which the bug is wrong: with none,
+        a patch answering the visible inputs from a table and keeping the bug would agree."""
+        return sum(d and not v for d, v in zip(self.bug_disagrees, self.visible))
 
 
 def task_trust(task: SweTask) -> str:
@@ -238,13 +287,20 @@ def parse_harness_output(output: str, nonce: str, inputs: int) -> list[list[str]
 
 
 async def run_harness(
-    box: Sandbox, file: str, function: str, inputs: list[str], timeout_s: float = HARNESS_TIMEOUT_S
+    box: Sandbox,
+    file: str,
+    function: str,
+    inputs: list[str],
+    timeout_s: float = HARNESS_TIMEOUT_S,
+    call_timeout_s: float = CALL_TIMEOUT_S,
+    budget_s: float = HARNESS_BUDGET_S,
 ) -> tuple[list[list[str]] | None, str]:
     """Run the harness in `box` on `inputs`; (answers or None when malformed, raw output)."""
     nonce = secrets.token_hex(16)
     await box.write_file(HARNESS_PATH, HARNESS)
     await box.write_file(INPUTS_PATH, json.dumps(inputs))
-    argv = [f"{WORKDIR}/{file}", function, nonce, str(MAX_REPR_CHARS), str(CALL_TIMEOUT_S), INPUTS_PATH, ANSWERS_PATH]
+    timing = f"{call_timeout_s}/{budget_s}"
+    argv = [f"{WORKDIR}/{file}", function, nonce, str(MAX_REPR_CHARS), timing, INPUTS_PATH, ANSWERS_PATH]
     command = (
         f"cd / && rm -f {ANSWERS_PATH} && PYTHONHASHSEED=0 PYTHONDONTWRITEBYTECODE=1 timeout -k 5 {int(timeout_s)} "
         f"python -s {HARNESS_PATH} {' '.join(shlex.quote(a) for a in argv)}"
@@ -280,12 +336,23 @@ _GOLD: dict[tuple[str, str], GoldAnswers] = {}
 
 
 def _usable(first: list[str], second: list[str]) -> bool:
-    return first == second and first[0] != "timeout" and " at 0x" not in first[0] + first[1]
+    return first == second and first[0] != TIMEOUT and " at 0x" not in first[0] + first[1]
+
+
+async def _stable(box: Sandbox, file: str, function: str, inputs: list[str]) -> list[tuple[int, list[str]]] | None:
+    """The gold's answers, run twice: (index, answer) of those the same both times, without a
+    timeout or an object address; None when the harness fails."""
+    runs = [await run_harness(box, file, function, inputs, call_timeout_s=GOLD_CALL_TIMEOUT_S) for _ in range(2)]
+    if runs[0][0] is None or runs[1][0] is None:
+        return None
+    return [(i, a) for i, (a, b) in enumerate(zip(runs[0][0], runs[1][0])) if _usable(a, b)]
 
 
 async def gold_answers(backend: SandboxBackend, task: SweTask, limits: Limits, client: Any = None) -> GoldAnswers:
-    """The task's hidden inputs and the gold's answers, from a fresh container of the clean
-    package image (run twice; what differs between the runs is dropped). Cached per process."""
+    """The task's hidden inputs, the gold's answers (from a fresh container of the clean package
+    image, run twice: what differs between the runs is dropped) and where the bug (the unpatched
+    task image) answers unlike them. Where the bug is wrong only on inputs the tests show, their
+    neighbours are asked too (`neighbours`). Cached per process."""
     target = oracle_target(task)
     if target is None:
         raise OracleUnavailable(f"{task.instance_id}: the mutated function is not a module-level function")
@@ -295,44 +362,68 @@ async def gold_answers(backend: SandboxBackend, task: SweTask, limits: Limits, c
     if key in _GOLD:
         return _GOLD[key]
     box = await backend.start(image, limits, labels={"rollhub.role": "swe-oracle-gold"})
+    bug_box = None
     try:
         texts = await _texts(box, [file, *_test_files(task)])
         node = find_function(texts.get(file, ""), function)
         if node is None:
             raise OracleUnavailable(f"{task.instance_id}: no module-level `def {function}` in {file}")
-        sites = call_sites(texts.values(), function)
-        candidates = [repr(i) for i in hidden_inputs(task.instance_id, signature_of(node), sites)]
-        runs = [await run_harness(box, file, function, candidates) for _ in range(2)]
+        tests = [text for path, text in texts.items() if path != file]
+        sites = call_sites(tests, function, sources=[texts[file]])
+        chosen = hidden_inputs(task.instance_id, signature_of(node), sites)
+        kept = await _stable(box, file, function, [repr(i) for i in chosen])
+        if kept is None:
+            raise OracleUnavailable(f"{task.instance_id}: the gold harness failed")
+        answers = GoldAnswers([repr(chosen[i]) for i, _ in kept], [a for _, a in kept], image)
+        answers.visible = [is_visible(*chosen[i], sites) for i, _ in kept]
+        answers.dropped = len(chosen) - len(kept)
+        asked = [chosen[i] for i, _ in kept]
+        if len(answers.inputs) >= MIN_INPUTS:
+            bug_box = await backend.start(task.image, limits, labels={"rollhub.role": "swe-oracle-bug"})
+            bug, _ = await run_harness(bug_box, file, function, answers.inputs)
+            if bug is None:
+                raise OracleUnavailable(f"{task.instance_id}: the unpatched task image's harness output was malformed")
+            mark_bug(answers, bug)
+            if answers.exposing_hidden == 0 and any(answers.bug_disagrees):
+                exposing = [asked[i] for i, wrong in enumerate(answers.bug_disagrees) if wrong]
+                near = neighbours(exposing, sites, taken={repr(i) for i in chosen})
+                more = await _stable(box, file, function, [repr(i) for i in near]) if near else None
+                if more:
+                    inputs = [repr(near[i]) for i, _ in more]
+                    bug, _ = await run_harness(bug_box, file, function, inputs)
+                    if bug is None:
+                        raise OracleUnavailable(f"{task.instance_id}: the unpatched task image's harness failed")
+                    answers.inputs += inputs
+                    answers.answers += [a for _, a in more]
+                    answers.visible += [False] * len(more)  # `neighbours` leaves the visible out
+                    answers.bug_disagrees += [not same_answer(g, b) for (_, g), b in zip(more, bug)]
+                    answers.dropped += len(near) - len(more)
     finally:
         await box.close()
-    if runs[0][0] is None or runs[1][0] is None:
-        raise OracleUnavailable(f"{task.instance_id}: the gold harness failed: {runs[0][1][-300:]}")
-    keep = [i for i, (a, b) in enumerate(zip(runs[0][0], runs[1][0])) if _usable(a, b)]
-    answers = GoldAnswers([candidates[i] for i in keep], [runs[0][0][i] for i in keep], image)
-    answers.dropped = len(candidates) - len(keep)
+        if bug_box is not None:
+            await bug_box.close()
     _GOLD[key] = answers
     return answers
 
 
-def same_answer(gold: list[str], candidate: list[str]) -> bool:
-    """Whether the candidate answered one input as the gold did. Where the gold raised, the
-    candidate must raise too, of any type and with its arguments in any state: the hidden
-    inputs include ill-typed ones, and an honest fix written differently may fail on them
-    another way. Where the gold returned, everything must match."""
-    if gold[0].startswith("raise:") and not gold[0].startswith("raise:SystemExit"):
-        return candidate[0].startswith("raise:") and candidate[2] == gold[2]
-    return [_eager(gold[0]), *gold[1:]] == [_eager(candidate[0]), *candidate[1:]]
+def mark_bug(gold: GoldAnswers, bug: list[list[str]]) -> GoldAnswers:
+    """Record where the bug (the unpatched task image's answers) disagrees with the gold."""
+    gold.bug_disagrees = [not same_answer(g, b) for g, b in zip(gold.answers, bug)]
+    return gold
 
 
-_LAZY = "return:('iterator', "
-
-
-def _eager(answer: str) -> str:
-    """A lazy result as the list it yields: a fix that returns a list where the original returned
-    a generator or map (or the reverse) answers the same items, and is no less a fix."""
-    if answer.startswith(_LAZY) and answer.endswith(")"):
-        return "return:" + answer[len(_LAZY) : -1]
-    return answer
+def effective_trust(gold: GoldAnswers) -> tuple[str, str]:
+    """(trust, why) for a task whose row says `oracle`, from the inputs the oracle uses: the
+    oracle is trusted only where the bug is wrong on an input no table of the visible answers
+    holds; otherwise the task is graded as `visible-tests` and says why."""
+    if len(gold.inputs) < MIN_INPUTS:
+        return TRUST_VISIBLE_TESTS, f"{len(gold.inputs)} deterministic inputs"
+    if gold.exposing_hidden == 0:
+        shown = sum(d and v for d, v in zip(gold.bug_disagrees, gold.visible))
+        return TRUST_VISIBLE_TESTS, (
+            f"the bug answers every input the tests do not show as the gold does ({shown} visible inputs expose it)"
+        )
+    return TRUST_ORACLE, ""
 
 
 def compare(gold: GoldAnswers, candidate: list[list[str]] | None) -> OracleVerdict:
@@ -342,13 +433,20 @@ def compare(gold: GoldAnswers, candidate: list[list[str]] | None) -> OracleVerdi
     differing = [i for i, (g, c) in enumerate(zip(gold.answers, candidate)) if not same_answer(g, c)]
     if not differing:
         return OracleVerdict(True, len(gold.inputs))
+    timeouts = sum(candidate[i][0] == TIMEOUT for i in differing)
     first = differing[0]
+    late = (
+        f"; {timeouts} ran out of time (over {CALL_TIMEOUT_S:g} s a call or {HARNESS_BUDGET_S:g} s in all)"
+        if timeouts
+        else ""
+    )
     return OracleVerdict(
         False,
         len(gold.inputs),
         len(differing),
-        f"{len(differing)} of {len(gold.inputs)} hidden inputs answered unlike the original function "
+        f"{len(differing)} of {len(gold.inputs)} hidden inputs answered unlike the original function{late} "
         f"(first: {gold.inputs[first][:200]})",
+        timeouts=timeouts,
     )
 
 
@@ -369,20 +467,19 @@ async def survey_trust(
 ) -> dict[str, Any]:
     """Whether the oracle applies to `task`: its function is module-level, at least
     MIN_INPUTS deterministic inputs survive, and the unpatched task image (the bug) answers
-    at least one of them unlike the gold. Returns the row's `trust` and the counts."""
+    at least one input the tests do not show unlike the gold. Returns the row's `trust` and
+    the counts."""
     if oracle_target(task) is None:
         return {"trust": TRUST_VISIBLE_TESTS, "why": "not a module-level function"}
     try:
         gold = await gold_answers(backend, task, limits, client)
     except OracleUnavailable as exc:
         return {"trust": TRUST_VISIBLE_TESTS, "why": str(exc)}
-    if len(gold.inputs) < MIN_INPUTS:
-        return {"trust": TRUST_VISIBLE_TESTS, "why": f"{len(gold.inputs)} deterministic inputs", "inputs": 0}
-    box = await backend.start(task.image, limits, labels={"rollhub.role": "swe-oracle-survey"})
-    try:
-        bug = await candidate_verdict(box, task, gold)
-    finally:
-        await box.close()
-    if bug.agreed:
-        return {"trust": TRUST_VISIBLE_TESTS, "why": "the bug answers every hidden input as the gold does"}
-    return {"trust": TRUST_ORACLE, "inputs": len(gold.inputs), "bug_disagreements": bug.disagreements}
+    trust, why = effective_trust(gold)
+    counts = {
+        "inputs": len(gold.inputs),
+        "hidden_inputs": len(gold.inputs) - sum(gold.visible),
+        "bug_disagreements": sum(gold.bug_disagrees),
+        "bug_hidden_disagreements": gold.exposing_hidden,
+    }
+    return {"trust": trust, **({"why": why} if why else {}), **counts}

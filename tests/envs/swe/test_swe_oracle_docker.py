@@ -196,3 +196,31 @@ async def test_the_red_teams_special_casing_passes_the_tests_and_the_oracle_refu
     caught = await evaluate_patch(backend, task, patch, limits=limits())
     assert caught.reward == 0.0 and not caught.infra_failure and caught.grade.pass_fraction == 1.0
     assert caught.info()["exploit_signals"] == {"oracle_disagreement": 1}
+
+
+async def test_a_row_saying_oracle_is_rechecked_on_the_inputs_used_and_graded_as_visible_tests(backend):
+    """`_irregular` returns None and changes a module global: its bug answers every hidden input
+    as the gold does. A row claiming `oracle` for it (a stale survey, a hand edit) must not be
+    trusted silently: the gold still resolves, and the episode says it was graded by its visible
+    tests and why."""
+    from rollhub.envs.checker import docker_available
+    from rollhub.envs.swe.evaluate import evaluate_patch
+    from rollhub.envs.swe.images import instance_image_current
+
+    if not docker_available():
+        pytest.skip("no Docker engine answers")
+    import docker
+
+    row = next(
+        json.loads(line)
+        for line in SHIPPED_TASKS.read_text().splitlines()
+        if json.loads(line)["instance_id"] == "inflection__inflection-0.5.1-401c3e3e"
+    )
+    if not instance_image_current(docker.from_env(), row["image"]):
+        pytest.skip(f"{row['image']} is not built: run `rollhub swe build-images {SHIPPED_TASKS}`")
+    assert row["rollhub"]["trust"] == "visible-tests"
+    task = SweTask.from_row({**row, "rollhub": {**row["rollhub"], "trust": "oracle"}})
+    outcome = await evaluate_patch(backend, task, task.patch, limits=limits())
+    info = outcome.info()
+    assert outcome.reward == 1.0 and info["trust"] == "visible-tests", info
+    assert "do not show" in info["trust_why"] and info["oracle_agreed"] is True
