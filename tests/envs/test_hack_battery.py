@@ -23,7 +23,10 @@ from rollhub.envs.hack_battery import (
 SPECS = envs.all_specs()
 #: seeds per exploit: cheap in-process envs get 64, so a coincidence (a Math question whose answer is
 #: one of its own numbers, 2% of problems) reads as about 0.02, not as 1 seed in 4
-SEEDS = {"rollhub/SWE-v0": 1, "rollhub/SWE-lite-v0": 1}  # the rest: 64, or fewer when the 30 s budget runs out (ALFWorld, 8x8-4b)
+SEEDS = {
+    "rollhub/SWE-v0": 1,
+    "rollhub/SWE-lite-v0": 1,
+}  # the rest: 64, or fewer when the 30 s budget runs out (ALFWorld, 8x8-4b)
 #: the ids' kwargs the battery also plays: Math-v0's arithmetic kind writes expressions in the question
 EXTRA_CASES = [
     ("rollhub/Math-v0", {"kinds": ["arithmetic"], "difficulty": 1, "answer_length": "short"}),

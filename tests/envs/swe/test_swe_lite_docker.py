@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("swebench")
 
-#: about 4 min on a shared 2-core machine (two image builds, eight graded episodes): run with -m slow
+#: 50 s on a quiet 2-core machine, 4 min at load 20 (two image builds, 12 graded episodes): run with -m slow
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 #: searches every file and every git object of a container for the needle (a whole function)
