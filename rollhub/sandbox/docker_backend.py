@@ -1145,3 +1145,14 @@ class DockerBackend(SandboxBackend):
             self._remove_everything(client.api)
         finally:
             client.close()
+
+
+def docker_for_command() -> DockerBackend:
+    """The Docker engine for a command line: a one-line user error with the fix when it is not reachable."""
+    from rollhub.core.errors import UserError
+    from rollhub.sandbox.base import SandboxError
+
+    try:
+        return DockerBackend()
+    except SandboxError as exc:
+        raise UserError(f"{exc} (start dockerd, or set DOCKER_HOST)") from None

@@ -140,17 +140,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     swe.set_defaults(func=lambda args: (swe.print_help(), 2)[1])
 
 
-def _docker():
-    from rollhub.sandbox.base import SandboxError
-    from rollhub.sandbox.docker_backend import DockerBackend
-
-    try:
-        backend = DockerBackend()
-    except SandboxError as exc:
-        raise UserError(f"{exc} (start dockerd, or set DOCKER_HOST)") from None
-    return backend
-
-
 def _merge_rows(path: Path, rows: list[dict]) -> int:
     from rollhub.envs.swe.tasks import read_rows, write_rows
 
@@ -192,7 +181,9 @@ def _make_tasks(args: argparse.Namespace) -> int:
     finished = {row["instance_id"]: row for row in read_rows(out)} if out.exists() else {}
 
     async def run() -> tuple[list[dict], dict]:
-        backend = _docker()
+        from rollhub.sandbox.docker_backend import docker_for_command
+
+        backend = docker_for_command()
         try:
             return await make_tasks(
                 args.requirement,
@@ -225,7 +216,9 @@ def _build_images(args: argparse.Namespace) -> int:
     rows = read_rows(args.file)
 
     async def run() -> dict:
-        backend = _docker()
+        from rollhub.sandbox.docker_backend import docker_for_command
+
+        backend = docker_for_command()
         try:
             return await build_images(rows, backend, backend.client, force=args.force)
         finally:
@@ -261,7 +254,9 @@ def _oracle_survey(args: argparse.Namespace) -> int:
         raise UserError("oracle-survey needs rows made by `rollhub swe make-tasks` (they name the mutated function)")
 
     async def run() -> list[dict]:
-        backend = _docker()
+        from rollhub.sandbox.docker_backend import docker_for_command
+
+        backend = docker_for_command()
         results = []
         try:
             for row in chosen:
@@ -311,7 +306,9 @@ def _redteam(args: argparse.Namespace) -> int:
     started = time.monotonic() - earlier_s
 
     async def run() -> list:
-        backend = _docker()
+        from rollhub.sandbox.docker_backend import docker_for_command
+
+        backend = docker_for_command()
         try:
             with tqdm(total=len(tasks), initial=len(reports), desc="red team", unit="task") as bar:
                 for task in todo:
@@ -420,7 +417,9 @@ def _agree(args: argparse.Namespace) -> int:
             Path(args.json_out).write_text(json.dumps(record if patches is not None else verdicts, indent=1))
 
     async def run() -> list:
-        backend = _docker()
+        from rollhub.sandbox.docker_backend import docker_for_command
+
+        backend = docker_for_command()
         rows = []
         try:
             if patches is not None:

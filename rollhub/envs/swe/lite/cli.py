@@ -40,9 +40,9 @@ def register(commands: argparse._SubParsersAction) -> None:
 def _build(args: argparse.Namespace) -> int:
     import asyncio
 
-    from rollhub.envs.swe.cli import _docker
     from rollhub.envs.swe.lite.build import LITE_CACHE, BuildOptions, build
     from rollhub.sandbox.base import SandboxError
+    from rollhub.sandbox.docker_backend import docker_for_command
 
     out = Path(args.out) if args.out else LITE_CACHE / f"seed{args.seed}" / "tasks.jsonl"
     options = BuildOptions(seed=args.seed, train=args.train, eval=args.eval, pack_size=args.pack_size, out=out)
@@ -52,7 +52,7 @@ def _build(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
 
     async def run() -> dict:
-        backend = _docker()
+        backend = docker_for_command()
         try:
             return await build(backend, backend.client, options)
         finally:
@@ -69,16 +69,16 @@ def _build(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     import asyncio
 
-    from rollhub.envs.swe.cli import _docker
     from rollhub.envs.swe.lite.check import check, sample
     from rollhub.envs.swe.tasks import load_tasks
     from rollhub.sandbox.base import SandboxError
+    from rollhub.sandbox.docker_backend import docker_for_command
 
     tasks = load_tasks(args.file, split=args.split)
     chosen = sample(tasks, args.tasks, args.seed)
 
     async def run() -> dict:
-        backend = _docker()
+        backend = docker_for_command()
         try:
             return await check(backend, chosen, concurrency=args.concurrency)
         finally:
