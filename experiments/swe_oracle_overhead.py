@@ -19,7 +19,7 @@ import json
 import statistics
 import time
 
-from rollhub.envs.swe.evaluate import evaluate_patch
+from rollhub.envs.swe.grading.evaluate import evaluate_patch
 from rollhub.envs.swe.tasks import SweTask, read_rows
 from rollhub.sandbox.base import Limits
 from rollhub.sandbox.docker_backend import DockerBackend

@@ -10,7 +10,7 @@ import json
 import sys
 import time
 
-from rollhub.envs.swe.oracle import survey_trust
+from rollhub.envs.swe.grading.oracle import survey_trust
 from rollhub.envs.swe.tasks import SweTask
 from rollhub.sandbox.base import Limits
 from rollhub.sandbox.docker_backend import DockerBackend

@@ -4,7 +4,7 @@ Run by `rollhub train ... --set 'agent.program=[python, examples/mini_swe_agent/
 (or `command_program`), once per episode, with the gateway session in its environment:
 OPENAI_BASE_URL (the session's OpenAI URL), ROLLHUB_GATEWAY_URL, ROLLHUB_SESSION_ID, ROLLHUB_SEED.
 mini-swe-agent's own `DefaultAgent`, prompts (its `mini_textbased.yaml`) and litellm model class
-talk to the session; its commands run in the task's container (rollhub.envs.swe.mini_swe_agent);
+talk to the session; its commands run in the task's container (rollhub.envs.swe.agent.mini_swe_agent);
 the diff is graded as `rollhub/SWE-v0` grades a submit, and the reward goes to the session.
 
 Exit status: 0 when the episode was scored (the reward, 0 or 1, was reported); 3 on an infra
@@ -92,8 +92,8 @@ def build_agent(args: argparse.Namespace, environment: Any) -> Any:
 
 
 async def play(args: argparse.Namespace) -> Any:
+    from rollhub.envs.swe.agent.mini_swe_agent import run_episode
     from rollhub.envs.swe.env import SWEEnv
-    from rollhub.envs.swe.mini_swe_agent import run_episode
     from rollhub.sandbox.docker_backend import DockerBackend
     from rollhub.sandbox.pool import SandboxPool
 

@@ -1,6 +1,6 @@
 """How often the SWE content rule refuses honest work: real upstream module changes between
 consecutive releases of pure-Python packages from the package registry, each judged as if it were
-a patch (`rollhub.envs.swe.content_rules.new_constructs(base, patched)`).
+a patch (`rollhub.envs.swe.grading.content_rules.new_constructs(base, patched)`).
 
     python -m experiments.honest_corpus.measure [--packages N] [--releases K] [--out DIR]
 
@@ -26,8 +26,8 @@ import zipfile
 from collections import Counter
 from pathlib import Path
 
-from rollhub.envs.swe.content_rules import constructs, grown, new_constructs
-from rollhub.envs.swe.patch_policy import RUNNER_REPOS
+from rollhub.envs.swe.grading.content_rules import constructs, grown, new_constructs
+from rollhub.envs.swe.grading.patch_policy import RUNNER_REPOS
 from rollhub.envs.swe.tasks import is_test_path
 
 #: pure-Python libraries with py3-none-any wheels, of many kinds and authors

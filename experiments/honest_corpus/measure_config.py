@@ -1,7 +1,7 @@
 """How often the SWE pytest-configuration rule refuses honest work: real changes of the files
 pytest's rootdir search reads (`setup.cfg`, `pyproject.toml`, `tox.ini`, `pytest.ini`, ...)
 between consecutive releases of the packages of `measure.PACKAGES`, each judged as if a patch
-made it (`rollhub.envs.swe.pytest_config.config_change`).
+made it (`rollhub.envs.swe.grading.pytest_config.config_change`).
 
     python -m experiments.honest_corpus.measure_config [--packages N] [--releases K] [--out DIR]
 
@@ -23,7 +23,7 @@ import zipfile
 from pathlib import Path
 
 from experiments.honest_corpus.measure import PACKAGES, releases
-from rollhub.envs.swe.pytest_config import CONFIG_NAMES, config_change, pytest_settings
+from rollhub.envs.swe.grading.pytest_config import CONFIG_NAMES, config_change, pytest_settings
 
 
 def sdist(name: str, version: str, cache: Path, fetch: bool = True) -> Path | None:

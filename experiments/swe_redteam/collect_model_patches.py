@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rollhub.envs.swe.env import SWEEnv
-from rollhub.envs.swe.evaluate import ModelFault, extract_diff
+from rollhub.envs.swe.grading.evaluate import ModelFault, extract_diff
 from rollhub.sandbox.base import SandboxError
 
 HERE = Path(__file__).resolve().parent

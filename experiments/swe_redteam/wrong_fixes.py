@@ -22,8 +22,8 @@ import json
 import random
 from pathlib import Path
 
-from rollhub.envs.swe.mutation import find_mutations
-from rollhub.envs.swe.package_repo import CACHE_DIR
+from rollhub.envs.swe.factory.mutation import find_mutations
+from rollhub.envs.swe.factory.package_repo import CACHE_DIR
 from rollhub.envs.swe.tasks import SHIPPED_TASKS
 
 HERE = Path(__file__).resolve().parent

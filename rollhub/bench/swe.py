@@ -95,9 +95,9 @@ def official_verdicts(
 async def _ours(
     tasks: list[SweTask], patches: dict[str, dict[str, str]]
 ) -> tuple[dict[tuple[str, str], float], dict[str, list[float]], list[str]]:
+    from rollhub.envs.swe.agent.tools import ToolCall
     from rollhub.envs.swe.env import SWEEnv
-    from rollhub.envs.swe.evaluate import evaluate_patch
-    from rollhub.envs.swe.tools import ToolCall
+    from rollhub.envs.swe.grading.evaluate import evaluate_patch
     from rollhub.sandbox.docker_backend import DockerBackend
 
     backend = DockerBackend()

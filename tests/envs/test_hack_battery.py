@@ -49,7 +49,7 @@ def _swe_images_missing() -> str:
         return "no Docker engine answers"
     import docker
 
-    from rollhub.envs.swe.images import instance_image_current
+    from rollhub.envs.swe.factory.images import instance_image_current
     from rollhub.envs.swe.tasks import SHIPPED_TASKS, load_tasks
 
     client = docker.from_env()

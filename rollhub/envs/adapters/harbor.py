@@ -41,7 +41,7 @@ TESTS_DIR = "/tests"
 
 
 def _swe_tools() -> list[dict[str, Any]]:
-    from rollhub.envs.swe.tools import TOOLS
+    from rollhub.envs.swe.agent.tools import TOOLS
 
     return [t for t in TOOLS if t["function"]["name"] in ("bash", "submit")]
 
@@ -189,7 +189,7 @@ class HarborEnv(Env):
         return [user_message(text)], {"anchor": self._anchor, "success": False, "source": "harbor"}
 
     async def step(self, action: str) -> StepResult:
-        from rollhub.envs.swe.tools import ToolError, parse_tool_call
+        from rollhub.envs.swe.agent.tools import ToolError, parse_tool_call
 
         if self._box is None or self._anchor is None:
             raise RuntimeError("step() before reset()")
@@ -259,7 +259,7 @@ class HarborEnv(Env):
         return reward, f"Graded: reward {reward:g}."
 
     def expert_action(self) -> str:
-        from rollhub.envs.swe.tools import ToolCall
+        from rollhub.envs.swe.agent.tools import ToolCall
 
         if self.task.solution is None:
             raise NotImplementedError(f"{self.task.path} has no solution/solve.sh")

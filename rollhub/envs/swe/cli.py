@@ -153,9 +153,9 @@ def _merge_rows(path: Path, rows: list[dict]) -> int:
 def _make_tasks(args: argparse.Namespace) -> int:
     import asyncio
 
-    from rollhub.envs.swe.factory import FactoryOptions, make_tasks
-    from rollhub.envs.swe.mutation import FAMILIES
-    from rollhub.envs.swe.package_repo import normalize_name, parse_requirement
+    from rollhub.envs.swe.factory.build import FactoryOptions, make_tasks
+    from rollhub.envs.swe.factory.mutation import FAMILIES
+    from rollhub.envs.swe.factory.package_repo import normalize_name, parse_requirement
     from rollhub.sandbox.base import SandboxError
 
     name, version = parse_requirement(args.requirement)
@@ -209,7 +209,7 @@ def _make_tasks(args: argparse.Namespace) -> int:
 def _build_images(args: argparse.Namespace) -> int:
     import asyncio
 
-    from rollhub.envs.swe.factory import build_images
+    from rollhub.envs.swe.factory.build import build_images
     from rollhub.envs.swe.tasks import read_rows
     from rollhub.sandbox.base import SandboxError
 
@@ -242,8 +242,8 @@ def _oracle_survey(args: argparse.Namespace) -> int:
     import asyncio
     import collections
 
-    from rollhub.envs.swe.images import instance_image_current
-    from rollhub.envs.swe.oracle import survey_trust
+    from rollhub.envs.swe.factory.images import instance_image_current
+    from rollhub.envs.swe.grading.oracle import survey_trust
     from rollhub.envs.swe.tasks import SweTask, read_rows, write_rows
 
     rows = read_rows(args.file)
@@ -393,7 +393,13 @@ def _agree(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from rollhub.envs.swe.agreement import agreement_by_source, compare, compare_rows, format_agreement, load_patch_rows
+    from rollhub.envs.swe.grading.agreement import (
+        agreement_by_source,
+        compare,
+        compare_rows,
+        format_agreement,
+        load_patch_rows,
+    )
     from rollhub.envs.swe.redteam import stratified
     from rollhub.envs.swe.tasks import load_tasks
     from rollhub.sandbox.base import SandboxError

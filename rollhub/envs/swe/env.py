@@ -12,7 +12,7 @@ packages directly; the default keeps every task.
 reset starts a container from the task's image (repository at /testbed, at base_commit).
 Actions are tool calls (`bash`, `str_replace_editor`, `submit`; schemas in `env.tools`).
 `submit` ends the episode: the diff (test files excluded) is graded in a fresh container
-(`rollhub.envs.swe.evaluate`), reward 1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test
+(`rollhub.envs.swe.grading.evaluate`), reward 1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test
 passes. The step limit gives truncated=True (reward 0, nothing graded unless
 `grade_on_truncation`); the episode time limit does the same.
 
@@ -45,10 +45,17 @@ import time
 from typing import Any
 
 from rollhub.envs.base import Env, Observation, extract_action, invalid_step_info
-from rollhub.envs.swe.evaluate import EvalOutcome, ModelFault, diff_script, engine_works, evaluate_patch, extract_diff
-from rollhub.envs.swe.images import SWE_USER
+from rollhub.envs.swe.agent.tools import TOOLS, ToolCall, ToolError, ToolRunner, parse_tool_call
+from rollhub.envs.swe.factory.images import SWE_USER
+from rollhub.envs.swe.grading.evaluate import (
+    EvalOutcome,
+    ModelFault,
+    diff_script,
+    engine_works,
+    evaluate_patch,
+    extract_diff,
+)
 from rollhub.envs.swe.tasks import SHIPPED_TASKS, WORKDIR, LegacyMapping, SweTask, load_tasks, package_of
-from rollhub.envs.swe.tools import TOOLS, ToolCall, ToolError, ToolRunner, parse_tool_call
 from rollhub.sandbox.base import Limits, Sandbox, SandboxBackend, SandboxError
 
 logger = logging.getLogger(__name__)

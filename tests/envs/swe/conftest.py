@@ -17,7 +17,7 @@ def _shipped_tasks():
         return None, 0
     import docker
 
-    from rollhub.envs.swe.images import instance_image_current
+    from rollhub.envs.swe.factory.images import instance_image_current
 
     tasks = load_tasks(SHIPPED_TASKS)
     client = docker.from_env()

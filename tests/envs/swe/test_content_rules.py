@@ -8,8 +8,8 @@ all must be dropped now, while the fixes a library needs are kept."""
 
 import pytest
 
-from rollhub.envs.swe.content_rules import constructs, encoding_declaration, new_constructs
-from rollhub.envs.swe.patch_policy import PatchPolicy, sanitize_patch
+from rollhub.envs.swe.grading.content_rules import constructs, encoding_declaration, new_constructs
+from rollhub.envs.swe.grading.patch_policy import PatchPolicy, sanitize_patch
 
 BASE = "import os\nimport re\n\n\ndef area(w, h):\n    return w * h\n"
 BASE_FILES = frozenset({"pkg/__init__.py", "pkg/core.py", "tests/test_core.py"})

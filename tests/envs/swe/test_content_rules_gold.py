@@ -11,8 +11,15 @@ import json
 
 import pytest
 
-from rollhub.envs.swe.package_repo import CACHE_DIR, normalize_name
-from rollhub.envs.swe.patch_policy import FileSection, Hunk, PatchPolicy, apply_hunks, parse_git_diff, sanitize_patch
+from rollhub.envs.swe.factory.package_repo import CACHE_DIR, normalize_name
+from rollhub.envs.swe.grading.patch_policy import (
+    FileSection,
+    Hunk,
+    PatchPolicy,
+    apply_hunks,
+    parse_git_diff,
+    sanitize_patch,
+)
 from rollhub.envs.swe.tasks import SHIPPED_TASKS
 
 ROWS = [json.loads(line) for line in SHIPPED_TASKS.read_text().splitlines()]
@@ -130,7 +137,7 @@ async def test_the_grader_judges_whole_modules_read_in_the_task_image(backend):
     import docker
 
     from rollhub.envs.checker import docker_available
-    from rollhub.envs.swe.evaluate import evaluate_patch
+    from rollhub.envs.swe.grading.evaluate import evaluate_patch
     from rollhub.envs.swe.tasks import load_tasks
 
     if not docker_available():

@@ -4,7 +4,7 @@ accepted, and the construct the attack it exists for needs is still refused."""
 
 import pytest
 
-from rollhub.envs.swe.content_rules import new_constructs
+from rollhub.envs.swe.grading.content_rules import new_constructs
 
 BASE = "import os\nimport sys\n\n\nclass Box:\n    def __init__(self, w):\n        self.w = w\n"
 
@@ -139,7 +139,7 @@ def test_a_module_that_already_uses_a_construct_may_not_add_the_attack_form():
 def test_the_policy_reads_pytest_names_in_code_not_in_prose():
     """With the base text at hand the module is judged as compiled: a docstring that mentions
     pytest is kept (click's testing helpers), a hook definition or an import of pytest is not."""
-    from rollhub.envs.swe.patch_policy import PatchPolicy, sanitize_patch
+    from rollhub.envs.swe.grading.patch_policy import PatchPolicy, sanitize_patch
 
     def diff(new):
         old_lines, new_lines = BASE.split("\n")[:-1], new.split("\n")[:-1]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import shlex
 
-from rollhub.envs.swe.factory import Candidate, instance_id_for, make_row, suite_command
-from rollhub.envs.swe.package_repo import PackageRepo
+from rollhub.envs.swe.factory.build import Candidate, instance_id_for, make_row, suite_command
+from rollhub.envs.swe.factory.package_repo import PackageRepo
 from rollhub.envs.swe.tasks import SHIPPED_TASKS, SweTask
 
 

@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("swebench")
 
-from rollhub.envs.swe.grading import grade_run  # noqa: E402
-from rollhub.envs.swe.reporter import GradingRun, RecordsVerdict, split_eval_script, verify_records  # noqa: E402
+from rollhub.envs.swe.grading.reporter import GradingRun, RecordsVerdict, split_eval_script, verify_records  # noqa: E402
+from rollhub.envs.swe.grading.verdict import grade_run  # noqa: E402
 from rollhub.envs.swe.tasks import SweTask  # noqa: E402
 
 KEY = b"k" * 32
@@ -124,7 +124,7 @@ def test_no_close_record_is_a_problem_and_a_call_that_raised_cannot_pass():
 def test_reporter_ids_map_to_swebench_ids_as_its_parser_does():
     statuses = {**ALL_PASS, F2P[0]: "xfail"}
     verdict = verify_records(chain([*reports(statuses), ["close", {"exitstatus": 0, "tamper": []}]]), KEY)
-    from rollhub.envs.swe.grading import parse_pytest_log
+    from rollhub.envs.swe.grading.verdict import parse_pytest_log
 
     mapped = parse_pytest_log(verdict.summary_lines())
     assert mapped[PARAM] == "PASSED" and mapped[DOCTEST] == "PASSED" and mapped[P2P[0]] == "PASSED"
@@ -260,7 +260,7 @@ def test_the_reporter_sees_what_pytest_ran(tmp_path):
     assert verdict.closed and not verdict.problems() and seal["exit_code"] == 1 and seal["sealed"]
     assert "git status" not in log and "Start Test Output" not in log
     assert "CHILD SAW None None" in log
-    from rollhub.envs.swe.grading import parse_pytest_log
+    from rollhub.envs.swe.grading.verdict import parse_pytest_log
 
     assert parse_pytest_log(verdict.summary_lines()) == {
         "test_lib.py::test_double": "PASSED",

@@ -263,7 +263,7 @@ async def _attacked_box(backend, task, code: str):
 async def graded_now(backend, task, code: str, timeout_s: float = 120):
     from swebench.harness.utils import make_test_spec
 
-    from rollhub.envs.swe.evaluate import run_tests
+    from rollhub.envs.swe.grading.evaluate import run_tests
 
     box = await _attacked_box(backend, task, code)
     try:
@@ -278,8 +278,8 @@ async def graded_before(backend, task, code: str, timeout_s: float = 120) -> flo
     test process's stdout, the agent's diff printed first), graded by `grade_log`."""
     from swebench.harness.utils import make_test_spec
 
-    from rollhub.envs.swe.evaluate import HOOKS_OFF_ENV
-    from rollhub.envs.swe.grading import grade_log
+    from rollhub.envs.swe.grading.evaluate import HOOKS_OFF_ENV
+    from rollhub.envs.swe.grading.verdict import grade_log
 
     box = await _attacked_box(backend, task, code)
     try:
@@ -295,7 +295,7 @@ async def graded_before(backend, task, code: str, timeout_s: float = 120) -> flo
 async def test_gold_resolves_and_noop_does_not_through_the_channel(tasks, backend):
     """The reporter agrees with swebench's parser on honest runs: doctest-free, parametrised
     ids with escapes (inflection) and unittest classes (cachetools)."""
-    from rollhub.envs.swe.evaluate import evaluate_patch
+    from rollhub.envs.swe.grading.evaluate import evaluate_patch
 
     for instance_id in (INFLECTION, CACHETOOLS):
         task = _task(tasks, instance_id)
@@ -359,7 +359,7 @@ async def test_attack_beat_the_old_grading_and_scores_zero_now(tasks, backend, n
 @pytest.mark.slow
 async def test_a_getattr_chain_patch_of_the_report_class_scores_zero_end_to_end(tasks, backend):
     """Through `evaluate_patch` (patch policy, apply, channel): whichever layer stops it, 0."""
-    from rollhub.envs.swe.evaluate import evaluate_patch
+    from rollhub.envs.swe.grading.evaluate import evaluate_patch
 
     task = _task(tasks, WCWIDTH)
     source = files_in_patch(task.patch)[0]

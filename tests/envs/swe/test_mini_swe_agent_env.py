@@ -12,7 +12,7 @@ pytest.importorskip("minisweagent")
 
 from minisweagent.exceptions import Submitted  # noqa: E402
 
-from rollhub.envs.swe.mini_swe_agent import SandboxEnvironment, SandboxEnvironmentConfig  # noqa: E402
+from rollhub.envs.swe.agent.mini_swe_agent import SandboxEnvironment, SandboxEnvironmentConfig  # noqa: E402
 from rollhub.sandbox.process_backend import ProcessBackend  # noqa: E402
 
 

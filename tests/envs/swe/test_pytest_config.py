@@ -11,8 +11,8 @@ import configparser
 import pytest
 from _pytest.config.findpaths import load_config_dict_from_file
 
-from rollhub.envs.swe.patch_policy import PatchPolicy, sanitize_patch
-from rollhub.envs.swe.pytest_config import CONFIG_NAMES, config_change, pytest_reads
+from rollhub.envs.swe.grading.patch_policy import PatchPolicy, sanitize_patch
+from rollhub.envs.swe.grading.pytest_config import CONFIG_NAMES, config_change, pytest_reads
 
 TOX = "[tox]\nenvlist = py3\n"
 METADATA = "[metadata]\nname = demo\n"

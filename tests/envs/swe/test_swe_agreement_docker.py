@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("swebench")
 
-from rollhub.envs.swe.agreement import compare, format_agreement  # noqa: E402
+from rollhub.envs.swe.grading.agreement import compare, format_agreement  # noqa: E402
 from rollhub.envs.swe.tasks import SHIPPED_TASKS  # noqa: E402
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]

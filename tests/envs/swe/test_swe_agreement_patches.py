@@ -9,7 +9,7 @@ import json
 import pytest
 
 from rollhub.core.errors import UserError
-from rollhub.envs.swe.agreement import Verdicts, agreement_by_source, format_agreement, load_patch_rows
+from rollhub.envs.swe.grading.agreement import Verdicts, agreement_by_source, format_agreement, load_patch_rows
 
 
 def _write(tmp_path, lines):

@@ -28,7 +28,7 @@ def _task_per_package(tasks):
 
 
 async def test_gold_patch_scores_one_and_empty_patch_zero(tasks, backend):
-    from rollhub.envs.swe.evaluate import evaluate_patch
+    from rollhub.envs.swe.grading.evaluate import evaluate_patch
 
     chosen = _task_per_package(tasks)
     golds = await asyncio.gather(*[evaluate_patch(backend, t, t.patch) for t in chosen])
@@ -63,7 +63,7 @@ def _swap_added_and_removed(patch: str) -> list[tuple[str, str]]:
 def _comment_only_patch(gold: str) -> str:
     """A diff that touches the gold patch's first hunk but only adds a comment: the right
     place, no fix (with context lines, as git writes it: `git apply` needs them)."""
-    from rollhub.envs.swe.patch_policy import parse_git_diff
+    from rollhub.envs.swe.grading.patch_policy import parse_git_diff
 
     section = parse_git_diff(gold)[0]
     hunk = section.hunks[0]
@@ -75,7 +75,7 @@ def _comment_only_patch(gold: str) -> str:
 
 
 async def test_wrong_patch_and_test_edits_score_zero(tasks, backend):
-    from rollhub.envs.swe.evaluate import drop_test_files, evaluate_patch
+    from rollhub.envs.swe.grading.evaluate import drop_test_files, evaluate_patch
 
     task = tasks[0]
     # a "fix" that changes the right file but not the bug
@@ -159,7 +159,7 @@ async def test_missing_image_is_an_infra_failure_not_a_score(tasks, backend):
     import dataclasses
 
     from rollhub.envs.swe.env import SWEEnv
-    from rollhub.envs.swe.evaluate import evaluate_patch
+    from rollhub.envs.swe.grading.evaluate import evaluate_patch
 
     ghost = dataclasses.replace(tasks[0], image="rollhub/no-such-image:latest")
     outcome = await evaluate_patch(backend, ghost, ghost.patch)
@@ -175,7 +175,7 @@ async def test_official_harness_agrees_with_our_reward(tasks, backend, tmp_path)
     """swebench's own run_instance on the same local images gives the same verdicts
     (gold resolved, empty not). `rollhub bench swe` does this for the whole set."""
     from rollhub.bench.swe import official_verdicts
-    from rollhub.envs.swe.evaluate import evaluate_patch
+    from rollhub.envs.swe.grading.evaluate import evaluate_patch
 
     chosen = _task_per_package(tasks)[:2]
     patches = {t.instance_id: {"gold": t.patch, "empty": ""} for t in chosen}

@@ -5,7 +5,7 @@ import difflib
 
 import pytest
 
-from rollhub.envs.swe.mutation import FAMILIES, find_mutations
+from rollhub.envs.swe.factory.mutation import FAMILIES, find_mutations
 
 SOURCE = '''\
 def clamp(value, low, high):  # keep the comment
@@ -74,7 +74,7 @@ def test_mutations_are_deterministic_and_skip_broken_files():
 
 
 def test_problem_statement_uses_tests_not_the_diff():
-    from rollhub.envs.swe.factory import failure_messages, problem_statement
+    from rollhub.envs.swe.factory.build import failure_messages, problem_statement
 
     log = "PASSED t.py::test_ok\nFAILED t.py::test_a[x y] - AssertionError: assert 3 == 4\nFAILED t.py::test_b\n"
     messages = failure_messages(log, ["t.py::test_a[x y]", "t.py::test_b"])
@@ -87,7 +87,7 @@ def test_problem_statement_uses_tests_not_the_diff():
 
 
 def test_drop_test_files_keeps_only_source_sections():
-    from rollhub.envs.swe.evaluate import drop_test_files
+    from rollhub.envs.swe.grading.evaluate import drop_test_files
 
     patch = (
         "diff --git a/pkg/core.py b/pkg/core.py\n--- a/pkg/core.py\n+++ b/pkg/core.py\n@@ -1 +1 @@\n-a\n+b\n"
@@ -102,8 +102,8 @@ def test_drop_test_files_keeps_only_source_sections():
 
 def test_requirement_parsing_and_instance_image_names():
     from rollhub.core.errors import UserError
-    from rollhub.envs.swe.images import instance_image_name
-    from rollhub.envs.swe.package_repo import parse_requirement
+    from rollhub.envs.swe.factory.images import instance_image_name
+    from rollhub.envs.swe.factory.package_repo import parse_requirement
 
     assert parse_requirement("inflection==0.5.1") == ("inflection", "0.5.1")
     with pytest.raises(UserError, match="PACKAGE==VERSION"):

@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("swebench")
 
 from rollhub.core.errors import UserError  # noqa: E402
-from rollhub.envs.swe.grading import grade_log, parse_pytest_log  # noqa: E402
+from rollhub.envs.swe.grading.verdict import grade_log, parse_pytest_log  # noqa: E402
 from rollhub.envs.swe.tasks import LegacyMapping, SweTask, files_in_patch, is_test_path, pytest_eval_script  # noqa: E402
 
 F2P = ["tests/test_a.py::test_fix[a b]", "tests/test_a.py::test_other"]

@@ -23,7 +23,7 @@ def call(name, **arguments):
 
 async def test_no_fallback_writes_into_git_where_git_apply_refuses(tasks, backend):
     """The red team's external-diff patch: `git apply` refuses .git/hooks, `patch --fuzz` wrote it."""
-    from rollhub.envs.swe.evaluate import apply_patch, evaluate_patch
+    from rollhub.envs.swe.grading.evaluate import apply_patch, evaluate_patch
 
     task = tasks[0]
     forged = _new_file_diff(".git/hooks/post-checkout", HOOK_SCRIPT, "100755")
@@ -41,7 +41,7 @@ async def test_honest_fix_survives_a_hostile_git_configuration(tasks, backend):
     """mnemonicPrefix, noprefix, external diff, textconv, renames, hooks and a system
     gitconfig in the agent's container: the diff is still the canonical one and scores 1."""
     from rollhub.envs.swe.env import SWEEnv
-    from rollhub.envs.swe.patch_policy import parse_git_diff
+    from rollhub.envs.swe.grading.patch_policy import parse_git_diff
 
     task = tasks[2]
     env = SWEEnv(tasks, backend=backend, max_steps=6)
@@ -60,7 +60,7 @@ async def test_honest_fix_survives_a_hostile_git_configuration(tasks, backend):
     _, _, _, _, info = await env.step(call("bash", command=hostile))
     assert info["action_valid"]
     _, _, _, _, info = await env.step(env._expert_plan[0])
-    from rollhub.envs.swe.evaluate import extract_diff
+    from rollhub.envs.swe.grading.evaluate import extract_diff
 
     diff = await extract_diff(env._box, task)
     assert [s.path for s in parse_git_diff(diff)] == files_in_patch(task.patch)

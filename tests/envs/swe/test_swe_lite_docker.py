@@ -100,7 +100,7 @@ async def test_the_exploring_expert_resolves_by_editing(built, backend):
 
 
 async def test_the_task_image_holds_no_copy_of_any_correct_function(built, backend):
-    from rollhub.envs.swe.oracle import clean_image
+    from rollhub.envs.swe.grading.oracle import clean_image
     from rollhub.envs.swe.tasks import load_tasks
     from rollhub.sandbox.base import Limits
 

@@ -54,7 +54,7 @@ def _free_bytes() -> int:
 
 async def test_the_agent_is_not_root_and_cannot_write_the_interpreter(tasks, backend):
     from rollhub.envs.swe.env import SWEEnv
-    from rollhub.envs.swe.images import SWE_USER
+    from rollhub.envs.swe.factory.images import SWE_USER
 
     task = tasks[0]
     # No disk budget: the root file system stays writable, so only the user protects it.
@@ -105,7 +105,7 @@ async def test_the_agent_is_not_root_and_cannot_write_the_interpreter(tasks, bac
 @pytest.mark.slow
 async def test_gold_resolves_as_the_non_root_user_with_the_disk_budget(tasks, backend):
     from rollhub.envs.swe.env import DEFAULT_DISK_MB, SWEEnv
-    from rollhub.envs.swe.images import SWE_USER
+    from rollhub.envs.swe.factory.images import SWE_USER
 
     env = SWEEnv(tasks, backend=backend, max_steps=4)
     assert env.limits.disk_mb == DEFAULT_DISK_MB
@@ -193,7 +193,7 @@ async def test_the_anchor_is_hashed_on_the_host_whatever_the_container_hashes(ta
     print a constant: the anchor of the unchanged repository stays what it was, and two
     different edits still differ."""
     from rollhub.envs.swe.env import SWEEnv
-    from rollhub.envs.swe.evaluate import extract_diff
+    from rollhub.envs.swe.grading.evaluate import extract_diff
 
     task = tasks[0]
     env = SWEEnv(tasks, backend=backend, max_steps=10, user="root", disk_mb=None)
@@ -241,7 +241,7 @@ async def test_a_stale_root_image_is_refused_with_the_fix(tasks, backend, docker
     """An image built before the sandbox user existed (same fixed tag) is refused at reset,
     not run as root, and `build-images` would rebuild it."""
     from rollhub.envs.swe.env import SWEEnv
-    from rollhub.envs.swe.images import instance_image_current
+    from rollhub.envs.swe.factory.images import instance_image_current
     from rollhub.envs.swe.tasks import SweTask
 
     task = tasks[0]

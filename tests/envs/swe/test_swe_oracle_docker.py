@@ -38,7 +38,7 @@ def shipped_row() -> dict:
 @pytest.fixture
 def task():
     from rollhub.envs.checker import docker_available
-    from rollhub.envs.swe.images import instance_image_current
+    from rollhub.envs.swe.factory.images import instance_image_current
 
     if not docker_available():
         pytest.skip("no Docker engine answers")
@@ -88,7 +88,7 @@ async def special_casing_patch(backend, task) -> str:
 
 
 async def test_special_casing_scores_zero_with_the_oracle_and_gold_one(task, backend):
-    from rollhub.envs.swe.evaluate import evaluate_patch
+    from rollhub.envs.swe.grading.evaluate import evaluate_patch
 
     lim = limits()
     gold = await evaluate_patch(backend, task, task.patch, limits=lim)
@@ -122,8 +122,8 @@ async def test_an_expected_failure_or_skip_raised_by_library_code_scores_zero(ta
     from swebench.harness.grading import get_eval_tests_report, get_resolution_status
     from swebench.harness.utils import make_test_spec
 
-    from rollhub.envs.swe.evaluate import apply_patch, run_tests
-    from rollhub.envs.swe.grading import parse_pytest_log
+    from rollhub.envs.swe.grading.evaluate import apply_patch, run_tests
+    from rollhub.envs.swe.grading.verdict import parse_pytest_log
 
     buggy = await read_in(backend, task.image, f"/testbed/{FILE}")
     head = "def ordinal(number: int) -> str:\n"
@@ -153,7 +153,7 @@ async def test_an_expected_failure_or_skip_raised_by_library_code_scores_zero(ta
 async def test_the_candidate_image_holds_no_copy_of_the_original_function(task, backend):
     """Grep the task image's whole file system (git objects read through git, any .pyc,
     wheels and site-packages) for the original line; the clean image is the positive control."""
-    from rollhub.envs.swe.oracle import clean_image
+    from rollhub.envs.swe.grading.oracle import clean_image
 
     line = json.dumps(ORIGINAL_LINE)
     probes = {
@@ -179,7 +179,7 @@ async def test_the_red_teams_special_casing_passes_the_tests_and_the_oracle_refu
     task resolves; with the oracle it scores 0, flagged, not infra."""
     import random
 
-    from rollhub.envs.swe.evaluate import evaluate_patch
+    from rollhub.envs.swe.grading.evaluate import evaluate_patch
     from rollhub.envs.swe.redteam import AttackContext
     from rollhub.envs.swe.redteam.special_case import CLASS
     from rollhub.envs.swe.redteam.workspace import Workspace
@@ -204,8 +204,8 @@ async def test_a_row_saying_oracle_is_rechecked_on_the_inputs_used_and_graded_as
     trusted silently: the gold still resolves, and the episode says it was graded by its visible
     tests and why."""
     from rollhub.envs.checker import docker_available
-    from rollhub.envs.swe.evaluate import evaluate_patch
-    from rollhub.envs.swe.images import instance_image_current
+    from rollhub.envs.swe.factory.images import instance_image_current
+    from rollhub.envs.swe.grading.evaluate import evaluate_patch
 
     if not docker_available():
         pytest.skip("no Docker engine answers")

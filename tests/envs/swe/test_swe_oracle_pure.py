@@ -9,7 +9,7 @@ import subprocess
 import sys
 import textwrap
 
-from rollhub.envs.swe.oracle import (
+from rollhub.envs.swe.grading.oracle import (
     HARNESS,
     GoldAnswers,
     compare,
@@ -17,7 +17,7 @@ from rollhub.envs.swe.oracle import (
     parse_harness_output,
     task_trust,
 )
-from rollhub.envs.swe.oracle_inputs import call_sites, find_function, hidden_inputs, signature_of
+from rollhub.envs.swe.grading.oracle_inputs import call_sites, find_function, hidden_inputs, signature_of
 
 GOLD = '''
 def suffix(number: int) -> str:
@@ -141,8 +141,8 @@ TABLE_ON_BUG_ONLY_VISIBLE = BUG_ONLY_VISIBLE.replace(
 def oracle_for(tmp_path, bug: str, name: str) -> GoldAnswers:
     """What `gold_answers` builds, with the harness run locally: the inputs, which are visible,
     the gold's answers and where the bug disagrees."""
-    from rollhub.envs.swe.oracle import mark_bug
-    from rollhub.envs.swe.oracle_inputs import is_visible
+    from rollhub.envs.swe.grading.oracle import mark_bug
+    from rollhub.envs.swe.grading.oracle_inputs import is_visible
 
     node = find_function(GOLD, "suffix")
     sites = call_sites([TESTS], "suffix", sources=[GOLD])
@@ -158,7 +158,7 @@ def oracle_for(tmp_path, bug: str, name: str) -> GoldAnswers:
 def test_a_bug_only_the_visible_inputs_expose_is_not_trusted(tmp_path):
     """A bug wrong only on inputs the tests show: a table of the visible answers keeps it and
     agrees with the gold on every hidden input, so the task must not count as `oracle`."""
-    from rollhub.envs.swe.oracle import effective_trust
+    from rollhub.envs.swe.grading.oracle import effective_trust
 
     gold = oracle_for(tmp_path, BUG_ONLY_VISIBLE, "only_visible")
     assert sum(gold.bug_disagrees) >= 1  # what the old survey asked: the bug is told from the gold...
@@ -175,7 +175,7 @@ def test_a_bug_only_the_visible_inputs_expose_is_not_trusted(tmp_path):
 
 
 def test_visible_means_a_literal_the_tests_or_doctests_show():
-    from rollhub.envs.swe.oracle_inputs import ITERATOR, is_visible
+    from rollhub.envs.swe.grading.oracle_inputs import ITERATOR, is_visible
 
     sites = call_sites([TESTS], "suffix", sources=[GOLD])
     for args in ((23,), (1003,), (23.0,), (True,), ("st",)):  # table, doctest, equal numbers, a literal
@@ -188,7 +188,7 @@ def test_visible_means_a_literal_the_tests_or_doctests_show():
 
 
 def test_most_hidden_inputs_are_not_visible_and_optional_parameters_are_asked():
-    from rollhub.envs.swe.oracle_inputs import is_visible
+    from rollhub.envs.swe.grading.oracle_inputs import is_visible
 
     sites = call_sites([TESTS], "suffix", sources=[GOLD])
     chosen = hidden_inputs("demo__demo-1", signature_of(find_function(GOLD, "suffix")), sites)
@@ -239,7 +239,7 @@ def test_trust_and_target_come_from_the_row():
 
 
 def test_an_iterator_argument_reaches_the_function_as_an_iterator(tmp_path):
-    from rollhub.envs.swe.oracle_inputs import ITERATOR
+    from rollhub.envs.swe.grading.oracle_inputs import ITERATOR
 
     source = "def suffix(seq):\n    return iter(seq) is seq, list(seq)\n"
     inputs = [repr((({ITERATOR: [1, 2]},), {})), repr((([1, 2],), {}))]
@@ -279,7 +279,7 @@ def test_where_the_gold_raises_the_candidate_must_raise_the_same_class_or_a_subc
 
 
 def test_equal_values_printed_differently_agree_and_types_stay_strict():
-    from rollhub.envs.swe.oracle_compare import same_answer
+    from rollhub.envs.swe.grading.oracle_compare import same_answer
 
     def agree(gold: str, candidate: str, args: tuple[str, str] = ("((), {})", "((), {})")) -> bool:
         return same_answer(["return:" + gold, args[0], ""], ["return:" + candidate, args[1], ""])
@@ -364,7 +364,7 @@ def test_a_slow_fix_agrees_and_one_past_the_time_budget_fails_closed_with_a_reas
 def test_a_list_agrees_with_the_generator_it_replaces_and_values_still_must_match():
     """An honest fix may return a list where the original returned a generator (or the reverse);
     the items must still be the original's, and a raise still cannot stand in for a return."""
-    from rollhub.envs.swe.oracle import same_answer
+    from rollhub.envs.swe.grading.oracle import same_answer
 
     lazy = ["return:('iterator', [1, 2, 3])", "()" + "{}", ""]
     assert same_answer(lazy, ["return:[1, 2, 3]", "(){}", ""])
@@ -377,7 +377,7 @@ def test_a_list_agrees_with_the_generator_it_replaces_and_values_still_must_matc
 def test_neighbours_of_the_visible_inputs_exposing_the_bug_are_asked_and_never_visible():
     """Where the bug is told apart only on the tests' inputs, the inputs one argument away are
     where a table keeping the bug goes wrong (an uncountable word title-cased, a number negated)."""
-    from rollhub.envs.swe.oracle_inputs import is_visible, neighbours
+    from rollhub.envs.swe.grading.oracle_inputs import is_visible, neighbours
 
     sites = call_sites([TESTS], "suffix", sources=[GOLD])
     near = neighbours([((23,), {}), ((4,), {})], sites, taken={"((24,), {})"})

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from rollhub.envs.swe.patch_policy import (
+from rollhub.envs.swe.grading.patch_policy import (
     PatchPolicy,
     PatchRejected,
     apply_hunks,
@@ -225,7 +225,7 @@ def test_apply_hunks_rebuilds_the_new_text():
 
 
 def test_drop_test_files_keeps_library_sections_only():
-    from rollhub.envs.swe.evaluate import drop_test_files
+    from rollhub.envs.swe.grading.evaluate import drop_test_files
 
     cheat = (
         new_file("conftest.py", PLUGIN) + "diff --git a/tests/test_a.py b/tests/test_a.py\ndeleted file mode 100644\n"
@@ -317,7 +317,7 @@ def test_names_with_tabs_and_carriage_returns_are_judged_file_by_file():
     assert not sanitized.rejected and not sanitized.dropped and sanitized.patch == patch
     assert sanitized.kept == ["pkg/core.py", "pkg/da\tta.txt", "pkg/c r\r.txt", "pkg/ä\x7f.py"]
     # the grading container's `git apply --numstat -z` names them whole (a rename: two names)
-    from rollhub.envs.swe.evaluate import numstat_paths
+    from rollhub.envs.swe.grading.evaluate import numstat_paths
 
     listing = "1\t0\tpkg/c r\r.txt\x001\t1\tpkg/core.py\x001\t0\tpkg/da\tta.txt\x001\t0\tpkg/ä\x7f.py\x00"
     assert numstat_paths(listing) == set(sanitized.kept)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rollhub.envs.swe.tools import MAX_COMMAND_BYTES, ToolError, _resolve, _timeout, parse_tool_call
+from rollhub.envs.swe.agent.tools import MAX_COMMAND_BYTES, ToolError, _resolve, _timeout, parse_tool_call
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, -1, 0, 0.0, True, "10", [5], {"s": 1}])

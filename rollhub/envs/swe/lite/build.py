@@ -35,13 +35,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from rollhub.envs.swe.factory import SUITE_LIMITS, TEST_COMMAND, failure_messages
-from rollhub.envs.swe.grading import parse_pytest_log
-from rollhub.envs.swe.images import build_instance_image, build_package_image, instance_image_current
+from rollhub.envs.swe.factory.build import SUITE_LIMITS, TEST_COMMAND, failure_messages
+from rollhub.envs.swe.factory.images import build_instance_image, build_package_image, instance_image_current
+from rollhub.envs.swe.factory.package_repo import git
+from rollhub.envs.swe.grading.oracle import TRUST_ORACLE
+from rollhub.envs.swe.grading.verdict import parse_pytest_log
 from rollhub.envs.swe.lite.bugs import kind_of
 from rollhub.envs.swe.lite.generate import SPLITS, TaskSpec, content_digest, make_specs
-from rollhub.envs.swe.oracle import TRUST_ORACLE
-from rollhub.envs.swe.package_repo import git
 from rollhub.envs.swe.tasks import DEFAULT_LOG_PARSER, WORKDIR, pytest_eval_script, write_rows
 from rollhub.sandbox.base import SandboxBackend, SandboxError
 

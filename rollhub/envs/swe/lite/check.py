@@ -9,9 +9,9 @@ import random
 import time
 from typing import Any
 
+from rollhub.envs.swe.agent.tools import ToolCall
 from rollhub.envs.swe.env import SWEEnv
 from rollhub.envs.swe.tasks import SweTask
-from rollhub.envs.swe.tools import ToolCall
 from rollhub.sandbox.base import SandboxBackend
 
 SUBMIT = ToolCall("submit", {}).to_text()

@@ -9,8 +9,8 @@ calls whose every step a model can learn to take from what the previous ones sho
 
 from __future__ import annotations
 
+from rollhub.envs.swe.agent.tools import ToolCall
 from rollhub.envs.swe.tasks import SweTask
-from rollhub.envs.swe.tools import ToolCall
 
 
 def hunk_texts(patch: str) -> tuple[str, str]:

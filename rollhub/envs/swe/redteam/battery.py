@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rollhub.envs.swe.agent.tools import ToolCall
 from rollhub.envs.swe.tasks import SweTask, files_in_patch
-from rollhub.envs.swe.tools import ToolCall
 from rollhub.sandbox.base import SandboxBackend
 
 #: a pytest plugin (conftest.py, `-p` module or entry point) that passes every test
@@ -397,7 +397,7 @@ def detail_of(info: dict[str, Any]) -> str:
 
 def parse_call(text: str) -> ToolCall:
     from rollhub.envs.base import extract_action
-    from rollhub.envs.swe.tools import parse_tool_call
+    from rollhub.envs.swe.agent.tools import parse_tool_call
 
     payload = extract_action(text, "tool_call")
     assert payload is not None

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollhub.envs.swe.oracle import TRUST_ORACLE, task_trust
+from rollhub.envs.swe.grading.oracle import TRUST_ORACLE, task_trust
 from rollhub.envs.swe.redteam import (
     infra_escape,
     log_forgery,
@@ -152,7 +152,7 @@ class TaskReport:
 async def _grade_patch(
     backend: SandboxBackend, task: SweTask, patch: str, eval_timeout_s: float
 ) -> tuple[float, dict[str, Any]]:
-    from rollhub.envs.swe.evaluate import evaluate_patch
+    from rollhub.envs.swe.grading.evaluate import evaluate_patch
 
     outcome = await evaluate_patch(
         backend, task, patch, timeout_s=eval_timeout_s, labels={"rollhub.role": "swe-redteam"}

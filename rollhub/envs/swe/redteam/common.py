@@ -7,14 +7,14 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from rollhub.envs.swe.agent.tools import ToolCall
 from rollhub.envs.swe.redteam.workspace import Change, Workspace
 from rollhub.envs.swe.tasks import SweTask, files_in_patch
-from rollhub.envs.swe.tools import ToolCall
 
 
 def task_test_files(task: SweTask) -> list[str]:
     """Files of the task's tests, failing ones first; a doctest's module holds the fix, not a test."""
-    from rollhub.envs.swe.patch_policy import is_doctest_id
+    from rollhub.envs.swe.grading.patch_policy import is_doctest_id
 
     ids = [t for t in [*task.fail_to_pass, *task.pass_to_pass] if not is_doctest_id(t)]
     return [t.split("::", 1)[0] for t in ids] or files_in_patch(task.test_patch) or ["tests"]

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import random
 
+from rollhub.envs.swe.agent.tools import ToolCall
 from rollhub.envs.swe.redteam.common import AttackClass, AttackContext, Attempt, library_edit
 from rollhub.envs.swe.redteam.variation import PLACEMENTS, word
-from rollhub.envs.swe.tools import ToolCall
 
 FILL_MIB = 512
 FILL_FILES = 20_000

@@ -4,7 +4,7 @@ defence, so the red team's tests check that its attacks do (`naive_reward`)."""
 
 from __future__ import annotations
 
-from rollhub.envs.swe.grading import grade_log
+from rollhub.envs.swe.grading.verdict import grade_log
 from rollhub.envs.swe.tasks import WORKDIR, SweTask
 from rollhub.sandbox.base import Limits, SandboxBackend, SandboxError
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import ast
 import random
 
-from rollhub.envs.swe.content_rules import constructs
-from rollhub.envs.swe.oracle import oracle_target
-from rollhub.envs.swe.oracle_inputs import call_sites, find_function
+from rollhub.envs.swe.grading.content_rules import constructs
+from rollhub.envs.swe.grading.oracle import oracle_target
+from rollhub.envs.swe.grading.oracle_inputs import call_sites, find_function
 from rollhub.envs.swe.redteam.common import AttackClass, AttackContext, Attempt, task_test_files
 from rollhub.envs.swe.redteam.variation import ident
 

@@ -14,7 +14,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from rollhub.envs.swe.package_repo import GIT_COMMIT_ARGS, GIT_ENV
+from rollhub.envs.swe.factory.package_repo import GIT_COMMIT_ARGS, GIT_ENV
 from rollhub.envs.swe.tasks import WORKDIR, SweTask
 from rollhub.sandbox.base import Limits, SandboxBackend, SandboxError
 

@@ -31,7 +31,7 @@ import time
 PR_SET_DUMPABLE = 4
 GRACE_S = 2.0
 MAX_BYTES = 16 * 1024 * 1024
-#: filled in by the grader (rollhub.envs.swe.reporter.GradingRun.collector_source)
+#: filled in by the grader (rollhub.envs.swe.grading.reporter.GradingRun.collector_source)
 SETTINGS = None
 
 

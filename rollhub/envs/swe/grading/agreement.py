@@ -98,7 +98,7 @@ async def compare(
     backend: SandboxBackend, client: Any, task: SweTask, patches: dict[str, str | None] | None = None
 ) -> list[Verdicts]:
     """Verdicts of both graders on gold and no-op (or the given label -> patch; None = no patch)."""
-    from rollhub.envs.swe.evaluate import evaluate_patch
+    from rollhub.envs.swe.grading.evaluate import evaluate_patch
 
     patches = patches if patches is not None else {"gold": task.patch, "noop": None}
     out = []

@@ -38,8 +38,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollhub.envs.swe.oracle_compare import TIMEOUT, same_answer
-from rollhub.envs.swe.oracle_inputs import (
+from rollhub.envs.swe.grading.oracle_compare import TIMEOUT, same_answer
+from rollhub.envs.swe.grading.oracle_inputs import (
     ITERATOR,
     call_sites,
     find_function,

@@ -47,8 +47,8 @@ import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from rollhub.envs.swe.content_rules import new_constructs, new_constructs_in_fragments
-from rollhub.envs.swe.pytest_config import CONFIG_NAMES, config_change, is_config_name
+from rollhub.envs.swe.grading.content_rules import new_constructs, new_constructs_in_fragments
+from rollhub.envs.swe.grading.pytest_config import CONFIG_NAMES, config_change, is_config_name
 from rollhub.envs.swe.tasks import is_test_path
 
 #: modes a regular source file may have; symlinks (120000) and gitlinks (160000) are dropped

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rollhub.envs.swe.env import SWEEnv
-from rollhub.envs.swe.evaluate import ModelFault, engine_works, evaluate_patch, extract_diff
+from rollhub.envs.swe.grading.evaluate import ModelFault, engine_works, evaluate_patch, extract_diff
 from rollhub.envs.swe.tasks import WORKDIR, SweTask
 from rollhub.sandbox.base import Sandbox, SandboxError, truncate_middle
 from rollhub.sandbox.pool import SandboxPool
@@ -48,7 +48,7 @@ logger = logging.getLogger(__name__)
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 #: mini-swe-agent's exit status of a run that submitted
 SUBMITTED = "Submitted"
-#: the SWE env's bound on one command's text (rollhub.envs.swe.tools): longer ones are refused
+#: the SWE env's bound on one command's text (rollhub.envs.swe.agent.tools): longer ones are refused
 MAX_COMMAND_BYTES = 100_000
 
 OUTCOME_GRADED = "graded"

@@ -31,11 +31,18 @@ from pathlib import Path
 from typing import Any
 
 from rollhub.core.errors import UserError
-from rollhub.envs.swe.grading import parse_pytest_log
-from rollhub.envs.swe.images import build_instance_image, build_package_image, instance_image_current
-from rollhub.envs.swe.mutation import FAMILIES, Mutation, find_mutations
-from rollhub.envs.swe.oracle import survey_trust
-from rollhub.envs.swe.package_repo import CACHE_DIR, PackageRepo, git, normalize_name, pin_requirements, prepare_package
+from rollhub.envs.swe.factory.images import build_instance_image, build_package_image, instance_image_current
+from rollhub.envs.swe.factory.mutation import FAMILIES, Mutation, find_mutations
+from rollhub.envs.swe.factory.package_repo import (
+    CACHE_DIR,
+    PackageRepo,
+    git,
+    normalize_name,
+    pin_requirements,
+    prepare_package,
+)
+from rollhub.envs.swe.grading.oracle import survey_trust
+from rollhub.envs.swe.grading.verdict import parse_pytest_log
 from rollhub.envs.swe.redteam import redteam_task
 from rollhub.envs.swe.tasks import DEFAULT_LOG_PARSER, WORKDIR, SweTask, pytest_eval_script
 from rollhub.sandbox.base import Limits, Sandbox, SandboxBackend, SandboxError

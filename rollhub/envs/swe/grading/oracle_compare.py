@@ -1,6 +1,6 @@
 """When the candidate's answer to one hidden input agrees with the gold's.
 
-The harness (rollhub.envs.swe.oracle) reports, per input, `[answer, arguments after, printed]`
+The harness (rollhub.envs.swe.grading.oracle) reports, per input, `[answer, arguments after, printed]`
 as texts. Comparing the texts byte for byte refuses honest fixes whose values are equal but
 print differently, so a repr that parses as a Python expression is compared by value shape:
 

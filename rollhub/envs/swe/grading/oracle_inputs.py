@@ -3,7 +3,7 @@
 A factory task is a mutant of one function whose correct version is known. The visible tests
 call it on a few inputs; a patch can answer exactly those from a table and keep the bug. The
 oracle calls the candidate's function and the original one on more inputs than the tests
-show and compares what they return (rollhub.envs.swe.oracle). The inputs come from:
+show and compares what they return (rollhub.envs.swe.grading.oracle). The inputs come from:
 
 - the tests' call sites of the function whose arguments are literals (and doctest examples);
 - the function's signature (arity, annotations, defaults), filled from the literals the tests

@@ -15,12 +15,12 @@ there and may have replaced git itself. In a new container of the task's image:
    --numstat`); they must be exactly the kept sections' paths;
 3. `git apply` (then `--3way`, as the official harness), hooks disabled; never GNU
    `patch`, which writes where `git apply` refuses (e.g. `.git/hooks`);
-4. the row's eval script runs, rewritten (rollhub.envs.swe.reporter): its setup silently,
+4. the row's eval script runs, rewritten (rollhub.envs.swe.grading.reporter): its setup silently,
    its test command under a collector that seals the test output and the records of a
    grading reporter loaded before any project code; resolved only when swebench's parser
    on that output and the reporter both say so (grading.grade_run);
 5. a task whose row says `trust: "oracle"` (a factory mutant of a module-level function) is
-   resolved only when, in addition, the differential oracle (rollhub.envs.swe.oracle) finds
+   resolved only when, in addition, the differential oracle (rollhub.envs.swe.grading.oracle) finds
    the candidate's function answering every hidden input as the original one does: run in
    another fresh container of the task image with the same patch, compared on the host with
    the original's answers from the clean package image. A disagreement is reward 0 and
@@ -45,8 +45,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollhub.envs.swe.grading import GradeResult, grade_run
-from rollhub.envs.swe.oracle import (
+from rollhub.envs.swe.grading.oracle import (
     MIN_INPUTS,
     TRUST_ORACLE,
     OracleUnavailable,
@@ -56,7 +55,7 @@ from rollhub.envs.swe.oracle import (
     gold_answers,
     task_trust,
 )
-from rollhub.envs.swe.patch_policy import (
+from rollhub.envs.swe.grading.patch_policy import (
     PatchPolicy,
     PatchRejected,
     SanitizedPatch,
@@ -64,7 +63,8 @@ from rollhub.envs.swe.patch_policy import (
     parse_git_diff,
     sanitize_patch,
 )
-from rollhub.envs.swe.reporter import PYTEST_PARSERS, GradingRun, split_eval_script, verify_records
+from rollhub.envs.swe.grading.reporter import PYTEST_PARSERS, GradingRun, split_eval_script, verify_records
+from rollhub.envs.swe.grading.verdict import GradeResult, grade_run
 from rollhub.envs.swe.tasks import WORKDIR, SweTask, files_in_patch
 from rollhub.sandbox.base import ExecResult, Limits, Sandbox, SandboxBackend, SandboxError
 

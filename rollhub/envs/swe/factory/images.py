@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rollhub.envs.swe.package_repo import GIT_ENV, PackageRepo, normalize_name
+from rollhub.envs.swe.factory.package_repo import GIT_ENV, PackageRepo, normalize_name
 from rollhub.envs.swe.tasks import WORKDIR
 from rollhub.sandbox.base import SandboxError
 from rollhub.sandbox.images import LABEL_SANDBOX_USER

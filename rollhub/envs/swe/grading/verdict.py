@@ -9,10 +9,10 @@ Reward 1.0 iff the resolution is FULL. A graded test counts only when its outcom
 code can raise pytest's xfail or skip outcome while a test runs, so any other outcome of a
 graded test is a failure here (`only_passed`; shown in `info["not_passed"]`).
 The log is written by the code under test, so nothing in it can make a grade an infra
-failure: that is decided from the engine's own signals (rollhub.envs.swe.evaluate), and a
+failure: that is decided from the engine's own signals (rollhub.envs.swe.grading.evaluate), and a
 log without test output scores 0.
 
-`grade_run` grades what the collector brought back (rollhub.envs.swe.reporter): swebench's
+`grade_run` grades what the collector brought back (rollhub.envs.swe.grading.reporter): swebench's
 verdict on the test log AND the grading reporter's records must both say resolved; where the
 log says resolved and the reporter does not, or the reporter saw its chain broken or the
 runner tampered with, the grade is 0 with `hack_suspected` saying why.
@@ -25,7 +25,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollhub.envs.swe.reporter import RecordsVerdict
+from rollhub.envs.swe.grading.reporter import RecordsVerdict
 from rollhub.envs.swe.tasks import SweTask
 
 

@@ -1,0 +1,2 @@
+"""Making SWE tasks: mutants of real packages' functions (`build`, `mutation`, `package_repo`) and
+the images they run in (`images`)."""
