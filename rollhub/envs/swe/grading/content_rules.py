@@ -261,6 +261,10 @@ FORBIDDEN_QUALIFIED = frozenset(
         "inspect.getinnerframes",
         "inspect.getframeinfo",
         "inspect.get_annotations",
+        "inspect.getattr_static",  # getattr by a computed name, under another name
+        "inspect.getmembers",  # every attribute of any object, as (name, value) pairs
+        "inspect.getmembers_static",
+        "inspect.getclosurevars",  # a function's globals and builtins
         "codecs.decode",
         "codecs.encode",
         "codecs.getdecoder",
@@ -291,6 +295,9 @@ FORBIDDEN_QUALIFIED = frozenset(
         "pickle.loads",
         "pickle.load",
         "pickle.Unpickler",
+        "pickle._loads",  # the pure-Python unpickler: the same loader under a private name
+        "pickle._load",
+        "pickle._Unpickler",
         "atexit.register",
         "atexit._run_exitfuncs",
         "traceback.walk_stack",
@@ -512,6 +519,8 @@ TRUTH_METHODS = frozenset({"__bool__", "__len__"})
 #: name forwards a name the caller spelt (and is judged for) instead of computing one
 FORWARDING_METHODS = frozenset({"__getattr__", "__getattribute__", "__setattr__", "__delattr__", "__dir__"})
 _NAMESPACE_CALLS = frozenset({"globals", "locals", "vars"})
+#: the methods getattr/setattr/delattr call: invoked by hand they take a computed name just the same
+_ATTRIBUTE_PROTOCOL = frozenset({"__getattribute__", "__getattr__", "__setattr__", "__delattr__"})
 #: what may be done with a module's namespace without reading an object out of it by a computed name
 _NAMESPACE_KEY_METHODS = frozenset({"get", "pop", "setdefault", "__getitem__"})
 _NAMESPACE_SAFE_METHODS = frozenset({"keys", "update", "__contains__", "clear"})
@@ -642,6 +651,8 @@ class _Scanner(ast.NodeVisitor):
         name = _nfkc(name)
         if owner:
             self._qualified(f"{owner}.{name}", use)
+        if owner == "builtins" and use == "store":
+            self.found["store:builtins"] += 1  # `setattr(builtins, 'isinstance', ...)`
         if name in EXEC_BUILTINS:
             self.found[f"builtin:{name}"] += 1
         if name in FILE_WRITE_ATTRIBUTES:
@@ -670,6 +681,9 @@ class _Scanner(ast.NodeVisitor):
         `getattr(module, name)`; reading one by a spelt key is judged as that attribute."""
         parent = getattr(node, "_parent", None)
         key: ast.AST | None = None
+        if owner == "builtins" and _writes_namespace(node, parent):
+            self.found["store:builtins"] += 1  # what every module (the tests too) finds as a bare name
+            return
         if isinstance(parent, ast.Subscript) and parent.value is node:
             if not isinstance(parent.ctx, ast.Load):
                 return
@@ -765,6 +779,8 @@ class _Scanner(ast.NodeVisitor):
             # each attribute counts the pair it ends; the root is counted where its name is visited
             parts = dotted.split(".")
             self._pair(f"{parts[-2]}.{parts[-1]}", use)
+            if use != "load" and parts[0] == "builtins" and len(parts) == 2 and not called:
+                self.found["store:builtins"] += 1  # `builtins.isinstance = ...` changes it for the test too
             if parts[-1] in _MODULES_AS_ATTRIBUTES:
                 self.found[f"module:{parts[-1]}"] += 1
         owner = self._namespace_of(node)
@@ -790,6 +806,8 @@ class _Scanner(ast.NodeVisitor):
                 func._called_with_literal = True  # type: ignore[attr-defined]
             if name is not None and target is not None:
                 self._judge_name(self._resolve(target), name, "load" if func.id in ("getattr", "hasattr") else "store")
+        if isinstance(func, ast.Attribute) and func.attr in _ATTRIBUTE_PROTOCOL:
+            self._judge_protocol_call(node, func)
         if (isinstance(func, ast.Name) and func.id == "__import__" and func.id not in self.aliases) or resolved in (
             "importlib.import_module",
             "importlib.__import__",
@@ -870,6 +888,24 @@ class _Scanner(ast.NodeVisitor):
             if name in ALWAYS_METHODS | TRUTH_METHODS:
                 self._judge_comparison(name, node.args[2], assigned=True)
         self.generic_visit(node)
+
+    def _judge_protocol_call(self, node: ast.Call, func: ast.Attribute) -> None:
+        """`object.__getattribute__(obj, name)`, `obj.__setattr__(name, v)`: getattr/setattr by
+        another name, judged as they are (a spelt name, a forwarded one, or the own instance)."""
+        unbound = 3 if func.attr == "__setattr__" else 2  # `object.__setattr__(obj, name, value)`
+        if any(isinstance(a, ast.Starred) for a in node.args) or len(node.args) not in (unbound - 1, unbound):
+            self.found[f"dynamic-attribute:{func.attr}"] += 1
+            return
+        target, name_node = (node.args[0], node.args[1]) if len(node.args) == unbound else (func.value, node.args[0])
+        name = _fold(name_node)
+        if name is not None:
+            self._judge_name(self._resolve(target), name, "store" if func.attr != "__getattribute__" else "load")
+            return
+        own = _own_instance(node, target) or (
+            isinstance(target, ast.Call) and isinstance(target.func, ast.Name) and target.func.id == "super"
+        )
+        if not (own or self._forwarded(name_node)):
+            self.found[f"dynamic-attribute:{func.attr}"] += 1
 
     def _judge_wrapper(self, node: ast.Call, positional: int) -> None:
         """`functools.update_wrapper` / `wraps` copy the attributes they are told to: copying
@@ -970,12 +1006,46 @@ def _is_pickle_reduction(node: ast.Name) -> bool:
     tuple_ = getattr(node, "_parent", None)
     ret = getattr(tuple_, "_parent", None)
     scope = getattr(ret, "_parent", None)
-    return (
-        isinstance(tuple_, ast.Tuple)
-        and tuple_.elts[:1] == [node]
+    if not (
+        node.id == "getattr"
+        and isinstance(tuple_, ast.Tuple)
+        and len(tuple_.elts) == 2
+        and tuple_.elts[0] is node
         and isinstance(ret, ast.Return)
         and isinstance(scope, ast.FunctionDef)
         and scope.name in ("__reduce__", "__reduce_ex__")
+    ):
+        return False
+    # the attribute is looked up on the object's own class (an enum member by its name): a
+    # recipe `getattr, (sys, name)` would hand `copy.copy` any attribute of any object
+    args = tuple_.elts[1]
+    owner = args.elts[0] if isinstance(args, ast.Tuple) and args.elts else None
+    klass = getattr(scope, "_parent", None)
+    return (
+        (isinstance(owner, ast.Attribute) and owner.attr == "__class__" and isinstance(owner.value, ast.Name))
+        or (
+            isinstance(owner, ast.Call)
+            and isinstance(owner.func, ast.Name)
+            and owner.func.id == "type"
+            and len(owner.args) == 1
+            and isinstance(owner.args[0], ast.Name)
+        )
+        or (isinstance(owner, ast.Name) and isinstance(klass, ast.ClassDef) and owner.id in ("cls", klass.name))
+    )
+
+
+def _writes_namespace(node: ast.AST, parent: ast.AST | None) -> bool:
+    """Whether `parent` stores into the namespace `node` (`ns[k] = v`, `ns.update(...)`)."""
+    if isinstance(parent, ast.Subscript) and parent.value is node:
+        return not isinstance(parent.ctx, ast.Load)
+    return isinstance(parent, ast.Attribute) and parent.attr in (
+        "update",
+        "setdefault",
+        "pop",
+        "popitem",
+        "clear",
+        "__setitem__",
+        "__delitem__",
     )
 
 
