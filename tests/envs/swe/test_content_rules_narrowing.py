@@ -71,6 +71,14 @@ HONEST = {
         "class E:\n    def __reduce_ex__(self, proto):\n        return getattr, (type(self), self._name_)\n"
         "    def __reduce__(self):\n        return getattr, (E, self.name)\n"
     ),
+    "object.__setattr__ in a setstate written outside the class": (
+        "def _setstate(self, state):\n    for field, value in state:\n"
+        "        object.__setattr__(self, field.name, value)\n"
+    ),
+    "getattr_static as an existence check": (
+        "from inspect import getattr_static\ndef has(obj, name):\n    try:\n"
+        "        getattr_static(obj, name)\n    except AttributeError:\n        return False\n    return True\n"
+    ),
     "builtins read, not written": "import builtins\nP = builtins.print\nL = vars(builtins).get('len')\n",
     "inspect.isclass and getmodule": "import inspect\nC = inspect.isclass(Box) and inspect.getmodule(Box)\n",
     "a loader defined by an importer": (
@@ -134,6 +142,9 @@ ATTACKS = {
     "setattr by object.__setattr__": "def f(o, n, v):\n    object.__setattr__(o, n, v)\n",
     "setattr by type.__setattr__": "def f(n, v):\n    type.__setattr__(int, n, v)\n",
     "getattr by inspect.getattr_static": "import inspect\ndef f(o, n):\n    return inspect.getattr_static(o, n)\n",
+    "getattr_static's answer kept": "from inspect import getattr_static\nG = getattr_static(sys, 'modules')\n",
+    "getattr_static passed on": "import functools, inspect\nG = functools.partial(inspect.getattr_static, sys)\n",
+    "object.__setattr__ on self rebound": "def f(self, n, v):\n    self = sys\n    object.__setattr__(self, n, v)\n",
     "attributes by inspect.getmembers": "import inspect\nM = dict(inspect.getmembers(sys))['modules']\n",
     "a function's globals by inspect": "import inspect\nG = inspect.getclosurevars(len).globals\n",
     "pure-Python unpickler": "import pickle\nP = pickle._loads(b'.')\n",

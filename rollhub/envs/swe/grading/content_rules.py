@@ -261,7 +261,6 @@ FORBIDDEN_QUALIFIED = frozenset(
         "inspect.getinnerframes",
         "inspect.getframeinfo",
         "inspect.get_annotations",
-        "inspect.getattr_static",  # getattr by a computed name, under another name
         "inspect.getmembers",  # every attribute of any object, as (name, value) pairs
         "inspect.getmembers_static",
         "inspect.getclosurevars",  # a function's globals and builtins
@@ -753,6 +752,8 @@ class _Scanner(ast.NodeVisitor):
             self._identifier(name)
         if resolved is not None and resolved.split(".")[-1] in LOADER_ATTRIBUTES and resolved != name:
             self.found[f"loader:{resolved.split('.')[-1]}"] += 1
+        if resolved == "inspect.getattr_static" and not isinstance(getattr(node, "_parent", None), ast.ImportFrom):
+            self._judge_getattr_static(node)
         if resolved is not None:
             use = "call" if called else "store" if not isinstance(node.ctx, ast.Load) else "load"
             if not getattr(node, "_judged", False):
@@ -775,6 +776,8 @@ class _Scanner(ast.NodeVisitor):
         if node.attr == "__class__" and isinstance(node.value, ast.Lambda):
             self.found["function-type:lambda"] += 1
         dotted = self._resolve(node)
+        if dotted == "inspect.getattr_static":
+            self._judge_getattr_static(node)
         if dotted and "." in dotted and not getattr(node, "_judged", False):
             # each attribute counts the pair it ends; the root is counted where its name is visited
             parts = dotted.split(".")
@@ -889,6 +892,19 @@ class _Scanner(ast.NodeVisitor):
                 self._judge_comparison(name, node.args[2], assigned=True)
         self.generic_visit(node)
 
+    def _judge_getattr_static(self, node: ast.AST) -> None:
+        """`inspect.getattr_static(obj, name)` is getattr by another name: a spelt name is judged,
+        a computed one only where the answer is dropped (an existence check, as `hasattr`)."""
+        call = getattr(node, "_parent", None)
+        if not (isinstance(call, ast.Call) and call.func is node and len(call.args) >= 2):
+            self.found["dynamic-attribute:getattr_static"] += 1
+            return
+        name = _fold(call.args[1])
+        if name is not None:
+            self._judge_name(self._resolve(call.args[0]), name)
+        elif not isinstance(getattr(call, "_parent", None), ast.Expr):
+            self.found["dynamic-attribute:getattr_static"] += 1
+
     def _judge_protocol_call(self, node: ast.Call, func: ast.Attribute) -> None:
         """`object.__getattribute__(obj, name)`, `obj.__setattr__(name, v)`: getattr/setattr by
         another name, judged as they are (a spelt name, a forwarded one, or the own instance)."""
@@ -901,8 +917,10 @@ class _Scanner(ast.NodeVisitor):
         if name is not None:
             self._judge_name(self._resolve(target), name, "store" if func.attr != "__getattribute__" else "load")
             return
-        own = _own_instance(node, target) or (
-            isinstance(target, ast.Call) and isinstance(target.func, ast.Name) and target.func.id == "super"
+        own = (
+            _own_instance(node, target)
+            or _self_parameter(node, target)
+            or (isinstance(target, ast.Call) and isinstance(target.func, ast.Name) and target.func.id == "super")
         )
         if not (own or self._forwarded(name_node)):
             self.found[f"dynamic-attribute:{func.attr}"] += 1
@@ -998,6 +1016,24 @@ def _own_instance(node: ast.AST, target: ast.AST | None) -> bool:
         isinstance(n, ast.Name) and n.id == target.id and not isinstance(n.ctx, ast.Load) for n in ast.walk(scope)
     )
     return bool(params) and params[0].arg == target.id and target.id in ("self", "cls") and not rebound
+
+
+def _self_parameter(node: ast.AST, target: ast.AST | None) -> bool:
+    """Whether `target` is `self`, the first parameter of the enclosing function, never
+    rebound: a method body written outside its class (`_setstate(self, state)` assigned as
+    `__setstate__`), setting a frozen instance's fields with `object.__setattr__`."""
+    if not (isinstance(target, ast.Name) and target.id == "self"):
+        return False
+    scope = getattr(node, "_parent", None)
+    while scope is not None and not isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef):
+        scope = getattr(scope, "_parent", None)
+    if scope is None:
+        return False
+    params = [*scope.args.posonlyargs, *scope.args.args]
+    rebound = any(
+        isinstance(n, ast.Name) and n.id == "self" and not isinstance(n.ctx, ast.Load) for n in ast.walk(scope)
+    )
+    return bool(params) and params[0].arg == "self" and not rebound
 
 
 def _is_pickle_reduction(node: ast.Name) -> bool:
