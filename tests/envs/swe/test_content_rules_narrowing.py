@@ -79,6 +79,11 @@ HONEST = {
         "from inspect import getattr_static\ndef has(obj, name):\n    try:\n"
         "        getattr_static(obj, name)\n    except AttributeError:\n        return False\n    return True\n"
     ),
+    "a class's own namespace by a computed key": (
+        "class M:\n    def f(self, key):\n        return M.__dict__[key], vars(self).get(key)\n"
+        "def patch(cls, names):\n    return {n: vars(cls)[n] for n in names}\n"
+        "class D:\n    def __get__(self, instance, owner):\n        instance.__dict__[self.name] = 1\n"
+    ),
     "builtins read, not written": "import builtins\nP = builtins.print\nL = vars(builtins).get('len')\n",
     "inspect.isclass and getmodule": "import inspect\nC = inspect.isclass(Box) and inspect.getmodule(Box)\n",
     "a loader defined by an importer": (
@@ -145,6 +150,8 @@ ATTACKS = {
     "getattr_static's answer kept": "from inspect import getattr_static\nG = getattr_static(sys, 'modules')\n",
     "getattr_static passed on": "import functools, inspect\nG = functools.partial(inspect.getattr_static, sys)\n",
     "object.__setattr__ on self rebound": "def f(self, n, v):\n    self = sys\n    object.__setattr__(self, n, v)\n",
+    "a module's namespace under a parameter": "def f(name, o=sys):\n    return vars(o)[name]\n",
+    "a module's __dict__ under a parameter": "def f(name, o=sys):\n    return o.__dict__.get(name)\n",
     "attributes by inspect.getmembers": "import inspect\nM = dict(inspect.getmembers(sys))['modules']\n",
     "a function's globals by inspect": "import inspect\nG = inspect.getclosurevars(len).globals\n",
     "pure-Python unpickler": "import pickle\nP = pickle._loads(b'.')\n",

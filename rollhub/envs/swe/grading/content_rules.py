@@ -518,6 +518,8 @@ TRUTH_METHODS = frozenset({"__bool__", "__len__"})
 #: name forwards a name the caller spelt (and is judged for) instead of computing one
 FORWARDING_METHODS = frozenset({"__getattr__", "__getattribute__", "__setattr__", "__delattr__", "__dir__"})
 _NAMESPACE_CALLS = frozenset({"globals", "locals", "vars"})
+#: the owner `_namespace_of` gives an object's namespace that may be any object's (not `self`'s)
+_OBJECT = "<object>"
 #: the methods getattr/setattr/delattr call: invoked by hand they take a computed name just the same
 _ATTRIBUTE_PROTOCOL = frozenset({"__getattribute__", "__getattr__", "__setattr__", "__delattr__"})
 #: what may be done with a module's namespace without reading an object out of it by a computed name
@@ -556,6 +558,7 @@ class _Scanner(ast.NodeVisitor):
         self.found: Counter[str] = Counter()
         self.aliases: dict[str, str] = {}  # local name -> the dotted name it stands for
         self.defs: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}  # module-level functions
+        self.classes: set[str] = set()  # module-level class names
 
     def scan(self, tree: ast.AST) -> Counter[str]:
         nodes = list(ast.walk(tree))
@@ -569,6 +572,7 @@ class _Scanner(ast.NodeVisitor):
             ):
                 node.value._prose = True  # type: ignore[attr-defined]  # a docstring: no value reaches it
         if isinstance(tree, ast.Module):
+            self.classes = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
             self.defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
         for node in nodes:  # imports first: a use may come before its import
             if isinstance(node, ast.Import):
@@ -668,18 +672,38 @@ class _Scanner(ast.NodeVisitor):
                 return None
             if not node.args:
                 return "" if node.func.id == "globals" or node.func.id == "vars" else None
-            return self._is_module(node.args[0])
+            return self._is_module(node.args[0]) or self._foreign_object(node, node.args[0])
         if isinstance(node, ast.Attribute) and node.attr == "__dict__":
-            return self._is_module(node.value)
+            return self._is_module(node.value) or self._foreign_object(node, node.value)
         if isinstance(node, ast.Name) and node.id == "__builtins__":
             return "builtins"
         return None
+
+    def _foreign_object(self, node: ast.AST, target: ast.AST) -> str | None:
+        """`_OBJECT` for the namespace of an object that is not the method's own (`vars(o)` where
+        `o` may be a module handed in under another name), None for `self`/`cls`."""
+        if node.func.id != "vars" if isinstance(node, ast.Call) else False:
+            return None
+        if _own_instance(node, target) or _self_parameter(node, target, ("self", "cls")):
+            return None
+        if isinstance(target, ast.Name) and target.id in self.classes:
+            return None  # a class of this module: its descriptors, read without running them
+        return _OBJECT
 
     def _judge_namespace(self, node: ast.AST, owner: str) -> None:
         """A module's namespace is a dict of its objects: reading one by a computed key is
         `getattr(module, name)`; reading one by a spelt key is judged as that attribute."""
         parent = getattr(node, "_parent", None)
         key: ast.AST | None = None
+        if owner == _OBJECT:
+            if isinstance(parent, ast.Subscript) and parent.value is node and isinstance(parent.ctx, ast.Load):
+                key = parent.slice
+            elif isinstance(parent, ast.Attribute) and parent.value is node and parent.attr in _NAMESPACE_KEY_METHODS:
+                call = getattr(parent, "_parent", None)
+                key = call.args[0] if isinstance(call, ast.Call) and call.args else None
+            if key is not None and _fold(key) is None and not self._forwarded(key):
+                self.found["dynamic-attribute:object-namespace"] += 1
+            return
         if owner == "builtins" and _writes_namespace(node, parent):
             self.found["store:builtins"] += 1  # what every module (the tests too) finds as a bare name
             return
@@ -1018,11 +1042,11 @@ def _own_instance(node: ast.AST, target: ast.AST | None) -> bool:
     return bool(params) and params[0].arg == target.id and target.id in ("self", "cls") and not rebound
 
 
-def _self_parameter(node: ast.AST, target: ast.AST | None) -> bool:
+def _self_parameter(node: ast.AST, target: ast.AST | None, names: tuple[str, ...] = ("self",)) -> bool:
     """Whether `target` is `self`, the first parameter of the enclosing function, never
     rebound: a method body written outside its class (`_setstate(self, state)` assigned as
     `__setstate__`), setting a frozen instance's fields with `object.__setattr__`."""
-    if not (isinstance(target, ast.Name) and target.id == "self"):
+    if not (isinstance(target, ast.Name) and target.id in names):
         return False
     scope = getattr(node, "_parent", None)
     while scope is not None and not isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -1031,9 +1055,9 @@ def _self_parameter(node: ast.AST, target: ast.AST | None) -> bool:
         return False
     params = [*scope.args.posonlyargs, *scope.args.args]
     rebound = any(
-        isinstance(n, ast.Name) and n.id == "self" and not isinstance(n.ctx, ast.Load) for n in ast.walk(scope)
+        isinstance(n, ast.Name) and n.id == target.id and not isinstance(n.ctx, ast.Load) for n in ast.walk(scope)
     )
-    return bool(params) and params[0].arg == "self" and not rebound
+    return bool(params) and params[0].arg == target.id and not rebound
 
 
 def _is_pickle_reduction(node: ast.Name) -> bool:
