@@ -60,6 +60,32 @@ HONEST = {
     "str.replace": "S = 'abc'.replace('a', 'b')\n",
     "a folder named tests": "HERE = os.path.join(os.path.dirname(__file__), 'tests')\n",
     "builtins for a sentinel": "import builtins\nU = builtins.sentinel('U')\n",
+    "frozen instance set by object.__setattr__": (
+        "class F:\n    def __init__(self, **kw):\n        for k, v in kw.items():\n"
+        "            object.__setattr__(self, k, v)\n"
+        "    def __setattr__(self, name, value):\n        super().__setattr__(name, value)\n"
+        "    def __getattribute__(self, name):\n        return object.__getattribute__(self, name)\n"
+        "    def __delattr__(self, name):\n        object.__delattr__(self, '_cache')\n"
+    ),
+    "enum pickle recipe by type(self)": (
+        "class E:\n    def __reduce_ex__(self, proto):\n        return getattr, (type(self), self._name_)\n"
+        "    def __reduce__(self):\n        return getattr, (E, self.name)\n"
+    ),
+    "object.__setattr__ in a setstate written outside the class": (
+        "def _setstate(self, state):\n    for field, value in state:\n"
+        "        object.__setattr__(self, field.name, value)\n"
+    ),
+    "getattr_static as an existence check": (
+        "from inspect import getattr_static\ndef has(obj, name):\n    try:\n"
+        "        getattr_static(obj, name)\n    except AttributeError:\n        return False\n    return True\n"
+    ),
+    "a class's own namespace by a computed key": (
+        "class M:\n    def f(self, key):\n        return M.__dict__[key], vars(self).get(key)\n"
+        "def patch(cls, names):\n    return {n: vars(cls)[n] for n in names}\n"
+        "class D:\n    def __get__(self, instance, owner):\n        instance.__dict__[self.name] = 1\n"
+    ),
+    "builtins read, not written": "import builtins\nP = builtins.print\nL = vars(builtins).get('len')\n",
+    "inspect.isclass and getmodule": "import inspect\nC = inspect.isclass(Box) and inspect.getmodule(Box)\n",
     "a loader defined by an importer": (
         "class Importer:\n    def exec_module(self, module):\n        pass\n"
         "    def load_module(self, name):\n        return self.exec_module(name)\n"
@@ -116,6 +142,28 @@ ATTACKS = {
     "loader from a file": "import importlib.util\nS = importlib.util.spec_from_file_location('m', 'x.py')\n",
     "unicode_escape hides a name from folding": "P = getattr(os, b'\\\\x73ystem'.decode('unicode_escape'))\n",
     "builtins.exec": "import builtins\nbuiltins.exec('1')\n",
+    "getattr by object.__getattribute__": "def f(o, n):\n    return object.__getattribute__(o, n)\n",
+    "getattr by the bound __getattribute__": "def f(o, n):\n    return o.__getattribute__(n)\n",
+    "setattr by object.__setattr__": "def f(o, n, v):\n    object.__setattr__(o, n, v)\n",
+    "setattr by type.__setattr__": "def f(n, v):\n    type.__setattr__(int, n, v)\n",
+    "getattr by inspect.getattr_static": "import inspect\ndef f(o, n):\n    return inspect.getattr_static(o, n)\n",
+    "getattr_static's answer kept": "from inspect import getattr_static\nG = getattr_static(sys, 'modules')\n",
+    "getattr_static passed on": "import functools, inspect\nG = functools.partial(inspect.getattr_static, sys)\n",
+    "object.__setattr__ on self rebound": "def f(self, n, v):\n    self = sys\n    object.__setattr__(self, n, v)\n",
+    "a module's namespace under a parameter": "def f(name, o=sys):\n    return vars(o)[name]\n",
+    "a module's __dict__ under a parameter": "def f(name, o=sys):\n    return o.__dict__.get(name)\n",
+    "attributes by inspect.getmembers": "import inspect\nM = dict(inspect.getmembers(sys))['modules']\n",
+    "a function's globals by inspect": "import inspect\nG = inspect.getclosurevars(len).globals\n",
+    "pure-Python unpickler": "import pickle\nP = pickle._loads(b'.')\n",
+    "pure-Python Unpickler class": "import pickle\nclass U(pickle._Unpickler):\n    pass\n",
+    "pickle recipe getattr on any object": (
+        "class R:\n    def __reduce__(self):\n        return getattr, (self.target, self.name)\n"
+    ),
+    "pickle recipe with setattr": "class R:\n    def __reduce__(self):\n        return setattr, self.args\n",
+    "builtin replaced": "import builtins\nbuiltins.isinstance = lambda *a: True\n",
+    "builtin replaced by setattr": "import builtins\nsetattr(builtins, 'len', lambda x: 0)\n",
+    "builtins namespace written": "import builtins\nbuiltins.__dict__['len'] = lambda x: 0\n",
+    "builtins namespace updated": "import builtins\nvars(builtins).update(len=lambda x: 0)\n",
 }
 
 

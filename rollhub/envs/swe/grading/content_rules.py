@@ -261,6 +261,9 @@ FORBIDDEN_QUALIFIED = frozenset(
         "inspect.getinnerframes",
         "inspect.getframeinfo",
         "inspect.get_annotations",
+        "inspect.getmembers",  # every attribute of any object, as (name, value) pairs
+        "inspect.getmembers_static",
+        "inspect.getclosurevars",  # a function's globals and builtins
         "codecs.decode",
         "codecs.encode",
         "codecs.getdecoder",
@@ -291,6 +294,9 @@ FORBIDDEN_QUALIFIED = frozenset(
         "pickle.loads",
         "pickle.load",
         "pickle.Unpickler",
+        "pickle._loads",  # the pure-Python unpickler: the same loader under a private name
+        "pickle._load",
+        "pickle._Unpickler",
         "atexit.register",
         "atexit._run_exitfuncs",
         "traceback.walk_stack",
@@ -512,6 +518,10 @@ TRUTH_METHODS = frozenset({"__bool__", "__len__"})
 #: name forwards a name the caller spelt (and is judged for) instead of computing one
 FORWARDING_METHODS = frozenset({"__getattr__", "__getattribute__", "__setattr__", "__delattr__", "__dir__"})
 _NAMESPACE_CALLS = frozenset({"globals", "locals", "vars"})
+#: the owner `_namespace_of` gives an object's namespace that may be any object's (not `self`'s)
+_OBJECT = "<object>"
+#: the methods getattr/setattr/delattr call: invoked by hand they take a computed name just the same
+_ATTRIBUTE_PROTOCOL = frozenset({"__getattribute__", "__getattr__", "__setattr__", "__delattr__"})
 #: what may be done with a module's namespace without reading an object out of it by a computed name
 _NAMESPACE_KEY_METHODS = frozenset({"get", "pop", "setdefault", "__getitem__"})
 _NAMESPACE_SAFE_METHODS = frozenset({"keys", "update", "__contains__", "clear"})
@@ -548,6 +558,7 @@ class _Scanner(ast.NodeVisitor):
         self.found: Counter[str] = Counter()
         self.aliases: dict[str, str] = {}  # local name -> the dotted name it stands for
         self.defs: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}  # module-level functions
+        self.classes: set[str] = set()  # module-level class names
 
     def scan(self, tree: ast.AST) -> Counter[str]:
         nodes = list(ast.walk(tree))
@@ -561,6 +572,7 @@ class _Scanner(ast.NodeVisitor):
             ):
                 node.value._prose = True  # type: ignore[attr-defined]  # a docstring: no value reaches it
         if isinstance(tree, ast.Module):
+            self.classes = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
             self.defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
         for node in nodes:  # imports first: a use may come before its import
             if isinstance(node, ast.Import):
@@ -642,6 +654,8 @@ class _Scanner(ast.NodeVisitor):
         name = _nfkc(name)
         if owner:
             self._qualified(f"{owner}.{name}", use)
+        if owner == "builtins" and use == "store":
+            self.found["store:builtins"] += 1  # `setattr(builtins, 'isinstance', ...)`
         if name in EXEC_BUILTINS:
             self.found[f"builtin:{name}"] += 1
         if name in FILE_WRITE_ATTRIBUTES:
@@ -658,18 +672,41 @@ class _Scanner(ast.NodeVisitor):
                 return None
             if not node.args:
                 return "" if node.func.id == "globals" or node.func.id == "vars" else None
-            return self._is_module(node.args[0])
+            return self._is_module(node.args[0]) or self._foreign_object(node, node.args[0])
         if isinstance(node, ast.Attribute) and node.attr == "__dict__":
-            return self._is_module(node.value)
+            return self._is_module(node.value) or self._foreign_object(node, node.value)
         if isinstance(node, ast.Name) and node.id == "__builtins__":
             return "builtins"
         return None
+
+    def _foreign_object(self, node: ast.AST, target: ast.AST) -> str | None:
+        """`_OBJECT` for the namespace of an object that is not the method's own (`vars(o)` where
+        `o` may be a module handed in under another name), None for `self`/`cls`."""
+        if node.func.id != "vars" if isinstance(node, ast.Call) else False:
+            return None
+        if _own_instance(node, target) or _self_parameter(node, target, ("self", "cls")):
+            return None
+        if isinstance(target, ast.Name) and target.id in self.classes:
+            return None  # a class of this module: its descriptors, read without running them
+        return _OBJECT
 
     def _judge_namespace(self, node: ast.AST, owner: str) -> None:
         """A module's namespace is a dict of its objects: reading one by a computed key is
         `getattr(module, name)`; reading one by a spelt key is judged as that attribute."""
         parent = getattr(node, "_parent", None)
         key: ast.AST | None = None
+        if owner == _OBJECT:
+            if isinstance(parent, ast.Subscript) and parent.value is node and isinstance(parent.ctx, ast.Load):
+                key = parent.slice
+            elif isinstance(parent, ast.Attribute) and parent.value is node and parent.attr in _NAMESPACE_KEY_METHODS:
+                call = getattr(parent, "_parent", None)
+                key = call.args[0] if isinstance(call, ast.Call) and call.args else None
+            if key is not None and _fold(key) is None and not self._forwarded(key):
+                self.found["dynamic-attribute:object-namespace"] += 1
+            return
+        if owner == "builtins" and _writes_namespace(node, parent):
+            self.found["store:builtins"] += 1  # what every module (the tests too) finds as a bare name
+            return
         if isinstance(parent, ast.Subscript) and parent.value is node:
             if not isinstance(parent.ctx, ast.Load):
                 return
@@ -739,6 +776,8 @@ class _Scanner(ast.NodeVisitor):
             self._identifier(name)
         if resolved is not None and resolved.split(".")[-1] in LOADER_ATTRIBUTES and resolved != name:
             self.found[f"loader:{resolved.split('.')[-1]}"] += 1
+        if resolved == "inspect.getattr_static" and not isinstance(getattr(node, "_parent", None), ast.ImportFrom):
+            self._judge_getattr_static(node)
         if resolved is not None:
             use = "call" if called else "store" if not isinstance(node.ctx, ast.Load) else "load"
             if not getattr(node, "_judged", False):
@@ -761,10 +800,14 @@ class _Scanner(ast.NodeVisitor):
         if node.attr == "__class__" and isinstance(node.value, ast.Lambda):
             self.found["function-type:lambda"] += 1
         dotted = self._resolve(node)
+        if dotted == "inspect.getattr_static":
+            self._judge_getattr_static(node)
         if dotted and "." in dotted and not getattr(node, "_judged", False):
             # each attribute counts the pair it ends; the root is counted where its name is visited
             parts = dotted.split(".")
             self._pair(f"{parts[-2]}.{parts[-1]}", use)
+            if use != "load" and parts[0] == "builtins" and len(parts) == 2 and not called:
+                self.found["store:builtins"] += 1  # `builtins.isinstance = ...` changes it for the test too
             if parts[-1] in _MODULES_AS_ATTRIBUTES:
                 self.found[f"module:{parts[-1]}"] += 1
         owner = self._namespace_of(node)
@@ -790,6 +833,8 @@ class _Scanner(ast.NodeVisitor):
                 func._called_with_literal = True  # type: ignore[attr-defined]
             if name is not None and target is not None:
                 self._judge_name(self._resolve(target), name, "load" if func.id in ("getattr", "hasattr") else "store")
+        if isinstance(func, ast.Attribute) and func.attr in _ATTRIBUTE_PROTOCOL:
+            self._judge_protocol_call(node, func)
         if (isinstance(func, ast.Name) and func.id == "__import__" and func.id not in self.aliases) or resolved in (
             "importlib.import_module",
             "importlib.__import__",
@@ -870,6 +915,39 @@ class _Scanner(ast.NodeVisitor):
             if name in ALWAYS_METHODS | TRUTH_METHODS:
                 self._judge_comparison(name, node.args[2], assigned=True)
         self.generic_visit(node)
+
+    def _judge_getattr_static(self, node: ast.AST) -> None:
+        """`inspect.getattr_static(obj, name)` is getattr by another name: a spelt name is judged,
+        a computed one only where the answer is dropped (an existence check, as `hasattr`)."""
+        call = getattr(node, "_parent", None)
+        if not (isinstance(call, ast.Call) and call.func is node and len(call.args) >= 2):
+            self.found["dynamic-attribute:getattr_static"] += 1
+            return
+        name = _fold(call.args[1])
+        if name is not None:
+            self._judge_name(self._resolve(call.args[0]), name)
+        elif not isinstance(getattr(call, "_parent", None), ast.Expr):
+            self.found["dynamic-attribute:getattr_static"] += 1
+
+    def _judge_protocol_call(self, node: ast.Call, func: ast.Attribute) -> None:
+        """`object.__getattribute__(obj, name)`, `obj.__setattr__(name, v)`: getattr/setattr by
+        another name, judged as they are (a spelt name, a forwarded one, or the own instance)."""
+        unbound = 3 if func.attr == "__setattr__" else 2  # `object.__setattr__(obj, name, value)`
+        if any(isinstance(a, ast.Starred) for a in node.args) or len(node.args) not in (unbound - 1, unbound):
+            self.found[f"dynamic-attribute:{func.attr}"] += 1
+            return
+        target, name_node = (node.args[0], node.args[1]) if len(node.args) == unbound else (func.value, node.args[0])
+        name = _fold(name_node)
+        if name is not None:
+            self._judge_name(self._resolve(target), name, "store" if func.attr != "__getattribute__" else "load")
+            return
+        own = (
+            _own_instance(node, target)
+            or _self_parameter(node, target)
+            or (isinstance(target, ast.Call) and isinstance(target.func, ast.Name) and target.func.id == "super")
+        )
+        if not (own or self._forwarded(name_node)):
+            self.found[f"dynamic-attribute:{func.attr}"] += 1
 
     def _judge_wrapper(self, node: ast.Call, positional: int) -> None:
         """`functools.update_wrapper` / `wraps` copy the attributes they are told to: copying
@@ -964,18 +1042,70 @@ def _own_instance(node: ast.AST, target: ast.AST | None) -> bool:
     return bool(params) and params[0].arg == target.id and target.id in ("self", "cls") and not rebound
 
 
+def _self_parameter(node: ast.AST, target: ast.AST | None, names: tuple[str, ...] = ("self",)) -> bool:
+    """Whether `target` is `self`, the first parameter of the enclosing function, never
+    rebound: a method body written outside its class (`_setstate(self, state)` assigned as
+    `__setstate__`), setting a frozen instance's fields with `object.__setattr__`."""
+    if not (isinstance(target, ast.Name) and target.id in names):
+        return False
+    scope = getattr(node, "_parent", None)
+    while scope is not None and not isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef):
+        scope = getattr(scope, "_parent", None)
+    if scope is None:
+        return False
+    params = [*scope.args.posonlyargs, *scope.args.args]
+    rebound = any(
+        isinstance(n, ast.Name) and n.id == target.id and not isinstance(n.ctx, ast.Load) for n in ast.walk(scope)
+    )
+    return bool(params) and params[0].arg == target.id and not rebound
+
+
 def _is_pickle_reduction(node: ast.Name) -> bool:
     """`return getattr, (cls, name)` in `__reduce__`: pickle's recipe names the callable that
     rebuilds the object; nothing here calls it (loading a pickle is refused on its own)."""
     tuple_ = getattr(node, "_parent", None)
     ret = getattr(tuple_, "_parent", None)
     scope = getattr(ret, "_parent", None)
-    return (
-        isinstance(tuple_, ast.Tuple)
-        and tuple_.elts[:1] == [node]
+    if not (
+        node.id == "getattr"
+        and isinstance(tuple_, ast.Tuple)
+        and len(tuple_.elts) == 2
+        and tuple_.elts[0] is node
         and isinstance(ret, ast.Return)
         and isinstance(scope, ast.FunctionDef)
         and scope.name in ("__reduce__", "__reduce_ex__")
+    ):
+        return False
+    # the attribute is looked up on the object's own class (an enum member by its name): a
+    # recipe `getattr, (sys, name)` would hand `copy.copy` any attribute of any object
+    args = tuple_.elts[1]
+    owner = args.elts[0] if isinstance(args, ast.Tuple) and args.elts else None
+    klass = getattr(scope, "_parent", None)
+    return (
+        (isinstance(owner, ast.Attribute) and owner.attr == "__class__" and isinstance(owner.value, ast.Name))
+        or (
+            isinstance(owner, ast.Call)
+            and isinstance(owner.func, ast.Name)
+            and owner.func.id == "type"
+            and len(owner.args) == 1
+            and isinstance(owner.args[0], ast.Name)
+        )
+        or (isinstance(owner, ast.Name) and isinstance(klass, ast.ClassDef) and owner.id in ("cls", klass.name))
+    )
+
+
+def _writes_namespace(node: ast.AST, parent: ast.AST | None) -> bool:
+    """Whether `parent` stores into the namespace `node` (`ns[k] = v`, `ns.update(...)`)."""
+    if isinstance(parent, ast.Subscript) and parent.value is node:
+        return not isinstance(parent.ctx, ast.Load)
+    return isinstance(parent, ast.Attribute) and parent.attr in (
+        "update",
+        "setdefault",
+        "pop",
+        "popitem",
+        "clear",
+        "__setitem__",
+        "__delitem__",
     )
 
 
