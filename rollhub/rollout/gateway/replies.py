@@ -119,14 +119,16 @@ class LiveText:
         return content[len(self.sent) :] if content.startswith(self.sent) else ""
 
 
-def chat_stream_end(
-    result: CallResult, response_id: str, created: int, model: str, *, with_tokens: bool, include_usage: bool
+def _with_stream_tail(
+    chunks: list[dict[str, Any]],
+    result: CallResult,
+    response_id: str,
+    created: int,
+    model: str,
+    with_tokens: bool,
+    include_usage: bool,
 ) -> list[dict[str, Any]]:
-    """The chunks after a live stream's content: the finish chunk (with the choice's token extension),
-    the usage chunk when asked, the call's extension on the last."""
-    (choice,) = result.choices
-    extra = {"rollhub": _choice_extension(choice)} if with_tokens else {}
-    chunks = [chat_chunk(response_id, created, model, choice.index, {}, choice.finish_reason, **extra)]
+    """A stream's last chunks: the usage chunk when asked, and the call's extension on the very last."""
     if include_usage:
         chunks.append(
             {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model,
@@ -135,6 +137,17 @@ def chat_stream_end(
     if with_tokens:
         chunks[-1]["rollhub"] = _call_extension(result)
     return chunks
+
+
+def chat_stream_end(
+    result: CallResult, response_id: str, created: int, model: str, *, with_tokens: bool, include_usage: bool
+) -> list[dict[str, Any]]:
+    """The chunks after a live stream's content: the finish chunk (with the choice's token extension),
+    the usage chunk when asked, the call's extension on the last."""
+    (choice,) = result.choices
+    extra = {"rollhub": _choice_extension(choice)} if with_tokens else {}
+    chunks = [chat_chunk(response_id, created, model, choice.index, {}, choice.finish_reason, **extra)]
+    return _with_stream_tail(chunks, result, response_id, created, model, with_tokens, include_usage)
 
 
 def chat_stream_chunks(
@@ -185,14 +198,7 @@ def chat_stream_chunks(
                 chunks.append(chunk(choice.index, {"content": content[sent:]}))
         extra = {"rollhub": _choice_extension(choice)} if with_tokens else {}
         chunks.append(chunk(choice.index, {}, choice.finish_reason, **extra))
-    if include_usage:
-        chunks.append(
-            {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model,
-             "choices": [], "usage": _usage(result)}
-        )  # fmt: skip
-    if with_tokens:
-        chunks[-1]["rollhub"] = _call_extension(result)
-    return chunks
+    return _with_stream_tail(chunks, result, response_id, created, model, with_tokens, include_usage)
 
 
 def completion_response(
