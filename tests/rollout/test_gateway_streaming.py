@@ -39,6 +39,9 @@ async def read_stream(stream, engine: HFEngine | None = None):
 
 async def test_the_first_chunk_arrives_while_the_engine_still_generates(tokenizer):
     engine = HFEngine(random_model(tokenizer, seed=2), tokenizer, threads=1, stop_token_ids=(0,))
+    # tokens reach `on_token` once per engine call: on an idle machine a tiny model decodes all 40 in one
+    # call of max_call_s, so the test would measure the machine; one step per call streams every token
+    engine.max_call_s = 1e-6
     gateway = Gateway(engine, tokenizer)
     try:
         async with served(gateway) as url:
