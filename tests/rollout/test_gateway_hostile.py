@@ -358,6 +358,31 @@ async def test_a_command_sending_garbage_huge_or_deep_json_gets_400s_and_its_epi
     assert gateway.sessions == {}
 
 
+async def test_a_deep_tool_schema_is_refused_whatever_the_recursion_limit(engine, tokenizer):
+    """The depth check is explicit: with a raised recursion limit (libraries raise it) the chat template
+    would render a 900-deep schema and the call would be served."""
+    gateway = make_gateway(engine, tokenizer)
+    deep = {"type": "function", "function": {"name": "f", "parameters": [[[]]]}}
+    for _ in range(900):
+        deep["function"]["parameters"] = [deep["function"]["parameters"]]
+    body = {"model": "rollhub-policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "tools": [deep]}
+    shallow = {**body, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20000)
+    try:
+        async with served(gateway) as url, aiohttp.ClientSession() as http:
+            import json
+
+            async with http.post(f"{url}/v1/chat/completions", data=json.dumps(body)) as response:
+                refused = (response.status, (await response.json())["error"]["code"])
+            async with http.post(f"{url}/v1/chat/completions", data=json.dumps(shallow)) as response:
+                served_status = response.status
+    finally:
+        sys.setrecursionlimit(limit)
+    assert refused == (400, "invalid_json")
+    assert served_status == 200
+
+
 async def test_set_reward_refuses_absurd_values_and_keeps_the_last_good_one(engine, tokenizer):
     gateway = make_gateway(engine, tokenizer)
     session = gateway.start_session("t/R-v0", 0)

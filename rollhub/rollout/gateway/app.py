@@ -103,14 +103,35 @@ async def authenticate(request: web.Request, handler: Any) -> web.StreamResponse
     )
 
 
+#: deeper than any real request (tool schemas nest a few levels); checked explicitly, because what
+#: nests deeper would otherwise be refused or served depending on the process's recursion limit
+MAX_JSON_DEPTH = 64
+
+
 async def _json(request: web.Request) -> Any:
     raw = await request.read()
     try:
-        return json.loads(raw) if raw else {}
+        body = json.loads(raw) if raw else {}
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(f"the request body is not valid JSON ({exc})", code="invalid_json") from None
     except RecursionError:  # a body nested deeper than the parser recurses is the client's mistake
         raise ApiError("the request body nests too deeply to parse", code="invalid_json") from None
+    if _nests_deeper_than(body, MAX_JSON_DEPTH):
+        raise ApiError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels", code="invalid_json")
+    return body
+
+
+def _nests_deeper_than(value: Any, limit: int) -> bool:
+    """Whether parsed JSON nests more than `limit` arrays/objects deep (iterative: no recursion limit)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
 
 
 def _gateway(request: web.Request) -> Gateway:
