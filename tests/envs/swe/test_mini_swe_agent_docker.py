@@ -139,6 +139,7 @@ async def test_immediate_submit_scores_zero(tasks, tmp_path):
     assert trajectory.total_reward == 0.0 and not trajectory.success and len(trajectory.turns) == 1
 
 
+@pytest.mark.slow  # a full program episode in a container; the gold and no-op cases stay in the default suite
 async def test_no_submission_scores_zero_without_grading(tasks, tmp_path):
     # the gold fix applied but never submitted: fails closed, as SWEEnv's step limit does
     _, summary = await play(tasks, [gold_reply(tasks[0].patch)], tmp_path, "--step-limit", "1")
@@ -146,6 +147,7 @@ async def test_no_submission_scores_zero_without_grading(tasks, tmp_path):
     assert summary["reward"] == 0.0 and "resolution" not in summary
 
 
+@pytest.mark.slow  # a full program episode in a container; the gold and no-op cases stay in the default suite
 async def test_a_context_overflow_ends_the_episode_as_the_models_not_as_infra(tasks, tmp_path):
     # the first command's output (~10k characters) leaves the second prompt past the context
     flood = "THOUGHT: list numbers.\n\n```mswea_bash_command\nseq 1 5000\n```"
