@@ -365,7 +365,12 @@ async def test_a_deep_tool_schema_is_refused_whatever_the_recursion_limit(engine
     deep = {"type": "function", "function": {"name": "f", "parameters": [[[]]]}}
     for _ in range(900):
         deep["function"]["parameters"] = [deep["function"]["parameters"]]
-    body = {"model": "rollhub-policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "tools": [deep]}
+    body = {
+        "model": "rollhub-policy",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+        "tools": [deep],
+    }
     shallow = {**body, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(20000)
