@@ -387,3 +387,14 @@ def test_neighbours_of_the_visible_inputs_exposing_the_bug_are_asked_and_never_v
     assert near and not any(is_visible(*i, sites) for i in near)
     words = neighbours([(("sheep",), {"strict": True})], call_sites(["f('sheep', strict=True)"], "f"), set())
     assert (("SHEEP",), {"strict": True}) in words and (("sheep",), {"strict": False}) in words
+
+
+def test_a_gold_answer_whose_repr_raised_is_not_compared():
+    """Every value whose repr fails prints the same `repr-raised:` text (any int past 4,300 digits), so
+    a wrong huge answer would agree with the gold's: such inputs are dropped, as addresses are."""
+    from rollhub.envs.swe.grading.oracle import _usable
+
+    printable = ["42", ""]
+    unprintable = ["repr-raised:ValueError", ""]
+    assert _usable(printable, list(printable))
+    assert not _usable(unprintable, list(unprintable))
